@@ -1,0 +1,152 @@
+//! Scenario configuration: the TOML schema ([`schema`]), loading with
+//! precise errors, and validation into the resolved [`Scenario`] a run uses.
+
+mod error;
+mod resolve;
+pub mod schema;
+
+pub use error::{ConfigError, closest, line_of};
+pub use resolve::{Scenario, resolve};
+pub use schema::SpecFile;
+
+use std::path::{Path, PathBuf};
+
+/// A spec file as read from disk.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    /// Where it was read from.
+    pub path: PathBuf,
+    /// The parsed file.
+    pub file: SpecFile,
+}
+
+impl Spec {
+    /// The study name: `[sweep] name`, or the file stem.
+    pub fn name(&self) -> String {
+        self.file.sweep.name.clone().unwrap_or_else(|| {
+            self.path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "spec".into())
+        })
+    }
+
+    /// The file name used in messages.
+    pub fn source(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// Directory that relative paths inside the spec are resolved against.
+    pub fn base_dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// Validates the scenario the spec describes.
+    pub fn scenario(&self) -> Result<Scenario, ConfigError> {
+        resolve(&self.file, &self.source(), self.base_dir())
+    }
+}
+
+/// Reads and parses a spec file.
+pub fn load_spec(path: &Path) -> Result<Spec, ConfigError> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigError::file(&source, format!("cannot read the spec file: {e}"))
+            .hint("check the path; specs are TOML files such as sweeps/quickstart.toml")
+    })?;
+    Ok(Spec { path: path.to_path_buf(), file: parse_spec(&text, &source)? })
+}
+
+/// Parses spec text; `source` names it in errors.
+pub fn parse_spec(text: &str, source: &str) -> Result<SpecFile, ConfigError> {
+    let de = toml::de::Deserializer::parse(text).map_err(|e| toml_error(&e, text, source, None))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        toml_error(e.inner(), text, source, Some(path))
+    })
+}
+
+/// Deserializes `value` (a sub-table of a spec, such as a stage's
+/// `workload_params`) into `T`, naming `prefix` in errors.
+pub fn from_table<T: serde::de::DeserializeOwned>(
+    table: &toml::Table,
+    source: &str,
+    prefix: &str,
+) -> Result<T, ConfigError> {
+    let value = toml::Value::Table(table.clone());
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let key = if path == "." || path.is_empty() { prefix.to_string() } else { format!("{prefix}.{path}") };
+        describe_serde(e.inner().to_string(), source, key)
+    })
+}
+
+fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String>) -> ConfigError {
+    let line = e.span().map(|s| line_of(text, s.start));
+    let mut err = match path {
+        Some(p) if p != "." && !p.is_empty() => describe_serde(e.message().to_string(), source, p),
+        Some(_) => describe_serde(e.message().to_string(), source, String::new()),
+        None => ConfigError::file(source, format!("invalid TOML: {}", e.message().trim()))
+            .hint("fix the syntax at that line (strings need quotes, tables need [brackets])"),
+    };
+    err.line = line;
+    if err.key.as_deref() == Some("") {
+        err.key = None;
+    }
+    err
+}
+
+/// Turns a serde message into a ConfigError; unknown keys get the closest valid key.
+fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
+    let ticks: Vec<&str> = message.split('`').skip(1).step_by(2).collect();
+    if let Some(rest) = message.strip_prefix("unknown field ") {
+        let unknown = ticks.first().copied().unwrap_or(rest);
+        let valid = &ticks[1.min(ticks.len())..];
+        // serde_path_to_error's path already ends with the unknown key.
+        let mut err = ConfigError::key(source, key, format!("unknown key `{unknown}`"));
+        err.hint = Some(match closest(unknown, valid.iter().copied()) {
+            Some(c) => format!("did you mean `{c}`? valid keys here: {}", valid.join(", ")),
+            None if valid.is_empty() => "remove it; this table takes no keys".into(),
+            None => format!("valid keys here: {}", valid.join(", ")),
+        });
+        return err;
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant ") {
+        return ConfigError::key(source, key, format!("unknown value {rest}"));
+    }
+    ConfigError::key(source, key, message.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_names_line_path_and_the_closest_valid_key() {
+        let text = "[simulation]\nseed = 1\n\n[worker.vllm_params]\nmax_num_seq = 4\n";
+        let e = parse_spec(text, "s.toml").unwrap_err();
+        assert_eq!(e.line, Some(5), "{e}");
+        assert_eq!(e.key.as_deref(), Some("worker.vllm_params.max_num_seq"), "{e}");
+        assert!(e.hint.as_deref().unwrap().starts_with("did you mean `max_num_seqs`?"), "{e}");
+    }
+
+    #[test]
+    fn invalid_toml_names_the_line() {
+        let e = parse_spec("[simulation]\nseed = \n", "s.toml").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+        assert!(e.message.starts_with("invalid TOML"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_the_key() {
+        let e = parse_spec("[simulation]\nnum_workers = \"four\"\n", "s.toml").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("simulation.num_workers"), "{e}");
+        assert_eq!(e.line, Some(2));
+    }
+
+    #[test]
+    fn stage_params_errors_carry_the_stage_path() {
+        let mut t = toml::Table::new();
+        t.insert("request_rat".into(), toml::Value::Float(1.0));
+        let e = from_table::<schema::RateParams>(&t, "s.toml", "workload.stages.0.workload_params").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.request_rat"), "{e}");
+        assert!(e.hint.unwrap().contains("did you mean `request_rate`"));
+    }
+}

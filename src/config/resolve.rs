@@ -1,0 +1,458 @@
+//! Validation: a [`SpecFile`] becomes a [`Scenario`] with every value
+//! checked once, units converted and derived quantities (the KV block pool)
+//! computed. Nothing downstream re-checks user input.
+
+use super::error::{ConfigError, closest};
+use super::from_table;
+use super::schema::{InferenceParams, NumberOrString, RateParams, SpecFile};
+use crate::router::PolicyKind;
+use crate::time::{SimDuration, SimTime};
+use crate::worker::perf::{LatencyTable, MixRule, PerfModel, Roofline, StepModel};
+use crate::worker::presets::{GpuSpec, ModelArch};
+use crate::worker::{SlotMode, WorkerConfig};
+use crate::workload::{ArrivalProcess, RateStage, StageConfig};
+use std::path::Path;
+
+/// A validated scenario: everything one run needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scenario {
+    /// Run seed.
+    pub seed: u64,
+    /// Workers at start.
+    pub num_workers: u32,
+    /// Stop time (`None`: run until the workload is done).
+    pub time_limit: Option<SimTime>,
+    /// Time-series interval.
+    pub interval: SimDuration,
+    /// The model served.
+    pub model: ModelArch,
+    /// The GPU of every worker.
+    pub gpu: GpuSpec,
+    /// Tensor-parallel degree.
+    pub tp: u32,
+    /// Worker settings.
+    pub worker: WorkerConfig,
+    /// Routing policy.
+    pub policy: PolicyKind,
+    /// Workload stages.
+    pub stages: Vec<StageConfig>,
+}
+
+struct Ctx<'a> {
+    source: &'a str,
+}
+
+impl Ctx<'_> {
+    fn err(&self, key: &str, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+        ConfigError::key(self.source, key, message).hint(hint)
+    }
+
+    fn positive(&self, key: &str, v: f64) -> Result<f64, ConfigError> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.err(key, format!("must be a positive number, got {v}"), "use a value greater than 0"))
+        }
+    }
+
+    /// `-1` (or any negative) means "off"; otherwise a positive number of seconds.
+    fn optional_secs(&self, key: &str, v: f64) -> Result<Option<SimDuration>, ConfigError> {
+        if v == -1.0 || (v < 0.0 && v.is_finite()) {
+            Ok(None)
+        } else if v.is_finite() && v > 0.0 {
+            Ok(Some(SimDuration::from_secs_f64(v)))
+        } else {
+            Err(self.err(
+                key,
+                format!("must be -1 (no limit) or a positive number of seconds, got {v}"),
+                "use -1 or a value greater than 0",
+            ))
+        }
+    }
+
+    fn at_least(&self, key: &str, v: i64, min: i64) -> Result<u32, ConfigError> {
+        if v >= min && v <= i64::from(u32::MAX) {
+            Ok(v as u32)
+        } else {
+            Err(self.err(key, format!("must be an integer ≥ {min}, got {v}"), format!("use a value of at least {min}")))
+        }
+    }
+}
+
+/// Validates `file` (read from `source`; relative paths resolve against `base_dir`).
+pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenario, ConfigError> {
+    let cx = Ctx { source };
+    let sim = &file.simulation;
+    let time_limit = cx.optional_secs("simulation.simulation_time", sim.simulation_time)?.map(|d| SimTime::ZERO + d);
+    let interval =
+        SimDuration::from_secs_f64(cx.positive("simulation.time_series_interval_sec", sim.time_series_interval_sec)?);
+    let num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
+
+    let model = resolve_model(&cx, file, base_dir)?;
+    let hw = &file.worker.hw;
+    let tp = cx.at_least("worker.hw.tp", i64::from(hw.tp), 1)?;
+    let gpu = resolve_gpu(&cx, file)?;
+
+    let policy = PolicyKind::from_name(&file.router.router_params.policy).ok_or_else(|| {
+        let p = &file.router.router_params.policy;
+        let hint = match closest(p, PolicyKind::NAMES.iter().copied()) {
+            Some(c) => format!("did you mean `{c}`? policies: {}", PolicyKind::NAMES.join(", ")),
+            None => format!("policies: {}", PolicyKind::NAMES.join(", ")),
+        };
+        cx.err("router.router_params.policy", format!("unknown routing policy {p:?}"), hint)
+    })?;
+
+    let stages = resolve_stages(&cx, file)?;
+    let worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
+    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, policy, stages })
+}
+
+fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<ModelArch, ConfigError> {
+    let p = &file.model.model_params;
+    let from_file = |key: &str, path: &Path| {
+        ModelArch::from_hf_config(path)
+            .map_err(|e| cx.err(key, e, "point it at a Hugging Face config.json of a dense decoder model"))
+    };
+    if let Some(cfg) = &p.config_path {
+        return from_file("model.model_params.config_path", &base_dir.join(cfg));
+    }
+    if let Some(dir) = &p.config_dir {
+        let path = base_dir.join(dir).join(&p.name).join("config.json");
+        if path.exists() {
+            return from_file("model.model_params.config_dir", &path);
+        }
+    }
+    ModelArch::preset(&p.name).ok_or_else(|| {
+        cx.err(
+            "model.model_params.name",
+            format!("unknown model {:?} (no preset, and no <config_dir>/{}/config.json)", p.name, p.name),
+            format!(
+                "use a preset ({}) or set model.model_params.config_path to a config.json",
+                ModelArch::PRESETS.join(", ")
+            ),
+        )
+    })
+}
+
+fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
+    let hw = &file.worker.hw;
+    let base = GpuSpec::preset(&hw.gpu);
+    let pick = |key: &str, explicit: Option<f64>, preset: Option<f64>| -> Result<f64, ConfigError> {
+        match explicit.or(preset) {
+            Some(v) => cx.positive(key, v),
+            None => Err(cx.err(
+                "worker.hw.gpu",
+                format!("unknown GPU {:?} and `{key}` is not set", hw.gpu),
+                format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::PRESETS.join(", ")),
+            )),
+        }
+    };
+    Ok(GpuSpec {
+        name: base.as_ref().map_or_else(|| hw.gpu.clone(), |g| g.name.clone()),
+        memory_gb: pick("worker.hw.memory_gb", hw.memory_gb, base.as_ref().map(|g| g.memory_gb))?,
+        tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
+        mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
+    })
+}
+
+fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile) -> Result<Vec<StageConfig>, ConfigError> {
+    if file.workload.stages.is_empty() {
+        return Err(cx.err("workload.stages", "no workload stages", "add at least one [[workload.stages]] table"));
+    }
+    const TYPES: [&str; 2] = ["UniformReqRate", "ExponentialReqRate"];
+    let global_limit = file.simulation.simulation_time > 0.0;
+    file.workload.stages.iter().enumerate().map(|(i, st)| {
+        let at = format!("workload.stages.{i}");
+        let arrival_of = |p: &RateParams| match st.kind.to_ascii_lowercase().as_str() {
+            "uniformreqrate" => Ok(ArrivalProcess::Uniform),
+            "exponentialreqrate" => Ok(ArrivalProcess::Exponential { jitter: p.jitter }),
+            _ => Err(cx.err(
+                &format!("{at}.type"),
+                format!("unknown workload type {:?}", st.kind),
+                match closest(&st.kind, TYPES) {
+                    Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
+                    None => format!("types: {}", TYPES.join(", ")),
+                },
+            )),
+        };
+        let params_at = format!("{at}.workload_params");
+        let p: RateParams = from_table(&st.workload_params, cx.source, &params_at)?;
+        let arrival = arrival_of(&p)?;
+        let key = |k: &str| format!("{params_at}.{k}");
+        let rate = cx.positive(&key("request_rate"), p.request_rate)?;
+        if !(0.0..=1.0).contains(&p.jitter) {
+            return Err(cx.err(&key("jitter"), format!("must be between 0 and 1, got {}", p.jitter), "use 1 for Poisson arrivals, 0 for fixed gaps"));
+        }
+        let prompt = (cx.at_least(&key("prompt_size_min"), p.prompt_size_min, 1)?, cx.at_least(&key("prompt_size_max"), p.prompt_size_max, 1)?);
+        if prompt.0 > prompt.1 {
+            return Err(cx.err(
+                &key("prompt_size_min"),
+                format!("prompt_size_min ({}) is greater than prompt_size_max ({})", prompt.0, prompt.1),
+                "make prompt_size_min ≤ prompt_size_max",
+            ));
+        }
+        let output = (cx.at_least(&key("output_tokens_min"), p.output_tokens_min, 1)?, cx.at_least(&key("output_tokens_max"), p.output_tokens_max, 1)?);
+        if output.0 > output.1 {
+            return Err(cx.err(
+                &key("output_tokens_min"),
+                format!("output_tokens_min ({}) is greater than output_tokens_max ({})", output.0, output.1),
+                "make output_tokens_min ≤ output_tokens_max",
+            ));
+        }
+        let shared_prefix = cx.at_least(&key("default_prefix_length"), p.default_prefix_length, 0)?;
+        let time_limit = cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?;
+        let total = (p.total_requests > 0).then_some(p.total_requests as u64);
+        let max_outstanding = match p.max_outstanding_requests {
+            -1 => None,
+            n => Some(u64::from(cx.at_least(&key("max_outstanding_requests"), n, 1)?)),
+        };
+        if total.is_none() && time_limit.is_none() && !global_limit {
+            return Err(cx.err(
+                &key("total_requests"),
+                "this stage would never end: total_requests is unlimited and neither time_duration_sec nor simulation.simulation_time is set",
+                "set total_requests > 0, time_duration_sec > 0, or simulation.simulation_time > 0",
+            ));
+        }
+        Ok(StageConfig::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix, time_limit, max_outstanding }))
+    })
+    .collect()
+}
+
+fn parse_coefficient(cx: &Ctx<'_>, key: &str, v: &NumberOrString) -> Result<f64, ConfigError> {
+    let x = match v {
+        NumberOrString::Number(x) => *x,
+        NumberOrString::String(s) => {
+            s.trim().parse().map_err(|_| cx.err(key, format!("{s:?} is not a number"), "write a number such as 4"))?
+        }
+    };
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(cx.err(key, format!("must be a non-negative number, got {x}"), "use Opal's defaults a = 4, b = 24"))
+    }
+}
+
+fn resolve_perf(
+    cx: &Ctx<'_>,
+    ip: &InferenceParams,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    base_dir: &Path,
+) -> Result<PerfModel, ConfigError> {
+    let mix = match ip.mixed_step.to_ascii_lowercase().as_str() {
+        "max" => MixRule::Max,
+        "sum" => MixRule::Sum,
+        other => {
+            return Err(cx.err(
+                "worker.inference_params.mixed_step",
+                format!("unknown rule {other:?}"),
+                "use `max` (Opal) or `sum`",
+            ));
+        }
+    };
+    let model = match ip.model.to_ascii_lowercase().as_str() {
+        "roofline" => StepModel::Roofline(Roofline {
+            layers: model.num_layers as f64,
+            hidden: model.hidden_size as f64,
+            a: parse_coefficient(cx, "worker.inference_params.a", &ip.a)?,
+            b: parse_coefficient(cx, "worker.inference_params.b", &ip.b)?,
+            flops_per_sec: gpu.tflops * f64::from(tp) * 1e12,
+            mem_bytes_per_sec: gpu.mem_bw_tbps * f64::from(tp) * 1e12,
+            weight_bytes: model.weight_bytes() as f64,
+            kv_bytes_per_token: model.kv_bytes_per_token() as f64,
+        }),
+        "synthetic" => StepModel::Synthetic(SimDuration::from_secs_f64(
+            cx.positive("worker.inference_params.mean_latency_secs", ip.mean_latency_secs)?,
+        )),
+        "table" => {
+            let key = "worker.inference_params.table_path";
+            let path = ip.table_path.as_ref().ok_or_else(|| {
+                cx.err(key, "the `table` model needs a CSV of latencies", "set table_path = \"path/to/latencies.csv\"")
+            })?;
+            StepModel::Table(
+                LatencyTable::from_csv(&base_dir.join(path))
+                    .map_err(|e| cx.err(key, e, "columns: phase,batch_size,tokens,latency_ms"))?,
+            )
+        }
+        other => {
+            return Err(cx.err(
+                "worker.inference_params.model",
+                format!("unknown step-time model {other:?}"),
+                "use roofline, synthetic or table",
+            ));
+        }
+    };
+    Ok(PerfModel { model, mix })
+}
+
+fn resolve_worker(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    stages: &[StageConfig],
+    base_dir: &Path,
+) -> Result<WorkerConfig, ConfigError> {
+    let v = &file.worker.vllm_params;
+    let key = |k: &str| format!("worker.vllm_params.{k}");
+    let max_num_seqs = cx.at_least(&key("max_num_seqs"), i64::from(v.max_num_seqs), 1)?;
+    let budget = cx.at_least(&key("max_num_batched_tokens"), i64::from(v.max_num_batched_tokens), 1)?;
+    if budget < max_num_seqs {
+        return Err(cx.err(
+            &key("max_num_batched_tokens"),
+            format!("max_num_batched_tokens ({budget}) is smaller than max_num_seqs ({max_num_seqs}), so a full batch of decodes could not run"),
+            "make max_num_batched_tokens ≥ max_num_seqs (vLLM requires it)",
+        ));
+    }
+    let block_size = cx.at_least(&key("block_size"), i64::from(v.block_size), 1)?;
+    let util = v.gpu_memory_utilization;
+    if !(util > 0.0 && util <= 1.0) {
+        return Err(cx.err(
+            &key("gpu_memory_utilization"),
+            format!("must be in (0, 1], got {util}"),
+            "vLLM's default is 0.9",
+        ));
+    }
+    let slots = &file.worker.slots;
+    let io_slots =
+        cx.at_least("worker.slots.io_slots", i64::from(slots.io_slots.unwrap_or(v.max_kvc_ready_requests)), 1)?;
+    let gpu_slots = cx.at_least("worker.slots.gpu_slots", i64::from(slots.gpu_slots.unwrap_or(max_num_seqs)), 1)?;
+    let slot_mode = match slots.mode.to_ascii_lowercase().as_str() {
+        "pipelined" => SlotMode::Pipelined,
+        "single_stage" => SlotMode::SingleStage,
+        other => {
+            return Err(cx.err(
+                "worker.slots.mode",
+                format!("unknown slot mode {other:?}"),
+                "use `pipelined` or `single_stage`",
+            ));
+        }
+    };
+
+    // KV block pool: memory × tp × utilisation − weights, in blocks.
+    let memory_bytes = gpu.memory_gb * f64::from(tp) * (1u64 << 30) as f64 * util;
+    let weights = model.weight_bytes() as f64;
+    let block_bytes = block_size as u64 * model.kv_bytes_per_token();
+    let fit_hint = "use more GPUs per worker (worker.hw.tp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
+    if weights >= memory_bytes {
+        return Err(cx.err(
+            "worker.hw",
+            format!(
+                "the model does not fit in GPU memory: {} needs {:.1} GiB of weights but {} × {} at gpu_memory_utilization {util} leaves {:.1} GiB",
+                model.name,
+                weights / (1u64 << 30) as f64,
+                tp,
+                gpu.name,
+                memory_bytes / (1u64 << 30) as f64
+            ),
+            fit_hint,
+        ));
+    }
+    let total_blocks = ((memory_bytes - weights) / block_bytes as f64).floor() as u64;
+    let longest = stages.iter().filter_map(StageConfig::max_sequence_tokens).max().unwrap_or(0);
+    if longest > model.max_model_len {
+        return Err(cx.err(
+            "workload.stages",
+            format!(
+                "a request can reach {longest} tokens (prompt + output) but {} accepts at most {}",
+                model.name, model.max_model_len
+            ),
+            "lower prompt_size_max or output_tokens_max",
+        ));
+    }
+    let needed = longest.max(1).div_ceil(u64::from(block_size));
+    if total_blocks < needed {
+        return Err(cx.err(
+            "worker.hw",
+            format!(
+                "one maximum-length sequence ({longest} tokens = {needed} blocks of {block_size}) does not fit in the KV cache ({total_blocks} blocks left after {:.1} GiB of weights)",
+                weights / (1u64 << 30) as f64
+            ),
+            fit_hint,
+        ));
+    }
+    let chunked_prefill = v.chunked_prefill;
+    let token_budget = if chunked_prefill { u64::from(budget) } else { model.max_model_len * u64::from(max_num_seqs) };
+    Ok(WorkerConfig {
+        max_running: max_num_seqs.min(gpu_slots),
+        token_budget,
+        chunked_prefill,
+        block_size: u64::from(block_size),
+        total_blocks,
+        io_slots,
+        slot_mode,
+        max_model_len: model.max_model_len,
+        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_spec;
+
+    fn scenario(text: &str) -> Result<Scenario, ConfigError> {
+        resolve(&parse_spec(text, "t.toml")?, "t.toml", Path::new("."))
+    }
+
+    #[test]
+    fn defaults_resolve_to_opal_values() {
+        let s = scenario("").unwrap();
+        assert_eq!(s.seed, 42);
+        assert_eq!(s.num_workers, 1);
+        assert_eq!(s.time_limit, None);
+        assert_eq!(s.model.name, "granite-3.3-8b");
+        assert_eq!(s.gpu.name, "H100");
+        assert_eq!(s.worker.max_running, 256);
+        assert_eq!(s.worker.token_budget, 8192);
+        assert_eq!(s.worker.io_slots, 8);
+        let StageConfig::Rate(st) = &s.stages[0];
+        assert_eq!((st.rate, st.total, st.prompt, st.output), (2.0, Some(100), (32, 16384), (32, 128)));
+    }
+
+    #[test]
+    fn kv_pool_for_llama_8b_on_h100_matches_the_formula() {
+        let s = scenario("[model.model_params]\nname = \"llama-3.1-8b\"\n").unwrap();
+        // 80 GiB × 0.9 = 77,309,411,328 B; weights 16,060,522,496 B; left 61,248,888,832 B;
+        // block = 16 × 131,072 = 2,097,152 B → 29,205 blocks (29,205.5…, floored).
+        let expected = ((80.0 * 1073741824.0 * 0.9 - 16_060_522_496.0) / 2_097_152.0_f64).floor() as u64;
+        assert_eq!(expected, 29_205);
+        assert_eq!(s.worker.total_blocks, expected);
+    }
+
+    #[test]
+    fn a_model_that_does_not_fit_is_rejected_with_a_fix() {
+        let e = scenario("[model.model_params]\nname = \"llama-3.1-70b\"\n").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("worker.hw"));
+        assert!(e.message.contains("does not fit in GPU memory"), "{e}");
+        assert!(e.hint.unwrap().contains("worker.hw.tp"));
+        // Two H100s hold the weights; with short requests the KV pool suffices.
+        scenario("[model.model_params]\nname = \"llama-3.1-70b\"\n[worker.hw]\ntp = 2\n").unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let rate = "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = -2.0\n";
+        assert_eq!(scenario(rate).unwrap_err().key.as_deref(), Some("workload.stages.0.workload_params.request_rate"));
+        let sizes = "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nprompt_size_min = 900\nprompt_size_max = 100\n";
+        let e = scenario(sizes).unwrap_err();
+        assert!(e.message.contains("prompt_size_min (900) is greater than prompt_size_max (100)"), "{e}");
+        let kind = "[[workload.stages]]\ntype = \"ExponentialRate\"\n";
+        assert!(scenario(kind).unwrap_err().hint.unwrap().contains("did you mean `ExponentialReqRate`"));
+        let never =
+            "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\ntotal_requests = -1\n";
+        assert!(scenario(never).unwrap_err().message.contains("would never end"));
+        let policy = "[router.router_params]\npolicy = \"RoundRobbin\"\n";
+        assert!(scenario(policy).unwrap_err().hint.unwrap().contains("did you mean `RoundRobin`"));
+    }
+
+    #[test]
+    fn opal_string_coefficients_are_accepted() {
+        let s = scenario("[worker.inference_params]\na = \"4\"\nb = \"24\"\n").unwrap();
+        let StepModel::Roofline(r) = &s.worker.perf.model else { panic!("roofline expected") };
+        assert_eq!((r.a, r.b), (4.0, 24.0));
+        assert!(scenario("[worker.inference_params]\na = \"four\"\n").unwrap_err().message.contains("not a number"));
+    }
+}

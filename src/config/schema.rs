@@ -1,0 +1,322 @@
+//! The scenario file as written (TOML), section and key names as in the
+//! original Opal's JSON configuration. Every key has a default; defaults equal
+//! Opal's `configs/defaults.json` where it has one (differences are noted on
+//! the field). Units are in the key names or the comments:
+//! `memory_gb`/`capacity_GB` are GiB (2³⁰ B), `bandwidth_GBps` 10⁹ B/s,
+//! `mem_bw_TBps` 10¹² B/s, `tflops` 10¹² FLOP/s, times in seconds.
+//!
+//! These structs only describe shape; [`super::resolve`] validates values.
+
+use serde::{Deserialize, Serialize};
+
+/// A spec file: optional `[sweep]` settings plus the scenario sections.
+/// A file with no axes is a single run.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecFile {
+    /// Sweep settings (name, output directory).
+    #[serde(default)]
+    pub sweep: SweepSection,
+    /// Run length, seed and cluster size.
+    #[serde(default)]
+    pub simulation: SimulationSection,
+    /// Which model is served.
+    #[serde(default)]
+    pub model: ModelSection,
+    /// The request router.
+    #[serde(default)]
+    pub router: RouterSection,
+    /// The request workload (stages run in sequence).
+    #[serde(default)]
+    pub workload: WorkloadSection,
+    /// The vLLM-like workers.
+    #[serde(default)]
+    pub worker: WorkerSection,
+}
+
+/// `[sweep]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepSection {
+    /// Name of the study; results go to `results/<name>/` by default.
+    /// Defaults to the spec file's stem.
+    pub name: Option<String>,
+    /// Output directory (relative to the current directory); overrides `results/<name>/`.
+    pub output: Option<String>,
+}
+
+/// `[simulation]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SimulationSection {
+    /// Simulated seconds to run; `-1` runs until the workload is done.
+    pub simulation_time: f64,
+    /// Run seed (the root of every random stream).
+    pub seed: u64,
+    /// Workers at start.
+    pub num_workers: u32,
+    /// Width of one time-series interval, simulated seconds (not in Opal, which samples every second).
+    pub time_series_interval_sec: f64,
+}
+
+impl Default for SimulationSection {
+    fn default() -> Self {
+        SimulationSection { simulation_time: -1.0, seed: 42, num_workers: 1, time_series_interval_sec: 1.0 }
+    }
+}
+
+/// `[model]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// `[model.model_params]`.
+    #[serde(default)]
+    pub model_params: ModelParams,
+}
+
+/// `[model.model_params]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelParams {
+    /// A preset (llama-3.1-8b, llama-3.1-70b, granite-3.3-8b, qwen2.5-7b; Hugging Face ids and
+    /// `-instruct` names accepted) or, with `config_dir`, a sub-directory holding `config.json`.
+    pub name: String,
+    /// Directory containing `<name>/config.json` (Opal's layout), relative to the spec file.
+    pub config_dir: Option<String>,
+    /// A Hugging Face `config.json` to read directly, relative to the spec file.
+    pub config_path: Option<String>,
+}
+
+impl Default for ModelParams {
+    fn default() -> Self {
+        ModelParams { name: "granite-3.3-8b-instruct".into(), config_dir: None, config_path: None }
+    }
+}
+
+/// `[router]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouterSection {
+    /// `[router.router_params]`.
+    #[serde(default)]
+    pub router_params: RouterParams,
+}
+
+/// `[router.router_params]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterParams {
+    /// Routing policy, case-insensitive: RoundRobin, Random, LeastLoaded.
+    pub policy: String,
+}
+
+impl Default for RouterParams {
+    fn default() -> Self {
+        RouterParams { policy: "LeastLoaded".into() }
+    }
+}
+
+/// `[workload]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSection {
+    /// `[[workload.stages]]`, run in order.
+    pub stages: Vec<StageSection>,
+}
+
+impl Default for WorkloadSection {
+    fn default() -> Self {
+        WorkloadSection {
+            stages: vec![StageSection { kind: "UniformReqRate".into(), workload_params: toml::Table::new() }],
+        }
+    }
+}
+
+/// One `[[workload.stages]]` entry.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageSection {
+    /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Parameters of that type (checked against the type's own keys).
+    #[serde(default)]
+    pub workload_params: toml::Table,
+}
+
+/// `workload_params` of `UniformReqRate` and `ExponentialReqRate`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RateParams {
+    /// Mean requests per second.
+    pub request_rate: f64,
+    /// Requests to generate; `-1` or `0` = unlimited (then a time limit must end the stage).
+    pub total_requests: i64,
+    /// Smallest prompt, tokens (uniform over [min, max], inclusive).
+    pub prompt_size_min: i64,
+    /// Largest prompt, tokens.
+    pub prompt_size_max: i64,
+    /// Fewest output tokens (uniform over [min, max], inclusive).
+    pub output_tokens_min: i64,
+    /// Most output tokens.
+    pub output_tokens_max: i64,
+    /// Leading tokens every request of the stage shares (capped at the prompt size).
+    pub default_prefix_length: i64,
+    /// ExponentialReqRate: gap = mean·(1−jitter) + Exp(mean)·jitter; 1 = Poisson, 0 = fixed.
+    /// Ignored by UniformReqRate (as in Opal).
+    pub jitter: f64,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+    /// In-flight cap: an arrival due while this many of the stage's requests are
+    /// outstanding waits for a completion; `-1` = unlimited.
+    pub max_outstanding_requests: i64,
+}
+
+impl Default for RateParams {
+    fn default() -> Self {
+        RateParams {
+            request_rate: 2.0,
+            total_requests: 100,
+            prompt_size_min: 32,
+            prompt_size_max: 16384,
+            output_tokens_min: 32,
+            output_tokens_max: 128,
+            default_prefix_length: 1024,
+            jitter: 1.0,
+            time_duration_sec: -1.0,
+            max_outstanding_requests: -1,
+        }
+    }
+}
+
+/// `[worker]`.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSection {
+    /// `[worker.hw]`.
+    #[serde(default)]
+    pub hw: HwParams,
+    /// `[worker.vllm_params]`.
+    #[serde(default)]
+    pub vllm_params: VllmParams,
+    /// `[worker.slots]`.
+    #[serde(default)]
+    pub slots: SlotsParams,
+    /// `[worker.inference_params]`.
+    #[serde(default)]
+    pub inference_params: InferenceParams,
+}
+
+/// `[worker.hw]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(non_snake_case)]
+pub struct HwParams {
+    /// GPU preset: A100-80G, H100, H200, B200 (or any name when the three numbers below are given).
+    pub gpu: String,
+    /// HBM per GPU, GiB; overrides the preset.
+    pub memory_gb: Option<f64>,
+    /// Dense bf16 peak per GPU, TFLOP/s; overrides the preset.
+    pub tflops: Option<f64>,
+    /// HBM bandwidth per GPU, TB/s (10¹² B/s); overrides the preset.
+    pub mem_bw_TBps: Option<f64>,
+    /// Tensor-parallel GPUs per worker (memory, FLOPs and bandwidth scale with it).
+    pub tp: u32,
+}
+
+impl Default for HwParams {
+    fn default() -> Self {
+        HwParams { gpu: "H100".into(), memory_gb: None, tflops: None, mem_bw_TBps: None, tp: 1 }
+    }
+}
+
+/// `[worker.vllm_params]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VllmParams {
+    /// Most sequences in the running batch.
+    pub max_num_seqs: u32,
+    /// Token budget of one scheduler step (prefill chunks and decodes together).
+    pub max_num_batched_tokens: u32,
+    /// Requests that may hold an I/O slot at once (the default of `slots.io_slots`).
+    pub max_kvc_ready_requests: u32,
+    /// Split long prefills across steps; when off, a prompt is prefilled in one step.
+    pub chunked_prefill: bool,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Fraction of GPU memory vLLM may use (weights + KV blocks). Not in Opal (which uses 1.0); vLLM's default.
+    pub gpu_memory_utilization: f64,
+}
+
+impl Default for VllmParams {
+    fn default() -> Self {
+        VllmParams {
+            max_num_seqs: 256,
+            max_num_batched_tokens: 8192,
+            max_kvc_ready_requests: 8,
+            chunked_prefill: true,
+            block_size: 16,
+            gpu_memory_utilization: 0.9,
+        }
+    }
+}
+
+/// `[worker.slots]` (Opal's README: I/O and GPU slots).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SlotsParams {
+    /// Concurrent KV-cache I/O slots; default `vllm_params.max_kvc_ready_requests`.
+    pub io_slots: Option<u32>,
+    /// Compute slots (sequences in the batch); default `vllm_params.max_num_seqs`.
+    pub gpu_slots: Option<u32>,
+    /// `pipelined`: a request holds its I/O slot only during its KV fetch;
+    /// `single_stage`: from fetch start until it finishes.
+    pub mode: String,
+}
+
+impl Default for SlotsParams {
+    fn default() -> Self {
+        SlotsParams { io_slots: None, gpu_slots: None, mode: "pipelined".into() }
+    }
+}
+
+/// A number that Opal's JSON may write as a string (`"a": "4"`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum NumberOrString {
+    /// A number.
+    Number(f64),
+    /// A number written as a string.
+    String(String),
+}
+
+/// `[worker.inference_params]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct InferenceParams {
+    /// Step-time model: `roofline`, `synthetic` or `table`.
+    pub model: String,
+    /// `synthetic`: seconds per scheduler step.
+    pub mean_latency_secs: f64,
+    /// `roofline`: attention FLOP coefficient per causal token pair per hidden unit per layer.
+    pub a: NumberOrString,
+    /// `roofline`: dense FLOP coefficient per new token per d² per layer.
+    pub b: NumberOrString,
+    /// How a step with prefill and decode work combines them: `max` (Opal) or `sum`.
+    pub mixed_step: String,
+    /// `table`: CSV of measured latencies (columns `phase,batch_size,tokens,latency_ms`), relative to the spec file.
+    pub table_path: Option<String>,
+}
+
+impl Default for InferenceParams {
+    fn default() -> Self {
+        InferenceParams {
+            model: "roofline".into(),
+            mean_latency_secs: 1.0,
+            a: NumberOrString::Number(4.0),
+            b: NumberOrString::Number(24.0),
+            mixed_step: "max".into(),
+            table_path: None,
+        }
+    }
+}

@@ -1,0 +1,45 @@
+//! # Opal — a discrete-event simulator of LLM inference platforms
+//!
+//! Opal models a request router in front of vLLM-like workers and answers
+//! capacity questions (TTFT/TPOT percentiles, throughput, utilisation) for
+//! a scenario, fast enough to sweep thousands of seeded runs.
+//!
+//! ```text
+//!  spec.toml ──config──▶ Scenario ──cluster──▶ engine loop ──▶ metrics ──▶ RunOutput
+//!                                      │
+//!            workload ──▶ router ──▶ workers (scheduler, KV blocks, step-time model)
+//! ```
+//!
+//! Data flows one way. [`config`] turns a TOML spec into a validated
+//! [`config::Scenario`]; [`cluster::Cluster`] owns every component of one run
+//! and is the only place that knows the event enum; [`engine`] pops events in
+//! `(time, seq)` order; components ([`workload`], [`router`], [`worker`]) are
+//! passive and return effects; [`metrics`] records histograms, the time
+//! series and per-request records.
+//!
+//! Module map: [`time`], [`ids`], [`rng`] (foundations) · [`engine`] ·
+//! [`config`] · [`workload`] · [`router`] · [`worker`] · [`request`] ·
+//! [`cluster`] · [`metrics`] · [`report`] (text summary).
+
+#![warn(missing_docs)]
+
+pub mod cluster;
+pub mod config;
+pub mod engine;
+pub mod ids;
+pub mod metrics;
+pub mod report;
+pub mod request;
+pub mod rng;
+pub mod router;
+pub mod time;
+pub mod worker;
+pub mod workload;
+
+pub use cluster::RunOutput;
+pub use config::Scenario;
+
+/// Runs one scenario to completion (deterministic: same scenario, same output).
+pub fn simulate(scenario: &Scenario) -> RunOutput {
+    cluster::Cluster::new(scenario).run()
+}

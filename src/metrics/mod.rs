@@ -1,0 +1,346 @@
+//! What a run measures: latency histograms, a per-interval time series,
+//! per-request records and the run summary (definitions in DESIGN §4).
+//!
+//! Latencies go into HDR histograms in **microseconds** (3 significant
+//! digits; a duration is rounded up to whole µs). Percentiles come from the
+//! histograms, so they can be merged exactly across replicates; means and
+//! maxima are kept exactly beside them.
+
+mod series;
+
+pub use series::{Gauges, IntervalRow, TimeSeries};
+
+use crate::time::{SimDuration, SimTime};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// A latency distribution.
+#[derive(Clone, Debug)]
+pub struct LatencyHistogram {
+    hist: Histogram<u64>,
+    sum_ns: u128,
+    count: u64,
+    max_ns: u64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram {
+            hist: Histogram::new(3).expect("3 significant digits is valid"),
+            sum_ns: 0,
+            count: 0,
+            max_ns: 0,
+        }
+    }
+}
+
+impl LatencyHistogram {
+    /// Records one sample.
+    pub fn record(&mut self, d: SimDuration) {
+        self.record_n(d, 1);
+    }
+
+    /// Records `n` samples of the same duration (one decode step for a batch).
+    pub fn record_n(&mut self, d: SimDuration, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let us = d.as_micros_ceil();
+        // The histogram grows to fit (up to 2⁶² µs); beyond that, clamp.
+        if self.hist.record_n(us, n).is_err() {
+            self.hist.saturating_record_n(us, n);
+        }
+        self.sum_ns += u128::from(d.0) * u128::from(n);
+        self.count += n;
+        self.max_ns = self.max_ns.max(d.0);
+    }
+
+    /// Number of samples.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// The HDR histogram (µs).
+    pub fn histogram(&self) -> &Histogram<u64> {
+        &self.hist
+    }
+
+    /// Percentiles (from the histogram), exact mean and max, in milliseconds;
+    /// all NaN without samples.
+    pub fn stats(&self) -> LatencyStats {
+        if self.count == 0 {
+            return LatencyStats {
+                p50: f64::NAN,
+                p90: f64::NAN,
+                p95: f64::NAN,
+                p99: f64::NAN,
+                p999: f64::NAN,
+                mean: f64::NAN,
+                max: f64::NAN,
+            };
+        }
+        let q = |q: f64| self.hist.value_at_quantile(q) as f64 / 1e3;
+        LatencyStats {
+            p50: q(0.50),
+            p90: q(0.90),
+            p95: q(0.95),
+            p99: q(0.99),
+            p999: q(0.999),
+            mean: self.sum_ns as f64 / self.count as f64 / 1e6,
+            max: self.max_ns as f64 / 1e6,
+        }
+    }
+}
+
+/// Summary statistics of one latency metric, milliseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LatencyStats {
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Exact mean.
+    pub mean: f64,
+    /// Exact maximum.
+    pub max: f64,
+}
+
+impl LatencyStats {
+    /// `(suffix, value)` pairs in column order.
+    pub fn fields(&self) -> [(&'static str, f64); 7] {
+        [
+            ("p50", self.p50),
+            ("p90", self.p90),
+            ("p95", self.p95),
+            ("p99", self.p99),
+            ("p999", self.p999),
+            ("mean", self.mean),
+            ("max", self.max),
+        ]
+    }
+}
+
+/// The latency metrics of a run, in output order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatencyMetric {
+    /// Arrival → first token.
+    Ttft,
+    /// (E2E − TTFT) / (output − 1), per request with more than one output token.
+    Tpot,
+    /// Gap between consecutive tokens of a request.
+    Itl,
+    /// Arrival → last token.
+    E2e,
+    /// Arrival → first scheduled step.
+    QueueWait,
+}
+
+impl LatencyMetric {
+    /// All metrics in output order.
+    pub const ALL: [LatencyMetric; 5] =
+        [LatencyMetric::Ttft, LatencyMetric::Tpot, LatencyMetric::Itl, LatencyMetric::E2e, LatencyMetric::QueueWait];
+
+    /// The column-name stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencyMetric::Ttft => "ttft",
+            LatencyMetric::Tpot => "tpot",
+            LatencyMetric::Itl => "itl",
+            LatencyMetric::E2e => "e2e",
+            LatencyMetric::QueueWait => "queue_wait",
+        }
+    }
+}
+
+/// The latency histograms of a run, indexed by [`LatencyMetric`].
+#[derive(Clone, Debug, Default)]
+pub struct Latencies {
+    hists: [LatencyHistogram; 5],
+}
+
+impl Latencies {
+    /// The histogram of `m`.
+    pub fn get(&self, m: LatencyMetric) -> &LatencyHistogram {
+        &self.hists[m as usize]
+    }
+
+    /// The histogram of `m`, mutably.
+    pub fn get_mut(&mut self, m: LatencyMetric) -> &mut LatencyHistogram {
+        &mut self.hists[m as usize]
+    }
+}
+
+/// One finished (or unfinished) request, as reported.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RequestRecord {
+    /// Request id (generation order).
+    pub id: u32,
+    /// Generating stage.
+    pub stage: u32,
+    /// Worker it was routed to.
+    pub worker: Option<u32>,
+    /// Arrival, seconds.
+    pub arrival_s: f64,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens asked for.
+    pub output_tokens: u32,
+    /// Prompt tokens prefilled (including recomputation after preemption).
+    pub prefill_tokens_computed: u64,
+    /// Arrival → first scheduled step, seconds.
+    pub queue_wait_s: Option<f64>,
+    /// Arrival → first token, seconds.
+    pub ttft_s: Option<f64>,
+    /// Arrival → last token, seconds.
+    pub e2e_s: Option<f64>,
+    /// (E2E − TTFT) / (output − 1), seconds.
+    pub tpot_s: Option<f64>,
+    /// Preemptions suffered.
+    pub preemptions: u32,
+    /// Whether it finished within the run.
+    pub completed: bool,
+}
+
+/// The run summary: one row of the runs table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunSummary {
+    /// Requests generated.
+    pub requests_generated: u64,
+    /// Requests completed.
+    pub requests_completed: u64,
+    /// Requests still in flight when the run stopped.
+    pub requests_incomplete: u64,
+    /// Simulated seconds covered.
+    pub sim_time_s: f64,
+    /// Events handled.
+    pub events: u64,
+    /// Why the run stopped.
+    pub stop_reason: crate::engine::StopReason,
+    /// Prompt tokens of completed requests per simulated second.
+    pub input_tokens_per_s: f64,
+    /// Output tokens of completed requests per simulated second.
+    pub output_tokens_per_s: f64,
+    /// Completed requests per simulated second.
+    pub requests_per_s: f64,
+    /// Latency statistics, ms.
+    pub ttft_ms: LatencyStats,
+    /// Time per output token, ms.
+    pub tpot_ms: LatencyStats,
+    /// Inter-token latency, ms.
+    pub itl_ms: LatencyStats,
+    /// End-to-end latency, ms.
+    pub e2e_ms: LatencyStats,
+    /// Queue wait, ms.
+    pub queue_wait_ms: LatencyStats,
+    /// Fraction of worker time spent computing steps.
+    pub gpu_utilization: f64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Prompt tokens prefilled, including recomputation.
+    pub prefill_tokens_computed: u64,
+    /// Time-average number of requests in the system (generated, not completed).
+    pub mean_requests_in_system: f64,
+    /// Workers at the end of the run.
+    pub workers: u32,
+}
+
+impl RunSummary {
+    /// Every numeric column in output order, named as in `runs.parquet`.
+    pub fn columns(&self) -> Vec<(String, f64)> {
+        let mut c: Vec<(String, f64)> = vec![
+            ("requests_generated".into(), self.requests_generated as f64),
+            ("requests_completed".into(), self.requests_completed as f64),
+            ("requests_incomplete".into(), self.requests_incomplete as f64),
+            ("sim_time_s".into(), self.sim_time_s),
+            ("input_tokens_per_s".into(), self.input_tokens_per_s),
+            ("output_tokens_per_s".into(), self.output_tokens_per_s),
+            ("requests_per_s".into(), self.requests_per_s),
+        ];
+        for (name, stats) in [
+            ("ttft", &self.ttft_ms),
+            ("tpot", &self.tpot_ms),
+            ("itl", &self.itl_ms),
+            ("e2e", &self.e2e_ms),
+            ("queue_wait", &self.queue_wait_ms),
+        ] {
+            c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), *v)));
+        }
+        c.extend([
+            ("gpu_utilization".into(), self.gpu_utilization),
+            ("preemptions".into(), self.preemptions as f64),
+            ("prefill_tokens_computed".into(), self.prefill_tokens_computed as f64),
+            ("mean_requests_in_system".into(), self.mean_requests_in_system),
+            ("workers".into(), f64::from(self.workers)),
+        ]);
+        c
+    }
+}
+
+/// Time-integral of the number of requests in the system (for Little's law).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct InSystem {
+    count: u64,
+    since: SimTime,
+    area_ns: u128,
+}
+
+impl InSystem {
+    /// The count changes by `delta` at `now`.
+    pub fn change(&mut self, now: SimTime, delta: i64) {
+        self.area_ns += u128::from(self.count) * u128::from((now - self.since).0);
+        self.since = now;
+        self.count = self.count.checked_add_signed(delta).expect("more requests left than entered");
+    }
+
+    /// Requests in the system now.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Time-average count over [0, `end`].
+    pub fn mean(&self, end: SimTime) -> f64 {
+        if end.0 == 0 {
+            return 0.0;
+        }
+        let area = self.area_ns + u128::from(self.count) * u128::from(end.saturating_since(self.since).0);
+        area as f64 / end.0 as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_percentiles_are_in_ms_and_mean_and_max_exact() {
+        let mut h = LatencyHistogram::default();
+        // 998 samples of 1 ms and two of 1.5 s: the 999th-ranked sample is 1.5 s.
+        h.record_n(SimDuration(1_000_000), 998);
+        h.record_n(SimDuration(1_500_000_000), 2);
+        let s = h.stats();
+        assert_eq!(s.p50, 1.0);
+        assert_eq!(s.p99, 1.0);
+        // 1.5e6 µs is stored with 3 significant digits: the bucket's highest equivalent value.
+        assert!((s.p999 - 1500.0).abs() / 1500.0 < 1e-3, "{}", s.p999);
+        assert!((s.mean - (998.0 + 3000.0) / 1000.0).abs() < 1e-12);
+        assert_eq!(s.max, 1500.0);
+        assert_eq!(h.count(), 1000);
+        assert!(LatencyHistogram::default().stats().p50.is_nan());
+    }
+
+    #[test]
+    fn in_system_integrates_the_count_over_time() {
+        let mut n = InSystem::default();
+        n.change(SimTime(0), 1); // 1 in [0, 10)
+        n.change(SimTime(10), 1); // 2 in [10, 20)
+        n.change(SimTime(20), -2); // 0 in [20, 40)
+        // area = 10 + 20 = 30 over 40 ns.
+        assert_eq!(n.mean(SimTime(40)), 0.75);
+    }
+}

@@ -1,0 +1,208 @@
+//! The per-interval time series (default 1 s of simulated time).
+//!
+//! Counters (requests completed, tokens, busy time) are added to the interval
+//! in which they happen; busy time of a step that spans a boundary is split
+//! across intervals (it is reported when the step ends, or at the end of the
+//! run for steps still in flight, so busy fractions are computed at the end). Gauges (queue depth, running requests, workers, KV
+//! usage) are sampled at the end of each interval. TTFT percentiles are over
+//! the requests whose first token came out in the interval.
+
+use crate::time::{SimDuration, SimTime};
+use serde::Serialize;
+
+/// One interval of the time series.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct IntervalRow {
+    /// Interval start, seconds.
+    pub start_s: f64,
+    /// Requests that completed in it.
+    pub requests_completed: u64,
+    /// Prompt tokens computed (prefill work).
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Median TTFT of the requests whose first token came out in it, ms (NaN if none).
+    pub ttft_p50_ms: f64,
+    /// 99th-percentile TTFT of those requests, ms (NaN if none).
+    pub ttft_p99_ms: f64,
+    /// Requests waiting (not yet running) at the interval end, all workers.
+    pub queue_depth: u64,
+    /// Requests in running batches at the interval end.
+    pub running: u64,
+    /// Workers at the interval end.
+    pub active_workers: u32,
+    /// Busy fraction of the workers over the interval (0–1).
+    pub gpu_busy_fraction: f64,
+    /// Fraction of GPU KV blocks in use at the interval end, over all workers.
+    pub gpu_kv_usage: f64,
+}
+
+/// Gauges sampled at an interval boundary.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Gauges {
+    /// Waiting requests.
+    pub queue_depth: u64,
+    /// Running requests.
+    pub running: u64,
+    /// Workers.
+    pub active_workers: u32,
+    /// KV blocks in use.
+    pub used_blocks: u64,
+    /// KV blocks in all pools.
+    pub total_blocks: u64,
+}
+
+/// Builds the time series as the run advances.
+#[derive(Clone, Debug)]
+pub struct TimeSeries {
+    width: SimDuration,
+    rows: Vec<IntervalRow>,
+    busy_ns: Vec<u64>,
+    /// Intervals before this one are closed.
+    open: usize,
+    ttft_ms: Vec<f64>,
+}
+
+impl TimeSeries {
+    /// An empty series of intervals `width` wide.
+    pub fn new(width: SimDuration) -> TimeSeries {
+        assert!(width.0 > 0, "interval width must be positive");
+        TimeSeries { width, rows: Vec::new(), busy_ns: Vec::new(), open: 0, ttft_ms: Vec::new() }
+    }
+
+    fn index(&self, t: SimTime) -> usize {
+        (t.0 / self.width.0) as usize
+    }
+
+    fn row(&mut self, i: usize) -> &mut IntervalRow {
+        if self.rows.len() <= i {
+            let width = self.width;
+            self.rows.extend((self.rows.len()..=i).map(|k| IntervalRow {
+                start_s: SimTime(k as u64 * width.0).as_secs_f64(),
+                ttft_p50_ms: f64::NAN,
+                ttft_p99_ms: f64::NAN,
+                ..IntervalRow::default()
+            }));
+            self.busy_ns.resize(i + 1, 0);
+        }
+        &mut self.rows[i]
+    }
+
+    /// The start of the next interval to close.
+    pub fn next_boundary(&self) -> SimTime {
+        SimTime((self.open as u64 + 1) * self.width.0)
+    }
+
+    /// Closes the open interval with gauges sampled at its end.
+    pub fn close_interval(&mut self, g: Gauges) {
+        self.close_covering(g, self.width.0);
+    }
+
+    /// Closes the open interval, of which `covered_ns` were simulated.
+    fn close_covering(&mut self, g: Gauges, covered_ns: u64) {
+        let i = self.open;
+        let (p50, p99) = percentiles(&mut self.ttft_ms);
+        let row = self.row(i);
+        row.queue_depth = g.queue_depth;
+        row.running = g.running;
+        row.active_workers = g.active_workers;
+        // Worker-time of the interval for now; divided into the busy time in `finish`.
+        row.gpu_busy_fraction = covered_ns as f64 * f64::from(g.active_workers.max(1));
+        row.gpu_kv_usage = if g.total_blocks > 0 { g.used_blocks as f64 / g.total_blocks as f64 } else { 0.0 };
+        row.ttft_p50_ms = p50;
+        row.ttft_p99_ms = p99;
+        self.ttft_ms.clear();
+        self.open += 1;
+    }
+
+    /// Closes the final, possibly partial, interval at `end` and returns the
+    /// rows. All busy time up to `end` must have been reported.
+    pub fn finish(mut self, end: SimTime, g: Gauges) -> Vec<IntervalRow> {
+        while self.next_boundary() <= end {
+            self.close_interval(g);
+        }
+        let covered = end.0 - self.open as u64 * self.width.0;
+        if covered > 0 {
+            self.close_covering(g, covered);
+        }
+        self.rows.truncate(self.open);
+        for (row, busy) in self.rows.iter_mut().zip(&self.busy_ns) {
+            row.gpu_busy_fraction = *busy as f64 / row.gpu_busy_fraction;
+        }
+        self.rows
+    }
+
+    /// A request completed at `t`.
+    pub fn on_completion(&mut self, t: SimTime) {
+        let i = self.index(t);
+        self.row(i).requests_completed += 1;
+    }
+
+    /// A step ending at `t` computed `prompt` prompt tokens and generated `generated` tokens.
+    pub fn on_tokens(&mut self, t: SimTime, prompt: u64, generated: u64) {
+        let i = self.index(t);
+        let row = self.row(i);
+        row.prompt_tokens += prompt;
+        row.generated_tokens += generated;
+    }
+
+    /// A first token came out at `t` (in the open interval) with this TTFT.
+    pub fn on_first_token(&mut self, t: SimTime, ttft: SimDuration) {
+        debug_assert_eq!(self.index(t), self.open, "first token outside the open interval");
+        self.ttft_ms.push(ttft.0 as f64 / 1e6);
+    }
+
+    /// A worker was busy over [start, end) (reported once the span is over).
+    pub fn on_busy(&mut self, start: SimTime, end: SimTime) {
+        let mut t = start;
+        while t < end {
+            let i = self.index(t);
+            let boundary = SimTime((i as u64 + 1) * self.width.0).min(end);
+            self.row(i);
+            self.busy_ns[i] += (boundary - t).0;
+            t = boundary;
+        }
+    }
+}
+
+/// Nearest-rank median and 99th percentile, ms (NaN when empty).
+fn percentiles(v: &mut [f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    v.sort_by(f64::total_cmp);
+    let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (rank(0.5), rank(0.99))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_time_splits_across_interval_boundaries() {
+        let mut s = TimeSeries::new(SimDuration::from_secs(1));
+        // One worker busy 0.5 s → 1.75 s.
+        s.on_busy(SimTime(500_000_000), SimTime(1_750_000_000));
+        let g = Gauges { active_workers: 1, ..Gauges::default() };
+        let rows = s.finish(SimTime(2_000_000_000), g);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].gpu_busy_fraction, 0.5);
+        assert_eq!(rows[1].gpu_busy_fraction, 0.75);
+    }
+
+    #[test]
+    fn ttft_percentiles_are_per_interval_nearest_rank() {
+        let mut s = TimeSeries::new(SimDuration::from_secs(1));
+        for ms in 1..=100 {
+            s.on_first_token(SimTime(10), SimDuration(ms * 1_000_000));
+        }
+        s.close_interval(Gauges { active_workers: 1, ..Gauges::default() });
+        s.on_completion(SimTime(1_200_000_000));
+        let rows = s.finish(SimTime(1_500_000_000), Gauges { active_workers: 1, ..Gauges::default() });
+        assert_eq!((rows[0].ttft_p50_ms, rows[0].ttft_p99_ms), (50.0, 99.0));
+        assert!(rows[1].ttft_p50_ms.is_nan());
+        assert_eq!(rows[1].requests_completed, 1);
+        assert_eq!(rows[1].start_s, 1.0);
+    }
+}

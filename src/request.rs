@@ -1,0 +1,111 @@
+//! A request's state as it moves through the platform: what was asked for,
+//! where it is in the worker's scheduler, and the timestamps its metrics are
+//! computed from. Requests live in one arena (`Vec<Request>`) indexed by
+//! [`RequestId`]; components refer to them by id.
+
+use crate::ids::{RequestId, StageId, WorkerId};
+use crate::time::SimTime;
+
+/// One inference request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Its id (the arena index).
+    pub id: RequestId,
+    /// The workload stage that generated it.
+    pub stage: StageId,
+    /// When it was generated (arrived at the router).
+    pub arrival: SimTime,
+    /// Prompt length, tokens.
+    pub prompt_tokens: u32,
+    /// Tokens to generate (≥ 1).
+    pub output_tokens: u32,
+    /// Leading prompt tokens shared with the other requests of its stage.
+    pub shared_prefix_tokens: u32,
+    /// The worker the router chose.
+    pub worker: Option<WorkerId>,
+    /// Scheduler state on that worker.
+    pub seq: SeqState,
+    /// Start of the first step that computed any of its tokens.
+    pub first_scheduled: Option<SimTime>,
+    /// End of the step that produced its first token.
+    pub first_token: Option<SimTime>,
+    /// End of the step that produced its last token.
+    pub finished: Option<SimTime>,
+    /// Prompt (and recomputed) tokens prefilled, over all attempts.
+    pub prefill_tokens_computed: u64,
+    /// Times it was preempted.
+    pub preemptions: u32,
+}
+
+impl Request {
+    /// A request just generated at `arrival`.
+    pub fn new(
+        id: RequestId,
+        stage: StageId,
+        arrival: SimTime,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        shared_prefix_tokens: u32,
+    ) -> Request {
+        debug_assert!(prompt_tokens >= 1 && output_tokens >= 1);
+        Request {
+            id,
+            stage,
+            arrival,
+            prompt_tokens,
+            output_tokens,
+            shared_prefix_tokens,
+            worker: None,
+            seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
+            first_scheduled: None,
+            first_token: None,
+            finished: None,
+            prefill_tokens_computed: 0,
+            preemptions: 0,
+        }
+    }
+}
+
+/// Where a request stands in the vLLM-style token accounting.
+///
+/// `num_tokens` (T) is prompt plus generated tokens; `computed` (C) is how
+/// many of them have KV in the cache. A step schedules `T − C` tokens (or a
+/// chunk of them); when C reaches T a token is sampled and T grows by one, so
+/// a decoding sequence always has `T − C = 1`. While a request sits in the
+/// worker's decode group its `computed`/`generated` fields are frozen at
+/// their values on joining and advance arithmetically with the worker's step
+/// counter (see `worker::DecodeGroup`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SeqState {
+    /// T: prompt + generated tokens.
+    pub num_tokens: u64,
+    /// C: tokens whose KV is computed.
+    pub computed: u64,
+    /// Tokens generated so far.
+    pub generated: u64,
+    /// Order of admission to the running batch on its worker (for tie-breaks).
+    pub admit_seq: u64,
+    /// Whether it holds one of the worker's I/O slots.
+    pub holds_io_slot: bool,
+    /// When its latest token was produced (for the inter-token gap after a preemption).
+    pub last_token_at: SimTime,
+    /// Decode-group bookkeeping; valid while it is decoding.
+    pub decode: DecodeSlot,
+}
+
+/// A decoding request's position in its worker's decode group.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecodeSlot {
+    /// Worker step index of its first decode step.
+    pub join_step: u64,
+    /// `computed` at joining.
+    pub computed_at_join: u64,
+    /// `generated` at joining.
+    pub generated_at_join: u64,
+    /// Index in the group's member list.
+    pub pos: u32,
+    /// Bumped on every join so stale finish entries can be recognised.
+    pub epoch: u32,
+    /// Whether it is in the group now.
+    pub active: bool,
+}

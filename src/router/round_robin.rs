@@ -1,0 +1,37 @@
+//! Round robin: the first request goes to the first worker, then each next one.
+
+use super::{Policy, WorkerLoad};
+use crate::ids::WorkerId;
+use crate::rng::StreamRng;
+
+/// Cycles through the workers in creation order; workers added later join at the end.
+#[derive(Clone, Debug, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl Policy for RoundRobin {
+    fn choose(&mut self, workers: &[WorkerLoad], _rng: &mut StreamRng) -> WorkerId {
+        let i = self.next % workers.len();
+        self.next = i + 1;
+        workers[i].id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SeedTree;
+
+    #[test]
+    fn cycles_from_the_first_worker_and_picks_up_new_ones() {
+        let mut rng = SeedTree::new(1).stream("router");
+        let mut p = RoundRobin::default();
+        let three = super::super::loads(&[9, 0, 0]);
+        let picks: Vec<u32> = (0..4).map(|_| p.choose(&three, &mut rng).0).collect();
+        assert_eq!(picks, vec![0, 1, 2, 0]);
+        let four = super::super::loads(&[0, 0, 0, 0]);
+        let picks: Vec<u32> = (0..4).map(|_| p.choose(&four, &mut rng).0).collect();
+        assert_eq!(picks, vec![1, 2, 3, 0]);
+    }
+}

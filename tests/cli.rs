@@ -1,0 +1,93 @@
+//! The binary as a user runs it.
+
+use crate::temp_dir;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Writes `text` as `spec.toml` in a fresh directory and runs it.
+fn run_spec(name: &str, text: &str) -> Output {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("spec.toml"), text).unwrap();
+    opal_sweep(&["spec.toml", "-o", "out"], &dir)
+}
+
+fn assert_input_error(o: &Output, needles: &[&str]) {
+    assert_eq!(o.status.code(), Some(2), "exit code; stderr: {}", stderr(o));
+    let err = stderr(o);
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}:\n{err}");
+    }
+}
+
+#[test]
+fn a_missing_spec_file_is_an_input_error() {
+    let o = opal_sweep(&["no/such/spec.toml"], &temp_dir("missing"));
+    assert_input_error(&o, &["no/such/spec.toml", "cannot read the spec file"]);
+}
+
+#[test]
+fn invalid_toml_names_the_line() {
+    let o = run_spec("badtoml", "[simulation]\nseed = 1\nnum_workers = = 2\n");
+    assert_input_error(&o, &["spec.toml:3:", "invalid TOML"]);
+}
+
+#[test]
+fn an_unknown_key_names_the_path_and_the_closest_valid_key() {
+    let o = run_spec("unknown", "[router.router_params]\npolicyy = \"RoundRobin\"\n");
+    assert_input_error(&o, &["spec.toml:2:", "`router.router_params.policyy`", "did you mean `policy`?"]);
+}
+
+#[test]
+fn a_negative_rate_is_rejected() {
+    let o = run_spec(
+        "negrate",
+        "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = -1.0\n",
+    );
+    assert_input_error(&o, &["`workload.stages.0.workload_params.request_rate`", "must be a positive number"]);
+}
+
+#[test]
+fn prompt_min_above_max_is_rejected() {
+    let o = run_spec(
+        "minmax",
+        "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nprompt_size_min = 500\nprompt_size_max = 100\n",
+    );
+    assert_input_error(&o, &["prompt_size_min (500) is greater than prompt_size_max (100)", "fix:"]);
+}
+
+#[test]
+fn a_model_that_does_not_fit_is_rejected() {
+    let o = run_spec("nofit", "[model.model_params]\nname = \"llama-3.1-70b\"\n[worker.hw]\ngpu = \"A100-80G\"\n");
+    assert_input_error(&o, &["does not fit in GPU memory", "worker.hw.tp"]);
+}
+
+#[test]
+fn a_valid_spec_prints_a_summary_and_writes_results() {
+    let o = run_spec(
+        "valid",
+        "[sweep]\nname = \"tiny\"\n[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\ntotal_requests = 5\n",
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(stdout.contains("5 generated, 5 completed"), "{stdout}");
+    assert!(stdout.contains("TTFT"));
+    let summary = std::env::temp_dir().join(format!("opal-test-valid-{}", std::process::id())).join("out/summary.json");
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
+    assert_eq!(json["requests_completed"], 5);
+}
+
+#[test]
+fn help_explains_the_command() {
+    let o = opal_sweep(&["--help"], &temp_dir("help"));
+    assert!(o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("Usage: opal-sweep") && out.contains("--output") && out.contains("Exit codes"), "{out}");
+}

@@ -1,0 +1,21 @@
+//! Integration tests: behaviour seen from outside the library and the CLI.
+
+mod cli;
+mod queueing;
+mod scenarios;
+
+use std::path::PathBuf;
+
+/// Parses and resolves a scenario from TOML text.
+pub fn scenario(text: &str) -> opal::Scenario {
+    let file = opal::config::parse_spec(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    opal::config::resolve(&file, "test.toml", std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A fresh temporary directory named after the test.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("opal-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

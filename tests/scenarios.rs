@@ -1,0 +1,138 @@
+//! Whole-scenario behaviour with exact expectations.
+
+use crate::scenario;
+use opal::time::SimDuration;
+
+/// Seconds → ns, rounded up, as the simulator converts step times.
+fn ns(secs: f64) -> u64 {
+    SimDuration::from_secs_f64(secs).0
+}
+
+#[test]
+fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2e() {
+    let s = scenario(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size_min = 1000
+        prompt_size_max = 1000
+        output_tokens_min = 4
+        output_tokens_max = 4
+        "#,
+    );
+    let out = opal::simulate(&s);
+    let r = &out.requests[0];
+    // Llama-3.1-8B: L = 32, d = 4096, 8,030,261,248 parameters × 2 B, 131,072 KV B/token.
+    // H100: 989.5 TFLOP/s, 3.3 TB/s. Opal's a = 4, b = 24.
+    let flops = 989.5e12;
+    let bw = 3.3e12;
+    let weights = 8_030_261_248.0 * 2.0;
+    let prefill = 32.0 * (4.0 * 1000.0 * 1001.0 * 4096.0 + 24.0 * 1000.0 * 4096.0 * 4096.0) / flops; // ≈ 13.3 ms
+    let weights_only = weights / bw; // ≈ 4.87 ms, less than the prefill
+    assert!(prefill > weights_only);
+    // Step 1 is the prefill and yields token 1; steps 2–4 decode with 1000, 1001, 1002 cached tokens.
+    let decode = |ctx: f64| (weights + 131_072.0 * ctx) / bw;
+    let ttft = ns(prefill);
+    let e2e = ttft + ns(decode(1000.0)) + ns(decode(1001.0)) + ns(decode(1002.0));
+    assert_eq!(SimDuration::from_secs_f64(r.ttft_s.unwrap()).0.abs_diff(ttft), 0, "TTFT");
+    assert_eq!((r.e2e_s.unwrap() * 1e9).round() as u64, e2e, "E2E");
+    assert_eq!(r.queue_wait_s, Some(0.0));
+    assert_eq!(out.summary.requests_completed, 1);
+}
+
+#[test]
+fn same_scenario_and_seed_give_identical_summaries_and_event_digests() {
+    let text = r#"
+        [simulation]
+        num_workers = 3
+        seed = 7
+        [model.model_params]
+        name = "qwen2.5-7b"
+        [router.router_params]
+        policy = "Random"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 30.0
+        total_requests = 600
+        prompt_size_min = 100
+        prompt_size_max = 6000
+    "#;
+    let a = opal::simulate(&scenario(text));
+    let b = opal::simulate(&scenario(text));
+    assert_eq!(a.event_digest, b.event_digest);
+    assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
+    assert_eq!(a.requests, b.requests);
+    let other = opal::simulate(&scenario(&text.replace("seed = 7", "seed = 8")));
+    assert_ne!(a.event_digest, other.event_digest, "a different seed must change the run");
+}
+
+#[test]
+fn every_generated_request_completes_and_tokens_are_conserved() {
+    let s = scenario(
+        r#"
+        [simulation]
+        num_workers = 2
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [worker.vllm_params]
+        max_num_batched_tokens = 2048
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 8.0
+        total_requests = 300
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 4.0
+        total_requests = 50
+        "#,
+    );
+    let out = opal::simulate(&s);
+    assert_eq!(out.summary.requests_generated, 350);
+    assert_eq!(out.summary.requests_completed, 350);
+    assert!(out.requests.iter().all(|r| r.completed));
+    // Every prompt token is computed at least once (more only after preemption).
+    let prompts: u64 = out.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+    assert!(out.summary.prefill_tokens_computed >= prompts);
+    if out.summary.preemptions == 0 {
+        assert_eq!(out.summary.prefill_tokens_computed, prompts);
+    }
+    // Time series counts add up to the totals.
+    let generated: u64 = out.series.iter().map(|r| r.generated_tokens).sum();
+    let outputs: u64 = out.requests.iter().map(|r| u64::from(r.output_tokens)).sum();
+    assert_eq!(generated, outputs);
+    assert_eq!(out.series.iter().map(|r| r.requests_completed).sum::<u64>(), 350);
+    // Stage 1 starts only after stage 0's last request completed.
+    let last_stage0 =
+        out.requests.iter().filter(|r| r.stage == 0).map(|r| r.arrival_s + r.e2e_s.unwrap()).fold(0.0, f64::max);
+    let first_stage1 = out.requests.iter().filter(|r| r.stage == 1).map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
+    assert!((first_stage1 - last_stage0).abs() < 1e-9, "{first_stage1} vs {last_stage0}");
+}
+
+#[test]
+fn simulation_time_stops_the_run_and_reports_unfinished_requests() {
+    let s = scenario(
+        r#"
+        [simulation]
+        simulation_time = 5.0
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 50.0
+        total_requests = -1
+        "#,
+    );
+    let out = opal::simulate(&s);
+    assert_eq!(out.summary.sim_time_s, 5.0);
+    // The run covers [0, 5 s): arrivals at 0, 0.02, …, 4.98 — 250 requests.
+    assert_eq!(out.summary.requests_generated, 250);
+    assert!(out.summary.requests_incomplete > 0);
+    assert_eq!(out.summary.requests_generated, out.summary.requests_completed + out.summary.requests_incomplete);
+    assert_eq!(out.series.len(), 5);
+}
