@@ -182,17 +182,17 @@ impl<'a> Cluster<'a> {
     }
 
     /// Runs to the end and reports.
-    pub fn run(mut self) -> RunOutput {
+    pub fn run(mut self, opts: &crate::RunOptions) -> RunOutput {
         let mut queue = EventQueue::new();
         if let Some((s, t)) = self.workload.start(SimTime::ZERO) {
             queue.push(t, Event::Arrival(s));
         }
         let limit = self.scenario.time_limit;
         let stats = engine::run(&mut self, &mut queue, limit);
-        self.report(stats)
+        self.report(stats, opts)
     }
 
-    fn report(mut self, stats: RunStats) -> RunOutput {
+    fn report(mut self, stats: RunStats, opts: &crate::RunOptions) -> RunOutput {
         let end = stats.end_time;
         let secs = end.as_secs_f64();
         let per_s = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
@@ -228,7 +228,7 @@ impl<'a> Cluster<'a> {
             mean_requests_in_system: self.in_system.mean(end),
             workers: self.workers.len() as u32,
         };
-        let requests = self.requests.iter().map(record).collect();
+        let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
         RunOutput {
             summary,
             latencies: self.latencies,

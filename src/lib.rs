@@ -28,10 +28,12 @@ pub mod config;
 pub mod engine;
 pub mod ids;
 pub mod metrics;
+pub mod output;
 pub mod report;
 pub mod request;
 pub mod rng;
 pub mod router;
+pub mod sweep;
 pub mod time;
 pub mod worker;
 pub mod workload;
@@ -39,7 +41,25 @@ pub mod workload;
 pub use cluster::RunOutput;
 pub use config::Scenario;
 
+/// What a run should keep beyond the summary, histograms and time series.
+#[derive(Clone, Copy, Debug)]
+pub struct RunOptions {
+    /// Build one record per request (memory grows with the request count).
+    pub request_records: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { request_records: true }
+    }
+}
+
 /// Runs one scenario to completion (deterministic: same scenario, same output).
 pub fn simulate(scenario: &Scenario) -> RunOutput {
-    cluster::Cluster::new(scenario).run()
+    simulate_with(scenario, &RunOptions::default())
+}
+
+/// [`simulate`] with options.
+pub fn simulate_with(scenario: &Scenario, opts: &RunOptions) -> RunOutput {
+    cluster::Cluster::new(scenario).run(opts)
 }

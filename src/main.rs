@@ -1,35 +1,128 @@
 //! `opal-sweep`: the command-line front end. It parses flags, calls the
 //! library and maps errors to exit codes; everything else lives in `opal`.
 
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
+use opal::sweep::runner::{RunnerOptions, Shard, SweepReport, merge_dir, run_sweep};
+use opal::sweep::{SweepPlan, plan};
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Simulate an LLM inference platform (router + vLLM-like workers) for the
-/// scenario described in a TOML spec and report latency percentiles,
-/// throughput and utilisation.
+/// Simulate an LLM inference platform (router + vLLM-like workers) for every
+/// point of a sweep and write the results as Parquet tables.
 ///
-/// A spec holds the scenario sections ([simulation], [model.model_params],
-/// [router.router_params], [[workload.stages]], [worker.*]) and an optional
-/// [sweep] table (name, output). Results are written to results/<name>/
-/// (or --output) and a summary table is printed.
+/// A spec is TOML: the scenario sections ([simulation], [model.model_params],
+/// [router.router_params], [[workload.stages]], [worker.*]) plus optional
+/// [sweep] settings (name, output, replicates, base_seed, tables,
+/// time_series_interval_sec, base), [grid] axes ("dotted.path" = [values],
+/// Cartesian product) and [[zip]] groups (paths varied together). A spec
+/// without axes is a single run. Replicate r of every point runs with seed
+/// base_seed + r.
 ///
-/// Exit codes: 0 success, 1 a run failed, 2 invalid input (the message names
-/// the file, line, key and fix).
+/// Results go to results/<name>/ (or [sweep] output, or -o): runs.parquet,
+/// histograms.parquet (HDR V2), timeseries.parquet, requests.parquet (if
+/// listed in tables) and manifest.json.
+///
+/// Exit codes: 0 every run succeeded, 1 a run failed or the sweep was
+/// interrupted, 2 invalid input (the message names the file, line, key and fix).
 #[derive(Parser, Debug)]
-#[command(name = "opal-sweep", version, about, long_about, after_help = "Example: opal-sweep sweeps/quickstart.toml")]
+#[command(
+    name = "opal-sweep",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh"
+)]
 struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a spec (the default when no subcommand is given).
+    Run(RunArgs),
+    /// Merge the part files of a sharded sweep into its tables.
+    Merge {
+        /// The sweep's output directory.
+        dir: PathBuf,
+    },
+    /// Print an sbatch script that runs a spec as a Slurm job array.
+    Slurm(SlurmArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
     /// The spec to run (TOML).
+    #[arg(required = true)]
+    spec: Option<PathBuf>,
+    /// Output directory (default: [sweep] output, else results/<name>/).
+    #[arg(short, long, value_name = "DIR")]
+    output: Option<PathBuf>,
+    /// Runs in parallel (default: all cores).
+    #[arg(short, long, value_name = "N")]
+    jobs: Option<usize>,
+    /// Run only shard i of N (runs with id % N == i); defaults from
+    /// SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT. Merge with `opal-sweep merge`.
+    #[arg(long, value_name = "i/N")]
+    shard: Option<String>,
+    /// Skip runs already in the output directory.
+    #[arg(long)]
+    resume: bool,
+    /// Delete earlier results in the output directory first.
+    #[arg(long, conflicts_with = "resume")]
+    overwrite: bool,
+    /// List the expanded runs (id, point, replicate, seed, overrides) and exit.
+    #[arg(long)]
+    dry_run: bool,
+    /// No progress output.
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+#[derive(Args, Debug)]
+struct SlurmArgs {
+    /// The spec to run.
     spec: PathBuf,
-    /// Output directory (default: results/<spec name>/).
+    /// Array tasks (default: the number of runs, at most 32).
+    #[arg(long)]
+    tasks: Option<u32>,
+    /// CPUs per task (each task runs its share of runs in parallel).
+    #[arg(long, default_value_t = 4)]
+    cpus_per_task: u32,
+    /// Time limit per task (Slurm format, e.g. 01:00:00).
+    #[arg(long)]
+    time: Option<String>,
+    /// Partition.
+    #[arg(long)]
+    partition: Option<String>,
+    /// Output directory (default: as for a run).
     #[arg(short, long, value_name = "DIR")]
     output: Option<PathBuf>,
 }
 
+enum Failure {
+    Input(String),
+    Run(String),
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
+    let result = match cli.command {
+        Some(Command::Run(args)) => run(&args),
+        Some(Command::Merge { dir }) => merge(&dir),
+        Some(Command::Slurm(args)) => slurm(&args),
+        None => run(&cli.run),
+    };
+    match result {
+        Ok(code) => code,
         Err(Failure::Input(msg)) => {
             eprintln!("error: {msg}");
             ExitCode::from(2)
@@ -41,36 +134,135 @@ fn main() -> ExitCode {
     }
 }
 
-enum Failure {
-    Input(String),
-    Run(String),
+/// Writes to stdout, ignoring a closed pipe (`| head`).
+fn out(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
-fn run(cli: &Cli) -> Result<(), Failure> {
-    let spec = opal::config::load_spec(&cli.spec).map_err(|e| Failure::Input(e.to_string()))?;
-    let scenario = spec.scenario().map_err(|e| Failure::Input(e.to_string()))?;
-    let out_dir = cli.output.clone().unwrap_or_else(|| {
-        spec.file.sweep.output.as_ref().map_or_else(|| PathBuf::from("results").join(spec.name()), PathBuf::from)
+/// Loads and expands a spec. If no point can run, that is an input error
+/// (for a spec without axes: its one scenario is invalid).
+fn load_plan(spec: &std::path::Path) -> Result<SweepPlan, Failure> {
+    let spec = opal::config::load_spec(spec).map_err(|e| Failure::Input(e.to_string()))?;
+    let plan = plan(&spec).map_err(|e| Failure::Input(e.to_string()))?;
+    if let Some(Err(e)) = plan.points.iter().all(|p| p.scenario.is_err()).then(|| plan.points[0].scenario.clone()) {
+        let also = match plan.points.len() {
+            1 => String::new(),
+            n => format!("\n(and every other of the {n} grid points is invalid too)"),
+        };
+        return Err(Failure::Input(format!("{e}{also}")));
+    }
+    Ok(plan)
+}
+
+fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
+    let spec_path = args.spec.as_ref().expect("clap requires the spec");
+    let plan = load_plan(spec_path)?;
+    if args.dry_run {
+        out(&opal::report::dry_run(&plan));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let shard = match (&args.shard, Shard::from_slurm_env()) {
+        (Some(s), _) => Some(Shard::parse(s).map_err(Failure::Input)?),
+        (None, Some(env)) => Some(env.map_err(Failure::Input)?),
+        (None, None) => None,
+    };
+    let output = args.output.clone().unwrap_or_else(|| plan.default_output.clone());
+    let opts = RunnerOptions {
+        output: output.clone(),
+        jobs: args.jobs,
+        shard,
+        resume: args.resume,
+        overwrite: args.overwrite,
+        progress: !args.quiet,
+    };
+    let _ = ctrlc::set_handler(|| {
+        if STOP.swap(true, Ordering::SeqCst) {
+            std::process::exit(130);
+        }
+        eprintln!("stopping: finishing runs in progress and saving results (Ctrl-C again to abort)");
     });
     let started = std::time::Instant::now();
-    let output = opal::simulate(&scenario);
+    let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
     let wall = started.elapsed().as_secs_f64();
-    std::fs::create_dir_all(&out_dir).map_err(|e| Failure::Run(format!("cannot create {}: {e}", out_dir.display())))?;
-    let path = out_dir.join("summary.json");
-    let json = serde_json::to_string_pretty(&output.summary).map_err(|e| Failure::Run(e.to_string()))?;
-    std::fs::write(&path, json).map_err(|e| Failure::Run(format!("cannot write {}: {e}", path.display())))?;
-    let text = format!(
-        "{} — seed {}, {} × {} on {} × {}\n{}wall time {wall:.3} s\nresults: {}\n",
-        spec.name(),
-        scenario.seed,
-        scenario.num_workers,
-        scenario.model.name,
-        scenario.tp,
-        scenario.gpu.name,
-        opal::report::summary_table(&output.summary),
-        out_dir.display()
-    );
-    // A closed pipe (`| head`) is not an error worth a panic.
-    let _ = std::io::Write::write_all(&mut std::io::stdout().lock(), text.as_bytes());
-    Ok(())
+    out(&summarize(&plan, &report, &output, wall));
+    if report.interrupted {
+        return Err(Failure::Run(format!(
+            "interrupted after {} of {} runs; finished runs are saved — rerun with --resume to complete",
+            report.executed.len(),
+            report.selected - report.skipped
+        )));
+    }
+    Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, wall: f64) -> String {
+    let mut text = String::new();
+    if plan.total_runs() == 1
+        && let Some((_, Some(summary))) = report.executed.first()
+    {
+        text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
+        text.push_str(&opal::report::summary_table(summary));
+    } else if !report.executed.is_empty() {
+        text.push_str(&opal::report::sweep_table(plan, &report.executed));
+    }
+    if report.executed.is_empty() && report.skipped == report.selected && report.selected > 0 {
+        text.push_str(&format!(
+            "all {} runs are already in {} — nothing to do (--overwrite runs them again)\n",
+            report.selected,
+            output.display()
+        ));
+        return text;
+    }
+    let ok = report.executed.len() - report.failures.len();
+    text.push_str(&format!(
+        "{ok} runs ok, {} failed, {} skipped (already done) of {} in {wall:.2} s",
+        report.failures.len(),
+        report.skipped,
+        report.selected
+    ));
+    if report.selected < report.total {
+        text.push_str(&format!(" (this shard; {} runs in the sweep)", report.total));
+    }
+    text.push('\n');
+    for (id, msg) in report.failures.iter().take(10) {
+        text.push_str(&format!("  run {id} failed: {msg}\n"));
+    }
+    match &report.merged {
+        Some(_) => text.push_str(&format!("results: {}\n", output.display())),
+        None => text.push_str(&format!(
+            "parts: {} (merge with: opal-sweep merge {})\n",
+            output.join("parts").display(),
+            output.display()
+        )),
+    }
+    text
+}
+
+fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
+    let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
+    out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
+    let plan = load_plan(&args.spec)?;
+    let abs = |p: &std::path::Path| std::path::absolute(p).map_err(|e| Failure::Input(format!("{}: {e}", p.display())));
+    let spec = abs(&args.spec)?;
+    let output = abs(&args.output.clone().unwrap_or_else(|| plan.default_output.clone()))?;
+    // Slurm opens the task logs (in the output directory) before the script runs.
+    std::fs::create_dir_all(&output).map_err(|e| Failure::Run(format!("{}: cannot create: {e}", output.display())))?;
+    let exe = std::env::current_exe().map_err(|e| Failure::Run(format!("cannot locate opal-sweep: {e}")))?;
+    let tasks = args.tasks.unwrap_or_else(|| plan.total_runs().min(32)).clamp(1, plan.total_runs().max(1));
+    out(&opal::report::slurm_script(&opal::report::SlurmJob {
+        name: &plan.name,
+        exe: &exe,
+        spec: &spec,
+        output: &output,
+        tasks,
+        cpus_per_task: args.cpus_per_task,
+        time: args.time.as_deref(),
+        partition: args.partition.as_deref(),
+        workdir: &abs(std::path::Path::new("."))?,
+    }));
+    Ok(ExitCode::SUCCESS)
 }

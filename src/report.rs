@@ -51,3 +51,128 @@ fn format_ms(v: f64) -> String {
         format!("{v:.2}")
     }
 }
+
+/// The expanded runs of a sweep, one line each.
+pub fn dry_run(plan: &crate::sweep::SweepPlan) -> String {
+    let mut out = format!(
+        "{}: {} points × {} replicates = {} runs (base_seed {})\n{:>6} {:>6} {:>4} {:>20}  overrides\n",
+        plan.name,
+        plan.points.len(),
+        plan.replicates,
+        plan.total_runs(),
+        plan.base_seed,
+        "run",
+        "point",
+        "rep",
+        "seed"
+    );
+    for run in plan.runs() {
+        let m = run.meta;
+        let status = match &run.point.scenario {
+            Ok(_) => String::new(),
+            Err(e) => format!("  [will fail: {}]", e.message),
+        };
+        let _ = writeln!(
+            out,
+            "{:>6} {:>6} {:>4} {:>20}  {}{status}",
+            m.run_id,
+            m.point_id,
+            m.replicate,
+            m.seed,
+            run.point.describe()
+        );
+    }
+    out
+}
+
+/// One line per grid point: replicate means of key metrics.
+pub fn sweep_table(plan: &crate::sweep::SweepPlan, runs: &[(crate::output::RunMeta, Option<RunSummary>)]) -> String {
+    let mut out = format!(
+        "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9} {:>9}  point\n",
+        "point", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "req/s", "GPU %"
+    );
+    for p in &plan.points {
+        let ok: Vec<&RunSummary> =
+            runs.iter().filter(|(m, _)| m.point_id == p.id).filter_map(|(_, s)| s.as_ref()).collect();
+        let n = runs.iter().filter(|(m, _)| m.point_id == p.id).count();
+        if n == 0 {
+            continue;
+        }
+        let mean = |f: &dyn Fn(&RunSummary) -> f64| {
+            if ok.is_empty() { f64::NAN } else { ok.iter().map(|s| f(s)).sum::<f64>() / ok.len() as f64 }
+        };
+        let _ = writeln!(
+            out,
+            "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9.2} {:>9.1}  {}",
+            p.id,
+            format!("{}/{n}", ok.len()),
+            format_ms(mean(&|s| s.ttft_ms.p50)),
+            format_ms(mean(&|s| s.ttft_ms.p99)),
+            format_ms(mean(&|s| s.tpot_ms.p50)),
+            mean(&|s| s.requests_per_s),
+            100.0 * mean(&|s| s.gpu_utilization),
+            p.describe()
+        );
+    }
+    out
+}
+
+/// What goes into a Slurm job-array script.
+pub struct SlurmJob<'a> {
+    /// Study name.
+    pub name: &'a str,
+    /// The opal-sweep binary.
+    pub exe: &'a std::path::Path,
+    /// The spec (absolute).
+    pub spec: &'a std::path::Path,
+    /// Output directory (absolute).
+    pub output: &'a std::path::Path,
+    /// Array tasks.
+    pub tasks: u32,
+    /// CPUs per task.
+    pub cpus_per_task: u32,
+    /// Time limit.
+    pub time: Option<&'a str>,
+    /// Partition.
+    pub partition: Option<&'a str>,
+    /// Working directory (relative paths in the spec resolve against the spec file anyway).
+    pub workdir: &'a std::path::Path,
+}
+
+/// An sbatch script running a sweep as a job array; each task runs its
+/// shard (taken from the Slurm environment) with `--resume`, so a failed
+/// task can simply be resubmitted.
+pub fn slurm_script(job: &SlurmJob<'_>) -> String {
+    let q = |p: &std::path::Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
+    let mut s = String::from("#!/bin/bash\n");
+    let _ = writeln!(s, "#SBATCH --job-name=opal-{}", job.name);
+    let _ = writeln!(s, "#SBATCH --array=0-{}", job.tasks.saturating_sub(1));
+    let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.cpus_per_task);
+    let _ = writeln!(s, "#SBATCH --output={}/slurm-%A_%a.log", job.output.display());
+    if let Some(t) = job.time {
+        let _ = writeln!(s, "#SBATCH --time={t}");
+    }
+    if let Some(p) = job.partition {
+        let _ = writeln!(s, "#SBATCH --partition={p}");
+    }
+    let _ = writeln!(s, "#\n# Submit:  sbatch this-script.sh");
+    let _ = writeln!(s, "# Then, when every task has finished, combine the shards:");
+    let _ = writeln!(s, "#   {} merge {}", q(job.exe), q(job.output));
+    let _ = writeln!(
+        s,
+        "# (or: sbatch --dependency=afterok:<jobid> --wrap \"{} merge {}\")",
+        job.exe.display(),
+        job.output.display()
+    );
+    s.push_str("set -euo pipefail\n");
+    let _ = writeln!(s, "mkdir -p {}", q(job.output));
+    let _ = writeln!(s, "cd {}", q(job.workdir));
+    let _ = writeln!(
+        s,
+        "exec {} {} --output {} --jobs \"${{SLURM_CPUS_PER_TASK:-1}}\" --resume",
+        q(job.exe),
+        q(job.spec),
+        q(job.output)
+    );
+    s
+}

@@ -79,9 +79,11 @@ fn a_valid_spec_prints_a_summary_and_writes_results() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("5 generated, 5 completed"), "{stdout}");
     assert!(stdout.contains("TTFT"));
-    let summary = std::env::temp_dir().join(format!("opal-test-valid-{}", std::process::id())).join("out/summary.json");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(summary).unwrap()).unwrap();
-    assert_eq!(json["requests_completed"], 5);
+    let out = std::env::temp_dir().join(format!("opal-test-valid-{}", std::process::id())).join("out");
+    let runs = crate::sweep::read(&out.join("runs.parquet"));
+    assert_eq!(runs.num_rows(), 1);
+    assert_eq!(opal::output::f64_column(&runs, "requests_completed").unwrap(), vec![Some(5.0)]);
+    assert!(out.join("manifest.json").exists());
 }
 
 #[test]

@@ -3,6 +3,7 @@
 mod cli;
 mod queueing;
 mod scenarios;
+mod sweep;
 
 use std::path::PathBuf;
 

@@ -3,9 +3,23 @@
 
 use std::fmt;
 
+/// Whether an error is about the shape of the input or one value in it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Syntax, an unknown key or a value of the wrong type: the spec itself
+    /// is wrong, whatever the grid point.
+    Schema,
+    /// A well-typed value that is not allowed (out of range, does not fit):
+    /// in a sweep, only the grid points with that value fail.
+    #[default]
+    Value,
+}
+
 /// A problem with user input (a spec, scenario, trace or table file).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConfigError {
+    /// Schema or value problem.
+    pub kind: ErrorKind,
     /// The file the problem is in.
     pub file: String,
     /// 1-based line, when known.
@@ -21,7 +35,14 @@ pub struct ConfigError {
 impl ConfigError {
     /// An error about the file as a whole.
     pub fn file(file: impl Into<String>, message: impl Into<String>) -> ConfigError {
-        ConfigError { file: file.into(), line: None, key: None, message: message.into(), hint: None }
+        ConfigError {
+            kind: ErrorKind::Value,
+            file: file.into(),
+            line: None,
+            key: None,
+            message: message.into(),
+            hint: None,
+        }
     }
 
     /// An error about one key.
@@ -32,6 +53,12 @@ impl ConfigError {
     /// Adds a fix suggestion.
     pub fn hint(mut self, hint: impl Into<String>) -> ConfigError {
         self.hint = Some(hint.into());
+        self
+    }
+
+    /// Marks it as a schema error.
+    pub fn schema(mut self) -> ConfigError {
+        self.kind = ErrorKind::Schema;
         self
     }
 

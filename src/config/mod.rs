@@ -5,7 +5,7 @@ mod error;
 mod resolve;
 pub mod schema;
 
-pub use error::{ConfigError, closest, line_of};
+pub use error::{ConfigError, ErrorKind, closest, line_of};
 pub use resolve::{Scenario, resolve};
 pub use schema::SpecFile;
 
@@ -18,6 +18,8 @@ pub struct Spec {
     pub path: PathBuf,
     /// The parsed file.
     pub file: SpecFile,
+    /// The file as a TOML table (what sweep overrides are applied to).
+    pub table: toml::Table,
 }
 
 impl Spec {
@@ -51,7 +53,17 @@ pub fn load_spec(path: &Path) -> Result<Spec, ConfigError> {
         ConfigError::file(&source, format!("cannot read the spec file: {e}"))
             .hint("check the path; specs are TOML files such as sweeps/quickstart.toml")
     })?;
-    Ok(Spec { path: path.to_path_buf(), file: parse_spec(&text, &source)? })
+    Spec::from_text(&text, path)
+}
+
+impl Spec {
+    /// Parses spec text as if read from `path` (which names it and anchors relative paths).
+    pub fn from_text(text: &str, path: &Path) -> Result<Spec, ConfigError> {
+        let source = path.display().to_string();
+        let file = parse_spec(text, &source)?;
+        let table = text.parse::<toml::Table>().map_err(|e| toml_error(&e, text, &source, None))?;
+        Ok(Spec { path: path.to_path_buf(), file, table })
+    }
 }
 
 /// Parses spec text; `source` names it in errors.
@@ -78,13 +90,21 @@ pub fn from_table<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// Deserializes a whole spec from a table (a spec with overrides applied),
+/// naming `source` in errors.
+pub fn spec_from_table(table: &toml::Table, source: &str) -> Result<SpecFile, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(table.clone()))
+        .map_err(|e| describe_serde(e.inner().to_string(), source, e.path().to_string()))
+}
+
 fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String>) -> ConfigError {
     let line = e.span().map(|s| line_of(text, s.start));
     let mut err = match path {
         Some(p) if p != "." && !p.is_empty() => describe_serde(e.message().to_string(), source, p),
         Some(_) => describe_serde(e.message().to_string(), source, String::new()),
         None => ConfigError::file(source, format!("invalid TOML: {}", e.message().trim()))
-            .hint("fix the syntax at that line (strings need quotes, tables need [brackets])"),
+            .hint("fix the syntax at that line (strings need quotes, tables need [brackets])")
+            .schema(),
     };
     err.line = line;
     if err.key.as_deref() == Some("") {
@@ -106,12 +126,12 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
             None if valid.is_empty() => "remove it; this table takes no keys".into(),
             None => format!("valid keys here: {}", valid.join(", ")),
         });
-        return err;
+        return err.schema();
     }
     if let Some(rest) = message.strip_prefix("unknown variant ") {
-        return ConfigError::key(source, key, format!("unknown value {rest}"));
+        return ConfigError::key(source, key, format!("unknown value {rest}")).schema();
     }
-    ConfigError::key(source, key, message.trim().to_string())
+    ConfigError::key(source, key, message.trim().to_string()).schema()
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
             Some(c) => format!("did you mean `{c}`? policies: {}", PolicyKind::NAMES.join(", ")),
             None => format!("policies: {}", PolicyKind::NAMES.join(", ")),
         };
-        cx.err("router.router_params.policy", format!("unknown routing policy {p:?}"), hint)
+        cx.err("router.router_params.policy", format!("unknown routing policy {p:?}"), hint).schema()
     })?;
 
     let stages = resolve_stages(&cx, file)?;
@@ -131,6 +131,7 @@ fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<Model
                 ModelArch::PRESETS.join(", ")
             ),
         )
+        .schema()
     })
 }
 
@@ -140,11 +141,13 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
     let pick = |key: &str, explicit: Option<f64>, preset: Option<f64>| -> Result<f64, ConfigError> {
         match explicit.or(preset) {
             Some(v) => cx.positive(key, v),
-            None => Err(cx.err(
-                "worker.hw.gpu",
-                format!("unknown GPU {:?} and `{key}` is not set", hw.gpu),
-                format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::PRESETS.join(", ")),
-            )),
+            None => Err(cx
+                .err(
+                    "worker.hw.gpu",
+                    format!("unknown GPU {:?} and `{key}` is not set", hw.gpu),
+                    format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::PRESETS.join(", ")),
+                )
+                .schema()),
         }
     };
     Ok(GpuSpec {
@@ -173,7 +176,8 @@ fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile) -> Result<Vec<StageConfig>, Con
                     Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
                     None => format!("types: {}", TYPES.join(", ")),
                 },
-            )),
+            )
+            .schema()),
         };
         let params_at = format!("{at}.workload_params");
         let p: RateParams = from_table(&st.workload_params, cx.source, &params_at)?;
@@ -244,11 +248,13 @@ fn resolve_perf(
         "max" => MixRule::Max,
         "sum" => MixRule::Sum,
         other => {
-            return Err(cx.err(
-                "worker.inference_params.mixed_step",
-                format!("unknown rule {other:?}"),
-                "use `max` (Opal) or `sum`",
-            ));
+            return Err(cx
+                .err(
+                    "worker.inference_params.mixed_step",
+                    format!("unknown rule {other:?}"),
+                    "use `max` (Opal) or `sum`",
+                )
+                .schema());
         }
     };
     let model = match ip.model.to_ascii_lowercase().as_str() {
@@ -276,11 +282,13 @@ fn resolve_perf(
             )
         }
         other => {
-            return Err(cx.err(
-                "worker.inference_params.model",
-                format!("unknown step-time model {other:?}"),
-                "use roofline, synthetic or table",
-            ));
+            return Err(cx
+                .err(
+                    "worker.inference_params.model",
+                    format!("unknown step-time model {other:?}"),
+                    "use roofline, synthetic or table",
+                )
+                .schema());
         }
     };
     Ok(PerfModel { model, mix })
@@ -323,11 +331,9 @@ fn resolve_worker(
         "pipelined" => SlotMode::Pipelined,
         "single_stage" => SlotMode::SingleStage,
         other => {
-            return Err(cx.err(
-                "worker.slots.mode",
-                format!("unknown slot mode {other:?}"),
-                "use `pipelined` or `single_stage`",
-            ));
+            return Err(cx
+                .err("worker.slots.mode", format!("unknown slot mode {other:?}"), "use `pipelined` or `single_stage`")
+                .schema());
         }
     };
 

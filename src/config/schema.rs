@@ -9,14 +9,21 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A spec file: optional `[sweep]` settings plus the scenario sections.
-/// A file with no axes is a single run.
+/// A spec file: optional `[sweep]` settings and axes (`[grid]`, `[[zip]]`)
+/// plus the scenario sections. A file with no axes and one replicate is a
+/// single run.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpecFile {
-    /// Sweep settings (name, output directory).
+    /// Sweep settings.
     #[serde(default)]
     pub sweep: SweepSection,
+    /// Axes varied independently (Cartesian product): dotted scenario path → list of values.
+    #[serde(default)]
+    pub grid: toml::Table,
+    /// Groups of paths varied together (each group is one axis; its lists have equal length).
+    #[serde(default)]
+    pub zip: Vec<toml::Table>,
     /// Run length, seed and cluster size.
     #[serde(default)]
     pub simulation: SimulationSection,
@@ -43,6 +50,18 @@ pub struct SweepSection {
     pub name: Option<String>,
     /// Output directory (relative to the current directory); overrides `results/<name>/`.
     pub output: Option<String>,
+    /// Runs per grid point, each with its own seed (default 1).
+    pub replicates: Option<u32>,
+    /// Seed of replicate 0; replicate r runs with `base_seed + r` (default `simulation.seed`).
+    pub base_seed: Option<u64>,
+    /// Tables to write: `runs` (always), `histograms`, `timeseries`, `requests`
+    /// (default: runs, histograms, timeseries).
+    pub tables: Option<Vec<String>>,
+    /// Time-series interval for every run, seconds (overrides `simulation.time_series_interval_sec`).
+    pub time_series_interval_sec: Option<f64>,
+    /// A scenario file to use as the base (relative to this spec); the spec
+    /// then holds only `[sweep]`, `[grid]` and `[[zip]]`.
+    pub base: Option<String>,
 }
 
 /// `[simulation]`.

@@ -250,17 +250,65 @@ pub struct RunSummary {
     pub workers: u32,
 }
 
+/// A typed value of a summary column.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SummaryValue {
+    /// A count.
+    Count(u64),
+    /// A measurement.
+    Real(f64),
+    /// A label.
+    Label(&'static str),
+}
+
+impl Default for RunSummary {
+    /// A summary with no requests (NaN latencies); its column names and types
+    /// are those of every summary.
+    fn default() -> Self {
+        let none = LatencyHistogram::default().stats();
+        RunSummary {
+            requests_generated: 0,
+            requests_completed: 0,
+            requests_incomplete: 0,
+            sim_time_s: 0.0,
+            events: 0,
+            stop_reason: crate::engine::StopReason::Finished,
+            input_tokens_per_s: 0.0,
+            output_tokens_per_s: 0.0,
+            requests_per_s: 0.0,
+            ttft_ms: none,
+            tpot_ms: none,
+            itl_ms: none,
+            e2e_ms: none,
+            queue_wait_ms: none,
+            gpu_utilization: 0.0,
+            preemptions: 0,
+            prefill_tokens_computed: 0,
+            mean_requests_in_system: 0.0,
+            workers: 0,
+        }
+    }
+}
+
 impl RunSummary {
-    /// Every numeric column in output order, named as in `runs.parquet`.
-    pub fn columns(&self) -> Vec<(String, f64)> {
-        let mut c: Vec<(String, f64)> = vec![
-            ("requests_generated".into(), self.requests_generated as f64),
-            ("requests_completed".into(), self.requests_completed as f64),
-            ("requests_incomplete".into(), self.requests_incomplete as f64),
-            ("sim_time_s".into(), self.sim_time_s),
-            ("input_tokens_per_s".into(), self.input_tokens_per_s),
-            ("output_tokens_per_s".into(), self.output_tokens_per_s),
-            ("requests_per_s".into(), self.requests_per_s),
+    /// Every column in output order, named as in `runs.parquet`.
+    pub fn columns(&self) -> Vec<(String, SummaryValue)> {
+        use SummaryValue::{Count, Label, Real};
+        let stop = match self.stop_reason {
+            crate::engine::StopReason::Finished => "finished",
+            crate::engine::StopReason::TimeLimit => "time_limit",
+            crate::engine::StopReason::QueueEmpty => "queue_empty",
+        };
+        let mut c: Vec<(String, SummaryValue)> = vec![
+            ("requests_generated".into(), Count(self.requests_generated)),
+            ("requests_completed".into(), Count(self.requests_completed)),
+            ("requests_incomplete".into(), Count(self.requests_incomplete)),
+            ("sim_time_s".into(), Real(self.sim_time_s)),
+            ("events".into(), Count(self.events)),
+            ("stop_reason".into(), Label(stop)),
+            ("input_tokens_per_s".into(), Real(self.input_tokens_per_s)),
+            ("output_tokens_per_s".into(), Real(self.output_tokens_per_s)),
+            ("requests_per_s".into(), Real(self.requests_per_s)),
         ];
         for (name, stats) in [
             ("ttft", &self.ttft_ms),
@@ -269,14 +317,14 @@ impl RunSummary {
             ("e2e", &self.e2e_ms),
             ("queue_wait", &self.queue_wait_ms),
         ] {
-            c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), *v)));
+            c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
         }
         c.extend([
-            ("gpu_utilization".into(), self.gpu_utilization),
-            ("preemptions".into(), self.preemptions as f64),
-            ("prefill_tokens_computed".into(), self.prefill_tokens_computed as f64),
-            ("mean_requests_in_system".into(), self.mean_requests_in_system),
-            ("workers".into(), f64::from(self.workers)),
+            ("gpu_utilization".into(), Real(self.gpu_utilization)),
+            ("preemptions".into(), Count(self.preemptions)),
+            ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
+            ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
+            ("workers".into(), Count(u64::from(self.workers))),
         ]);
         c
     }

@@ -1,0 +1,728 @@
+//! Parquet output: table schemas, crash-safe part files, and the merge that
+//! turns parts into the final tables. This module is the only one that knows
+//! the storage format (arrow-rs `parquet`, zstd).
+//!
+//! Layout of a sweep directory:
+//!
+//! ```text
+//! manifest.json        resolved spec, tool version, axes, shard
+//! runs.parquet         one row per run
+//! histograms.parquet   run_id, metric, count, hdr (HDR histogram, compressed V2 encoding, µs)
+//! timeseries.parquet   one row per run and interval
+//! requests.parquet     one row per request (only when asked for)
+//! parts/               part files of runs finished but not yet merged
+//! ```
+//!
+//! Every file is sorted by `run_id` (its first column). A part holds whole
+//! runs and is written atomically (temporary name, then rename), the `runs`
+//! part last, so a run listed in a `runs` part or table has its rows in every
+//! other table. Merging is a k-way merge by `run_id` that streams one run at
+//! a time, so memory stays bounded whatever the table size.
+
+pub mod table;
+
+use crate::cluster::RunOutput;
+use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, SummaryValue};
+use arrow_array::{Array, RecordBatch, RecordBatchReader, UInt32Array};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use table::{Cell, ColType, TableBuilder};
+
+/// The tables a sweep can write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TableKind {
+    /// One row per run.
+    Runs,
+    /// Latency histograms per run.
+    Histograms,
+    /// Time series per run.
+    Timeseries,
+    /// One row per request.
+    Requests,
+}
+
+impl TableKind {
+    /// Every table, in write order (runs last, so it marks a part complete).
+    pub const WRITE_ORDER: [TableKind; 4] =
+        [TableKind::Histograms, TableKind::Timeseries, TableKind::Requests, TableKind::Runs];
+
+    /// The table's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TableKind::Runs => "runs",
+            TableKind::Histograms => "histograms",
+            TableKind::Timeseries => "timeseries",
+            TableKind::Requests => "requests",
+        }
+    }
+
+    /// Parses a table name.
+    pub fn from_name(name: &str) -> Option<TableKind> {
+        TableKind::WRITE_ORDER.into_iter().find(|t| t.name() == name)
+    }
+
+    /// The final file name.
+    pub fn file_name(self) -> String {
+        format!("{}.parquet", self.name())
+    }
+}
+
+/// A typed grid-axis value for the runs table.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AxisValue {
+    /// Integer axis.
+    Int(i64),
+    /// Float axis.
+    Float(f64),
+    /// String axis (also lists and tables, in TOML inline form).
+    Str(String),
+    /// Boolean axis.
+    Bool(bool),
+}
+
+impl AxisValue {
+    fn cell(&self) -> Cell<'_> {
+        match self {
+            AxisValue::Int(v) => Cell::I64(*v),
+            AxisValue::Float(v) => Cell::F64(*v),
+            AxisValue::Str(v) => Cell::Str(v),
+            AxisValue::Bool(v) => Cell::Bool(*v),
+        }
+    }
+}
+
+/// Identity of a run within its sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunMeta {
+    /// Run id (position in the expanded sweep).
+    pub run_id: u32,
+    /// Grid point.
+    pub point_id: u32,
+    /// Replicate.
+    pub replicate: u32,
+    /// Seed used.
+    pub seed: u64,
+}
+
+/// A finished (or failed) run, ready to be written.
+#[derive(Clone, Debug)]
+pub struct RunResult {
+    /// Which run.
+    pub meta: RunMeta,
+    /// Its axis values, in axis-column order.
+    pub axes: Vec<AxisValue>,
+    /// The output, or why it failed.
+    pub outcome: Result<RunOutput, String>,
+    /// Wall-clock seconds it took.
+    pub wall_s: f64,
+}
+
+/// The shape of a sweep's tables (the axis columns vary by sweep).
+#[derive(Clone, Debug)]
+pub struct TableSet {
+    /// Tables to write (always includes runs).
+    pub tables: BTreeSet<TableKind>,
+    /// Axis columns of the runs table: (dotted path, type).
+    pub axis_columns: Vec<(String, ColType)>,
+}
+
+impl TableSet {
+    fn columns(&self, kind: TableKind) -> Vec<(String, ColType)> {
+        let c = |n: &str, t| (n.to_string(), t);
+        match kind {
+            TableKind::Runs => {
+                let mut cols = vec![
+                    c("run_id", ColType::U32),
+                    c("point_id", ColType::U32),
+                    c("replicate", ColType::U32),
+                    c("seed", ColType::U64),
+                ];
+                cols.extend(self.axis_columns.iter().cloned());
+                cols.extend([c("status", ColType::Str), c("error", ColType::Str), c("wall_s", ColType::F64)]);
+                cols.extend(RunSummary::default().columns().into_iter().map(|(n, v)| {
+                    let t = match v {
+                        SummaryValue::Count(_) => ColType::U64,
+                        SummaryValue::Real(_) => ColType::F64,
+                        SummaryValue::Label(_) => ColType::Str,
+                    };
+                    (n, t)
+                }));
+                cols
+            }
+            TableKind::Histograms => vec![
+                c("run_id", ColType::U32),
+                c("metric", ColType::Str),
+                c("count", ColType::U64),
+                c("hdr", ColType::Bin),
+            ],
+            TableKind::Timeseries => vec![
+                c("run_id", ColType::U32),
+                c("interval_start_s", ColType::F64),
+                c("requests_completed", ColType::U64),
+                c("prompt_tokens", ColType::U64),
+                c("generated_tokens", ColType::U64),
+                c("ttft_p50_ms", ColType::F64),
+                c("ttft_p99_ms", ColType::F64),
+                c("queue_depth", ColType::U64),
+                c("running", ColType::U64),
+                c("active_workers", ColType::U32),
+                c("gpu_busy_fraction", ColType::F64),
+                c("gpu_kv_usage", ColType::F64),
+            ],
+            TableKind::Requests => vec![
+                c("run_id", ColType::U32),
+                c("request_id", ColType::U32),
+                c("stage", ColType::U32),
+                c("worker", ColType::U32),
+                c("arrival_s", ColType::F64),
+                c("prompt_tokens", ColType::U32),
+                c("output_tokens", ColType::U32),
+                c("prefill_tokens_computed", ColType::U64),
+                c("queue_wait_s", ColType::F64),
+                c("ttft_s", ColType::F64),
+                c("e2e_s", ColType::F64),
+                c("tpot_s", ColType::F64),
+                c("preemptions", ColType::U32),
+                c("completed", ColType::Bool),
+            ],
+        }
+    }
+
+    fn push(&self, kind: TableKind, b: &mut TableBuilder, r: &RunResult) {
+        let id = Cell::U32(r.meta.run_id);
+        let opt = |v: Option<f64>| v.map_or(Cell::Null, Cell::F64);
+        match kind {
+            TableKind::Runs => {
+                let m = &r.meta;
+                let mut row = vec![id, Cell::U32(m.point_id), Cell::U32(m.replicate), Cell::U64(m.seed)];
+                row.extend(r.axes.iter().map(AxisValue::cell));
+                let summary = r.outcome.as_ref().ok().map(|o| o.summary.columns());
+                match &r.outcome {
+                    Ok(_) => row.extend([Cell::Str("ok"), Cell::Null]),
+                    Err(e) => row.extend([Cell::Str("failed"), Cell::Str(e)]),
+                }
+                row.push(Cell::F64(r.wall_s));
+                match &summary {
+                    Some(cols) => row.extend(cols.iter().map(|(_, v)| match *v {
+                        SummaryValue::Count(x) => Cell::U64(x),
+                        SummaryValue::Real(x) => Cell::F64(x),
+                        SummaryValue::Label(x) => Cell::Str(x),
+                    })),
+                    None => row.extend(std::iter::repeat_n(Cell::Null, RunSummary::default().columns().len())),
+                }
+                b.push(&row);
+            }
+            TableKind::Histograms => {
+                let Ok(out) = &r.outcome else { return };
+                for m in LatencyMetric::ALL {
+                    let h = out.latencies.get(m);
+                    let bytes = serialize_hdr(h.histogram());
+                    b.push(&[id, Cell::Str(m.name()), Cell::U64(h.count()), Cell::Bin(&bytes)]);
+                }
+            }
+            TableKind::Timeseries => {
+                let Ok(out) = &r.outcome else { return };
+                for row in &out.series {
+                    let IntervalRow {
+                        start_s,
+                        requests_completed,
+                        prompt_tokens,
+                        generated_tokens,
+                        ttft_p50_ms,
+                        ttft_p99_ms,
+                        queue_depth,
+                        running,
+                        active_workers,
+                        gpu_busy_fraction,
+                        gpu_kv_usage,
+                    } = row;
+                    let nan_null = |v: f64| if v.is_nan() { Cell::Null } else { Cell::F64(v) };
+                    b.push(&[
+                        id,
+                        Cell::F64(*start_s),
+                        Cell::U64(*requests_completed),
+                        Cell::U64(*prompt_tokens),
+                        Cell::U64(*generated_tokens),
+                        nan_null(*ttft_p50_ms),
+                        nan_null(*ttft_p99_ms),
+                        Cell::U64(*queue_depth),
+                        Cell::U64(*running),
+                        Cell::U32(*active_workers),
+                        Cell::F64(*gpu_busy_fraction),
+                        Cell::F64(*gpu_kv_usage),
+                    ]);
+                }
+            }
+            TableKind::Requests => {
+                let Ok(out) = &r.outcome else { return };
+                for q in &out.requests {
+                    let RequestRecord {
+                        id: rid,
+                        stage,
+                        worker,
+                        arrival_s,
+                        prompt_tokens,
+                        output_tokens,
+                        prefill_tokens_computed,
+                        queue_wait_s,
+                        ttft_s,
+                        e2e_s,
+                        tpot_s,
+                        preemptions,
+                        completed,
+                    } = q;
+                    b.push(&[
+                        id,
+                        Cell::U32(*rid),
+                        Cell::U32(*stage),
+                        worker.map_or(Cell::Null, Cell::U32),
+                        Cell::F64(*arrival_s),
+                        Cell::U32(*prompt_tokens),
+                        Cell::U32(*output_tokens),
+                        Cell::U64(*prefill_tokens_computed),
+                        opt(*queue_wait_s),
+                        opt(*ttft_s),
+                        opt(*e2e_s),
+                        opt(*tpot_s),
+                        Cell::U32(*preemptions),
+                        Cell::Bool(*completed),
+                    ]);
+                }
+            }
+        }
+    }
+}
+
+/// Serializes an HDR histogram in the standard compressed V2 encoding
+/// (HdrHistogram's `encodeIntoCompressedByteBuffer`, cookie 0x1c849304):
+/// what the Java, Python (`hdrh`) and Rust libraries decode directly.
+pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
+    use hdrhistogram::serialization::Serializer;
+    let mut bytes = Vec::new();
+    hdrhistogram::serialization::V2DeflateSerializer::new()
+        .serialize(h, &mut bytes)
+        .expect("serializing into memory cannot fail");
+    bytes
+}
+
+/// Reads an HDR histogram from its V2 (or V2 deflate) encoding.
+pub fn deserialize_hdr(bytes: &[u8]) -> Result<hdrhistogram::Histogram<u64>, String> {
+    hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut &bytes[..])
+        .map_err(|e| format!("bad HDR histogram: {e:?}"))
+}
+
+/// An I/O or format problem with result files.
+#[derive(Debug)]
+pub struct OutputError(pub String);
+
+impl std::fmt::Display for OutputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutputError {}
+
+fn oerr(path: &Path, what: &str, e: impl std::fmt::Display) -> OutputError {
+    OutputError(format!("{}: {what}: {e}", path.display()))
+}
+
+/// Final tables are zstd-compressed; part files are temporary and written
+/// uncompressed (compression contexts dominate the cost of small parts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FileKind {
+    Final,
+    Part,
+}
+
+fn writer_props(kind: FileKind) -> WriterProperties {
+    let compression = match kind {
+        FileKind::Final => Compression::ZSTD(ZstdLevel::try_new(1).expect("zstd level 1 is valid")),
+        FileKind::Part => Compression::UNCOMPRESSED,
+    };
+    WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(65_536)).build()
+}
+
+/// Writes `batches` to `path` atomically (temporary file, then rename).
+fn write_atomic(
+    path: &Path,
+    kind: FileKind,
+    schema: arrow_schema::SchemaRef,
+    batches: impl IntoIterator<Item = Result<RecordBatch, OutputError>>,
+) -> Result<(), OutputError> {
+    let tmp = path.with_extension(format!("parquet.tmp-{}", std::process::id()));
+    let file = File::create(&tmp).map_err(|e| oerr(&tmp, "cannot create", e))?;
+    let mut w = ArrowWriter::try_new(file, schema, Some(writer_props(kind)))
+        .map_err(|e| oerr(&tmp, "cannot start Parquet", e))?;
+    for b in batches {
+        w.write(&b?).map_err(|e| oerr(&tmp, "cannot write", e))?;
+    }
+    let file = w.into_inner().map_err(|e| oerr(&tmp, "cannot finish Parquet", e))?;
+    file.sync_all().map_err(|e| oerr(&tmp, "cannot sync", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| oerr(path, "cannot rename into place", e))
+}
+
+/// Where a sweep's files live.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// The sweep directory.
+    pub dir: PathBuf,
+}
+
+impl Layout {
+    /// The final file of `kind`.
+    pub fn table(&self, kind: TableKind) -> PathBuf {
+        self.dir.join(kind.file_name())
+    }
+
+    /// The directory of part files.
+    pub fn parts_dir(&self) -> PathBuf {
+        self.dir.join("parts")
+    }
+
+    /// Part files of `kind`, in name order.
+    pub fn parts(&self, kind: TableKind) -> Result<Vec<PathBuf>, OutputError> {
+        let dir = self.parts_dir();
+        let prefix = format!("{}.", kind.name());
+        let mut out = Vec::new();
+        match std::fs::read_dir(&dir) {
+            Ok(entries) => {
+                for e in entries {
+                    let p = e.map_err(|e| oerr(&dir, "cannot list", e))?.path();
+                    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    if name.starts_with(&prefix) && name.ends_with(".parquet") {
+                        out.push(p);
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(oerr(&dir, "cannot list", e)),
+        }
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// Removes temporary files left in the parts directory by processes that
+/// no longer exist (a killed sweep); files of live processes are kept.
+pub fn remove_stale_temporaries(layout: &Layout) {
+    let Ok(entries) = std::fs::read_dir(layout.parts_dir()) else { return };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((_, pid)) = name.rsplit_once(".tmp-") else { continue };
+        let alive = pid
+            .parse::<u32>()
+            .is_ok_and(|pid| pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Finished runs waiting to be written as one part.
+pub struct PartBuffer {
+    set: TableSet,
+    runs: Vec<RunResult>,
+    request_rows: usize,
+}
+
+impl PartBuffer {
+    /// An empty buffer for tables of shape `set`.
+    pub fn new(set: TableSet) -> PartBuffer {
+        PartBuffer { set, runs: Vec::new(), request_rows: 0 }
+    }
+
+    /// Adds a finished run.
+    pub fn add(&mut self, r: RunResult) {
+        self.request_rows += r.outcome.as_ref().map_or(0, |o| o.requests.len());
+        self.runs.push(r);
+    }
+
+    /// Runs buffered.
+    pub fn len(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// True with nothing buffered.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// Request rows buffered (the memory that matters).
+    pub fn request_rows(&self) -> usize {
+        self.request_rows
+    }
+
+    /// Writes the buffered runs as part files named `<table>.<tag>.parquet`
+    /// and empties the buffer.
+    pub fn flush(&mut self, layout: &Layout, tag: &str) -> Result<(), OutputError> {
+        if self.runs.is_empty() {
+            return Ok(());
+        }
+        let dir = layout.parts_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| oerr(&dir, "cannot create", e))?;
+        self.write(FileKind::Part, |kind| dir.join(format!("{}.{tag}.parquet", kind.name())))
+    }
+
+    /// Writes the buffered runs directly as the final tables (when they are
+    /// the whole result: no parts and no earlier tables exist) and empties
+    /// the buffer.
+    pub fn write_final(&mut self, layout: &Layout) -> Result<MergeReport, OutputError> {
+        let runs = self.runs.len();
+        self.write(FileKind::Final, |kind| layout.table(kind))?;
+        Ok(MergeReport { runs, parts: 0, duplicates: 0 })
+    }
+
+    fn write(&mut self, file: FileKind, path: impl Fn(TableKind) -> PathBuf) -> Result<(), OutputError> {
+        self.runs.sort_by_key(|r| r.meta.run_id);
+        for kind in TableKind::WRITE_ORDER {
+            if !self.set.tables.contains(&kind) {
+                continue;
+            }
+            let mut b = TableBuilder::new(&self.set.columns(kind));
+            for r in &self.runs {
+                self.set.push(kind, &mut b, r);
+            }
+            let batch = b.finish();
+            write_atomic(&path(kind), file, b.schema(), [Ok(batch)])?;
+        }
+        self.runs.clear();
+        self.request_rows = 0;
+        Ok(())
+    }
+}
+
+/// Opens a Parquet file for reading.
+fn open(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>, OutputError> {
+    let f = File::open(path).map_err(|e| oerr(path, "cannot open", e))?;
+    ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| oerr(path, "not a readable Parquet file", e))
+}
+
+/// Reads a whole Parquet file (for tests, reports and small tables).
+pub fn read_table(path: &Path) -> Result<Vec<RecordBatch>, OutputError> {
+    let reader = open(path)?.build().map_err(|e| oerr(path, "cannot read", e))?;
+    reader.map(|b| b.map_err(|e| oerr(path, "cannot read", e))).collect()
+}
+
+fn run_ids(batch: &RecordBatch, path: &Path) -> Result<UInt32Array, OutputError> {
+    batch
+        .column(0)
+        .as_any()
+        .downcast_ref::<UInt32Array>()
+        .cloned()
+        .ok_or_else(|| OutputError(format!("{}: the first column is not a u32 run_id", path.display())))
+}
+
+/// Run ids present in the runs table and runs parts of `layout`.
+pub fn completed_runs(layout: &Layout) -> Result<BTreeSet<u32>, OutputError> {
+    let mut files = layout.parts(TableKind::Runs)?;
+    let final_runs = layout.table(TableKind::Runs);
+    if final_runs.exists() {
+        files.push(final_runs);
+    }
+    let mut ids = BTreeSet::new();
+    for path in files {
+        let b = open(&path)?;
+        let mask = ProjectionMask::roots(b.parquet_schema(), [0]);
+        for batch in b.with_projection(mask).build().map_err(|e| oerr(&path, "cannot read", e))? {
+            let batch = batch.map_err(|e| oerr(&path, "cannot read", e))?;
+            ids.extend(run_ids(&batch, &path)?.values().iter().copied());
+        }
+    }
+    Ok(ids)
+}
+
+/// One input of a merge: a reader positioned at the start of a run.
+struct RunStream {
+    path: PathBuf,
+    reader: ParquetRecordBatchReader,
+    batch: Option<(RecordBatch, UInt32Array)>,
+    pos: usize,
+}
+
+impl RunStream {
+    fn new(path: PathBuf) -> Result<RunStream, OutputError> {
+        let reader = open(&path)?.build().map_err(|e| oerr(&path, "cannot read", e))?;
+        Ok(RunStream { path, reader, batch: None, pos: 0 })
+    }
+
+    fn schema(&self) -> arrow_schema::SchemaRef {
+        self.reader.schema()
+    }
+
+    /// The run id at the current position, loading batches as needed.
+    fn peek(&mut self) -> Result<Option<u32>, OutputError> {
+        loop {
+            if let Some((b, ids)) = &self.batch
+                && self.pos < b.num_rows()
+            {
+                return Ok(Some(ids.value(self.pos)));
+            }
+            match self.reader.next() {
+                None => {
+                    self.batch = None;
+                    return Ok(None);
+                }
+                Some(b) => {
+                    let b = b.map_err(|e| oerr(&self.path, "cannot read", e))?;
+                    let ids = run_ids(&b, &self.path)?;
+                    self.batch = Some((b, ids));
+                    self.pos = 0;
+                }
+            }
+        }
+    }
+
+    /// Moves the rows of run `id` (which must be current) into `out` (or drops them).
+    fn take_run(&mut self, id: u32, mut out: Option<&mut Vec<RecordBatch>>) -> Result<(), OutputError> {
+        while self.peek()? == Some(id) {
+            let (b, ids) = self.batch.as_ref().expect("peek loaded a batch");
+            let start = self.pos;
+            let mut end = start;
+            while end < b.num_rows() && ids.value(end) == id {
+                end += 1;
+            }
+            if let Some(out) = out.as_deref_mut() {
+                out.push(b.slice(start, end - start));
+            }
+            self.pos = end;
+        }
+        Ok(())
+    }
+}
+
+/// What a merge did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergeReport {
+    /// Runs in the merged runs table.
+    pub runs: usize,
+    /// Part files consumed.
+    pub parts: usize,
+    /// Runs found more than once (the first copy was kept).
+    pub duplicates: usize,
+}
+
+/// Merges the parts of every table in `tables` (and any existing final
+/// tables) into the final tables, sorted by run id, then removes the parts.
+pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeReport, OutputError> {
+    remove_stale_temporaries(layout);
+    let mut report = MergeReport::default();
+    let mut consumed = Vec::new();
+    // Runs last: until it is replaced, the old runs table still describes what is complete.
+    for kind in TableKind::WRITE_ORDER {
+        let parts = layout.parts(kind)?;
+        let final_path = layout.table(kind);
+        if parts.is_empty() {
+            if kind == TableKind::Runs && final_path.exists() {
+                report.runs = completed_runs(layout)?.len();
+            }
+            continue;
+        }
+        if !tables.contains(&kind) {
+            return Err(OutputError(format!(
+                "{}: parts of the {} table exist but the spec does not ask for it",
+                layout.parts_dir().display(),
+                kind.name()
+            )));
+        }
+        let mut inputs = Vec::new();
+        if final_path.exists() {
+            inputs.push(RunStream::new(final_path.clone())?);
+        }
+        for p in &parts {
+            inputs.push(RunStream::new(p.clone())?);
+        }
+        let schema = inputs[0].schema();
+        if let Some(other) = inputs.iter().find(|s| s.schema().fields() != schema.fields()) {
+            return Err(OutputError(format!(
+                "{}: its columns differ from {} — were these results written by different specs?",
+                other.path.display(),
+                inputs[0].path.display()
+            )));
+        }
+        let mut runs = 0;
+        let mut dups = 0;
+        let merged = std::iter::from_fn(|| -> Option<Result<RecordBatch, OutputError>> {
+            let step = (|| -> Result<Option<RecordBatch>, OutputError> {
+                let mut best: Option<(u32, usize)> = None;
+                for (i, s) in inputs.iter_mut().enumerate() {
+                    if let Some(id) = s.peek()?
+                        && best.is_none_or(|(b, _)| id < b)
+                    {
+                        best = Some((id, i));
+                    }
+                }
+                let Some((id, first)) = best else { return Ok(None) };
+                let mut slices = Vec::new();
+                inputs[first].take_run(id, Some(&mut slices))?;
+                for (i, s) in inputs.iter_mut().enumerate() {
+                    if i != first && s.peek()? == Some(id) {
+                        s.take_run(id, None)?;
+                        dups += 1;
+                    }
+                }
+                runs += 1;
+                let schema = inputs[first].schema();
+                Ok(Some(
+                    arrow_select::concat::concat_batches(&schema, &slices).map_err(|e| OutputError(e.to_string()))?,
+                ))
+            })();
+            step.transpose()
+        });
+        write_atomic(&final_path, FileKind::Final, schema.clone(), merged)?;
+        if kind == TableKind::Runs {
+            report.runs = runs;
+            report.duplicates = dups;
+        }
+        report.parts += parts.len();
+        consumed.extend(parts);
+    }
+    for p in consumed {
+        std::fs::remove_file(&p).map_err(|e| oerr(&p, "cannot remove merged part", e))?;
+    }
+    let _ = std::fs::remove_dir(layout.parts_dir()); // only if empty
+    Ok(report)
+}
+
+/// A column of a batch as `f64`s (integers converted), for reading results back.
+pub fn f64_column(batch: &RecordBatch, name: &str) -> Option<Vec<Option<f64>>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Float64Type, Int64Type, UInt32Type, UInt64Type};
+    let col = batch.column_by_name(name)?;
+    let get = |i: usize| -> Option<f64> {
+        if col.is_null(i) {
+            return None;
+        }
+        match col.data_type() {
+            arrow_schema::DataType::Float64 => Some(col.as_primitive::<Float64Type>().value(i)),
+            arrow_schema::DataType::UInt64 => Some(col.as_primitive::<UInt64Type>().value(i) as f64),
+            arrow_schema::DataType::UInt32 => Some(f64::from(col.as_primitive::<UInt32Type>().value(i))),
+            arrow_schema::DataType::Int64 => Some(col.as_primitive::<Int64Type>().value(i) as f64),
+            _ => None,
+        }
+    };
+    Some((0..batch.num_rows()).map(get).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hdr_v2_round_trip_keeps_every_count() {
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        for v in [1u64, 10, 100, 1000, 123_456] {
+            h.record_n(v, v).unwrap();
+        }
+        let back = deserialize_hdr(&serialize_hdr(&h)).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.value_at_quantile(0.99), h.value_at_quantile(0.99));
+    }
+}

@@ -1,0 +1,522 @@
+//! Sweep planning (pure): a spec becomes axes, grid points and an ordered
+//! list of runs, every point's scenario validated before anything runs.
+//!
+//! **Order.** Axes are the `[grid]` entries in file order, then each
+//! `[[zip]]` group (one axis whose paths vary together). Points enumerate
+//! the Cartesian product with the last axis varying fastest; point ids count
+//! from 0 in that order. Each point runs `replicates` times:
+//! `run_id = point_id × replicates + replicate`.
+//!
+//! **Seeds** (stable across versions): replicate `r` runs with seed
+//! `base_seed + r` (wrapping), whatever the point — every point of a
+//! replicate sees the same request stream (common random numbers).
+//!
+//! **Errors.** A path or value that does not fit the schema (unknown key,
+//! wrong type, unknown policy name…) stops the sweep before any run. A
+//! well-typed value that a point cannot use (a model that does not fit, a
+//! negative rate) makes only that point's runs fail.
+
+pub mod runner;
+
+use crate::config::{ConfigError, ErrorKind, Scenario, Spec, closest, resolve, spec_from_table};
+use crate::engine::Fnv64;
+use crate::output::table::ColType;
+use crate::output::{AxisValue, RunMeta, TableKind, TableSet};
+use std::collections::BTreeSet;
+use std::hash::Hasher;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The seed of replicate `replicate`.
+pub fn seed_for(base_seed: u64, replicate: u32) -> u64 {
+    base_seed.wrapping_add(u64::from(replicate))
+}
+
+/// One grid point.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// Point id.
+    pub id: u32,
+    /// `(dotted path, value)` overrides of the base scenario.
+    pub overrides: Vec<(String, toml::Value)>,
+    /// The axis-column values.
+    pub axis_values: Vec<AxisValue>,
+    /// The point's scenario, or why it cannot run (a value error).
+    pub scenario: Result<Arc<Scenario>, ConfigError>,
+}
+
+impl Point {
+    /// `path=value, …` for messages.
+    pub fn describe(&self) -> String {
+        if self.overrides.is_empty() {
+            return "(base scenario)".into();
+        }
+        self.overrides.iter().map(|(p, v)| format!("{p}={v}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// A run to execute.
+#[derive(Clone, Copy, Debug)]
+pub struct RunPlan<'a> {
+    /// Identity.
+    pub meta: RunMeta,
+    /// Its grid point.
+    pub point: &'a Point,
+}
+
+/// An expanded, validated sweep.
+#[derive(Clone, Debug)]
+pub struct SweepPlan {
+    /// Study name.
+    pub name: String,
+    /// The spec file.
+    pub source: String,
+    /// Runs per point.
+    pub replicates: u32,
+    /// Seed of replicate 0.
+    pub base_seed: u64,
+    /// Output tables and axis columns.
+    pub tables: TableSet,
+    /// Grid points in order.
+    pub points: Vec<Point>,
+    /// The resolved spec (base scenario, axes, sweep settings) as TOML, for the manifest.
+    pub canonical: String,
+    /// FNV-1a of `canonical`: results from another spec are never mixed in.
+    pub digest: u64,
+    /// Default output directory.
+    pub default_output: PathBuf,
+}
+
+impl SweepPlan {
+    /// Number of runs.
+    pub fn total_runs(&self) -> u32 {
+        self.points.len() as u32 * self.replicates
+    }
+
+    /// Run `run_id`.
+    pub fn run(&self, run_id: u32) -> RunPlan<'_> {
+        let point = &self.points[(run_id / self.replicates) as usize];
+        let replicate = run_id % self.replicates;
+        RunPlan {
+            meta: RunMeta { run_id, point_id: point.id, replicate, seed: seed_for(self.base_seed, replicate) },
+            point,
+        }
+    }
+
+    /// Every run in id order.
+    pub fn runs(&self) -> impl Iterator<Item = RunPlan<'_>> {
+        (0..self.total_runs()).map(|id| self.run(id))
+    }
+}
+
+const SWEEP_KEYS: [&str; 3] = ["sweep", "grid", "zip"];
+
+/// Sets `path` (dotted; numeric segments index lists) in `table` to
+/// `value`, creating missing tables on the way.
+pub fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> Result<(), String> {
+    let segs: Vec<&str> = path.split('.').collect();
+    if segs.iter().any(|s| s.is_empty()) {
+        return Err("a path is dot-separated keys, such as router.router_params.policy".into());
+    }
+    let (first, rest) = segs.split_first().expect("split always yields one segment");
+    let slot = table.entry(first.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    set_in(slot, rest, value, first)
+}
+
+fn set_in(cur: &mut toml::Value, rest: &[&str], value: toml::Value, at: &str) -> Result<(), String> {
+    let Some((seg, tail)) = rest.split_first() else {
+        *cur = value;
+        return Ok(());
+    };
+    let here = format!("{at}.{seg}");
+    match cur {
+        toml::Value::Table(t) => {
+            let slot = t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            set_in(slot, tail, value, &here)
+        }
+        toml::Value::Array(items) => {
+            let len = items.len();
+            let idx: usize =
+                seg.parse().map_err(|_| format!("`{at}` is a list; `{seg}` must be an index (0, 1, …)"))?;
+            let item =
+                items.get_mut(idx).ok_or_else(|| format!("`{at}` has {len} entries; index {idx} is out of range"))?;
+            set_in(item, tail, value, &here)
+        }
+        _ => Err(format!("`{at}` is a value, not a table")),
+    }
+}
+
+fn axis_type(path: &str, values: &[toml::Value], source: &str) -> Result<ColType, ConfigError> {
+    use toml::Value as V;
+    let all = |f: fn(&V) -> bool| values.iter().all(f);
+    if all(|v| matches!(v, V::Integer(_))) {
+        Ok(ColType::I64)
+    } else if all(|v| matches!(v, V::Integer(_) | V::Float(_))) {
+        Ok(ColType::F64)
+    } else if all(|v| matches!(v, V::String(_))) {
+        Ok(ColType::Str)
+    } else if all(|v| matches!(v, V::Boolean(_))) {
+        Ok(ColType::Bool)
+    } else if all(|v| matches!(v, V::Array(_) | V::Table(_))) {
+        Ok(ColType::Str)
+    } else {
+        Err(ConfigError::key(
+            source,
+            path,
+            "the values of an axis must all have one type (numbers, strings, booleans or lists)",
+        )
+        .hint("write every value the same way, e.g. 1.0 and 2.0 rather than 1.0 and \"2\"")
+        .schema())
+    }
+}
+
+fn axis_value(v: &toml::Value, ty: ColType) -> AxisValue {
+    match (v, ty) {
+        (toml::Value::Integer(i), ColType::I64) => AxisValue::Int(*i),
+        (toml::Value::Integer(i), ColType::F64) => AxisValue::Float(*i as f64),
+        (toml::Value::Float(f), _) => AxisValue::Float(*f),
+        (toml::Value::String(s), _) => AxisValue::Str(s.clone()),
+        (toml::Value::Boolean(b), _) => AxisValue::Bool(*b),
+        (other, _) => AxisValue::Str(other.to_string()),
+    }
+}
+
+/// An axis: paths that vary together and their value lists (`values[path][i]`).
+struct Axis {
+    paths: Vec<String>,
+    values: Vec<Vec<toml::Value>>,
+}
+
+impl Axis {
+    fn len(&self) -> usize {
+        self.values[0].len()
+    }
+}
+
+fn axes_of(spec: &Spec, source: &str) -> Result<Vec<Axis>, ConfigError> {
+    let list = |at: &str, path: &str, v: &toml::Value| -> Result<Vec<toml::Value>, ConfigError> {
+        match v {
+            toml::Value::Array(items) if !items.is_empty() => Ok(items.clone()),
+            _ => Err(ConfigError::key(source, format!("{at}.\"{path}\""), "an axis needs a non-empty list of values")
+                .hint(format!("write \"{path}\" = [value1, value2, ...]"))
+                .schema()),
+        }
+    };
+    let mut axes = Vec::new();
+    for (path, v) in &spec.file.grid {
+        axes.push(Axis { paths: vec![path.clone()], values: vec![list("grid", path, v)?] });
+    }
+    for (i, group) in spec.file.zip.iter().enumerate() {
+        if group.is_empty() {
+            return Err(ConfigError::key(source, format!("zip.{i}"), "an empty [[zip]] group")
+                .hint("give it two or more paths with equally long lists")
+                .schema());
+        }
+        let mut axis = Axis { paths: Vec::new(), values: Vec::new() };
+        for (path, v) in group {
+            axis.paths.push(path.clone());
+            axis.values.push(list(&format!("zip.{i}"), path, v)?);
+        }
+        let n = axis.values[0].len();
+        if let Some((p, vals)) = axis.paths.iter().zip(&axis.values).find(|(_, v)| v.len() != n) {
+            return Err(ConfigError::key(
+                source,
+                format!("zip.{i}.\"{p}\""),
+                format!("has {} values but `{}` has {n}", vals.len(), axis.paths[0]),
+            )
+            .hint("lists in one [[zip]] group vary together, so they must be equally long")
+            .schema());
+        }
+        axes.push(axis);
+    }
+    let mut seen = BTreeSet::new();
+    for p in axes.iter().flat_map(|a| &a.paths) {
+        if !seen.insert(p.as_str()) {
+            return Err(ConfigError::key(source, p.as_str(), "this path is varied by two axes")
+                .hint("vary each path in one place only")
+                .schema());
+        }
+        if SWEEP_KEYS.contains(&p.split('.').next().unwrap_or("")) {
+            return Err(ConfigError::key(source, p.as_str(), "sweep settings cannot be varied")
+                .hint("axes vary scenario keys")
+                .schema());
+        }
+    }
+    Ok(axes)
+}
+
+fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigError> {
+    let names =
+        spec.file.sweep.tables.clone().unwrap_or_else(|| vec!["runs".into(), "histograms".into(), "timeseries".into()]);
+    let mut set = BTreeSet::from([TableKind::Runs]);
+    for n in &names {
+        let kind = TableKind::from_name(n).ok_or_else(|| {
+            let all = ["runs", "histograms", "timeseries", "requests"];
+            let hint = match closest(n, all) {
+                Some(c) => format!("did you mean `{c}`? tables: {}", all.join(", ")),
+                None => format!("tables: {}", all.join(", ")),
+            };
+            ConfigError::key(source, "sweep.tables", format!("unknown table {n:?}")).hint(hint).schema()
+        })?;
+        set.insert(kind);
+    }
+    Ok(set)
+}
+
+/// The scenario sections (and the directory their relative paths resolve against).
+fn base_scenario(spec: &Spec, source: &str) -> Result<(toml::Table, PathBuf, String), ConfigError> {
+    let strip = |t: &toml::Table| -> toml::Table {
+        t.iter().filter(|(k, _)| !SWEEP_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    let Some(base) = &spec.file.sweep.base else {
+        return Ok((strip(&spec.table), spec.base_dir().to_path_buf(), source.to_string()));
+    };
+    let own = strip(&spec.table);
+    if let Some(k) = own.keys().next() {
+        return Err(ConfigError::key(
+            source,
+            k.as_str(),
+            "a spec with `[sweep] base` must not also define scenario sections",
+        )
+        .hint("move the section into the base file, or vary it with [grid]")
+        .schema());
+    }
+    let path = spec.base_dir().join(base);
+    let base_spec = crate::config::load_spec(&path)?;
+    Ok((strip(&base_spec.table), base_spec.base_dir().to_path_buf(), base_spec.source()))
+}
+
+/// Expands and validates `spec`.
+pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
+    let source = spec.source();
+    let sweep = &spec.file.sweep;
+    let (scenario_table, base_dir, scenario_source) = base_scenario(spec, &source)?;
+    let axes = axes_of(spec, &source)?;
+    let tables = tables_of(spec, &source)?;
+    let replicates = sweep.replicates.unwrap_or(1);
+    if replicates == 0 {
+        return Err(ConfigError::key(&source, "sweep.replicates", "must be at least 1")
+            .hint("use replicates = 1 for one run per point"));
+    }
+    let interval = match sweep.time_series_interval_sec {
+        Some(v) if !(v.is_finite() && v > 0.0) => {
+            return Err(ConfigError::key(
+                &source,
+                "sweep.time_series_interval_sec",
+                format!("must be a positive number of seconds, got {v}"),
+            )
+            .hint("use e.g. 1.0"));
+        }
+        v => v,
+    };
+    let base_file = spec_from_table(&scenario_table, &scenario_source)?;
+    let base_seed = sweep.base_seed.unwrap_or(base_file.simulation.seed);
+
+    let mut axis_columns = Vec::new();
+    for a in &axes {
+        for (p, vals) in a.paths.iter().zip(&a.values) {
+            axis_columns.push((p.clone(), axis_type(p, vals, &source)?));
+        }
+    }
+
+    let count: usize = axes.iter().map(Axis::len).product();
+    let mut points = Vec::with_capacity(count);
+    for id in 0..count {
+        // Mixed-radix digits, last axis fastest.
+        let mut rest = id;
+        let mut digits = vec![0; axes.len()];
+        for (d, a) in digits.iter_mut().zip(&axes).rev() {
+            *d = rest % a.len();
+            rest /= a.len();
+        }
+        let mut overrides = Vec::new();
+        for (a, &d) in axes.iter().zip(&digits) {
+            for (p, vals) in a.paths.iter().zip(&a.values) {
+                overrides.push((p.clone(), vals[d].clone()));
+            }
+        }
+        let axis_values = overrides.iter().zip(&axis_columns).map(|((_, v), (_, ty))| axis_value(v, *ty)).collect();
+        let mut table = scenario_table.clone();
+        for (p, v) in &overrides {
+            set_path(&mut table, p, v.clone()).map_err(|e| {
+                ConfigError::key(&source, p.as_str(), e).hint("check the path against the scenario sections").schema()
+            })?;
+        }
+        if let Some(v) = interval {
+            set_path(&mut table, "simulation.time_series_interval_sec", toml::Value::Float(v))
+                .expect("simulation is a table");
+        }
+        let point_desc = overrides.iter().map(|(p, v)| format!("{p} = {v}")).collect::<Vec<_>>().join(", ");
+        let in_point = |mut e: ConfigError| {
+            if !point_desc.is_empty() {
+                e.message = format!("{} (grid point {id}: {point_desc})", e.message);
+            }
+            e.line = None;
+            e
+        };
+        let file = spec_from_table(&table, &source).map_err(in_point)?;
+        let scenario = match resolve(&file, &scenario_source, &base_dir) {
+            Ok(s) => Ok(Arc::new(s)),
+            Err(e) if e.kind == ErrorKind::Schema => return Err(in_point(e)),
+            Err(e) => Err(in_point(e)),
+        };
+        points.push(Point { id: id as u32, overrides, axis_values, scenario });
+    }
+
+    let mut canonical = String::new();
+    canonical.push_str(&format!(
+        "# opal sweep {:?}: {} points × {} replicates, base_seed {}\n",
+        spec.name(),
+        points.len(),
+        replicates,
+        base_seed
+    ));
+    canonical.push_str(&format!("tables = {:?}\n", tables.iter().map(|t| t.name()).collect::<Vec<_>>()));
+    if let Some(v) = interval {
+        canonical.push_str(&format!("time_series_interval_sec = {v}\n"));
+    }
+    for a in &axes {
+        for (p, vals) in a.paths.iter().zip(&a.values) {
+            canonical.push_str(&format!("axis {p} = {}\n", toml::Value::Array(vals.clone())));
+        }
+    }
+    canonical.push_str(&toml::to_string(&scenario_table).unwrap_or_default());
+    let mut h = Fnv64::default();
+    h.write(canonical.as_bytes());
+    let default_output = sweep.output.as_ref().map_or_else(|| Path::new("results").join(spec.name()), PathBuf::from);
+    Ok(SweepPlan {
+        name: spec.name(),
+        source,
+        replicates,
+        base_seed,
+        tables: TableSet { tables, axis_columns },
+        points,
+        canonical,
+        digest: h.finish(),
+        default_output,
+    })
+}
+
+/// The scenario of one run: its point's scenario with the replicate's seed.
+pub fn run_scenario(run: &RunPlan<'_>) -> Result<Scenario, String> {
+    match &run.point.scenario {
+        Ok(s) => {
+            let mut s = Scenario::clone(s);
+            s.seed = run.meta.seed;
+            Ok(s)
+        }
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn plan_of(text: &str) -> Result<SweepPlan, ConfigError> {
+        plan(&Spec::from_text(text, Path::new("study.toml")).unwrap())
+    }
+
+    const BASE: &str = r#"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 10
+    "#;
+
+    #[test]
+    fn grid_is_cartesian_last_axis_fastest_then_zip_then_replicates() {
+        let p = plan_of(&format!(
+            r#"
+            [sweep]
+            replicates = 2
+            base_seed = 10
+            [grid]
+            "router.router_params.policy" = ["RoundRobin", "Random"]
+            "simulation.num_workers" = [1, 2, 3]
+            [[zip]]
+            "workload.stages.0.workload_params.prompt_size_min" = [10, 100]
+            "workload.stages.0.workload_params.prompt_size_max" = [20, 200]
+            {BASE}"#
+        ))
+        .unwrap();
+        // 2 × 3 × 2 points × 2 replicates.
+        assert_eq!(p.points.len(), 12);
+        assert_eq!(p.total_runs(), 24);
+        let desc: Vec<String> = p
+            .points
+            .iter()
+            .map(|pt| pt.overrides.iter().map(|(_, v)| v.to_string()).collect::<Vec<_>>().join(" "))
+            .collect();
+        assert_eq!(desc[0], "\"RoundRobin\" 1 10 20");
+        assert_eq!(desc[1], "\"RoundRobin\" 1 100 200");
+        assert_eq!(desc[2], "\"RoundRobin\" 2 10 20");
+        assert_eq!(desc[11], "\"Random\" 3 100 200");
+        let r = p.run(7);
+        assert_eq!((r.meta.point_id, r.meta.replicate, r.meta.seed), (3, 1, 11));
+        assert_eq!(p.run(6).meta.seed, 10, "the seed depends on the replicate only");
+        let cols: Vec<(&str, ColType)> = p.tables.axis_columns.iter().map(|(n, t)| (n.as_str(), *t)).collect();
+        assert_eq!(cols[0], ("router.router_params.policy", ColType::Str));
+        assert_eq!(cols[1], ("simulation.num_workers", ColType::I64));
+        let crate::workload::StageConfig::Rate(s) = &p.points[1].scenario.as_ref().unwrap().stages[0];
+        assert_eq!(s.prompt, (100, 200), "zip values reach the scenario");
+    }
+
+    #[test]
+    fn a_spec_without_axes_is_one_run_with_the_simulation_seed() {
+        let p = plan_of(&format!("[simulation]\nseed = 5\n{BASE}")).unwrap();
+        assert_eq!(p.total_runs(), 1);
+        assert_eq!(p.run(0).meta.seed, 5);
+    }
+
+    #[test]
+    fn unknown_paths_and_mistyped_values_stop_the_sweep_naming_them() {
+        let e = plan_of(&format!("[grid]\n\"router.router_params.polcy\" = [\"Random\"]\n{BASE}")).unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("router.router_params.polcy"), "{e}");
+        assert!(e.hint.unwrap().contains("did you mean `policy`"));
+        let e = plan_of(&format!("[grid]\n\"workload.stages.0.workload_params.request_rate\" = [\"fast\"]\n{BASE}"))
+            .unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.request_rate"), "{e}");
+        let e = plan_of(&format!("[grid]\n\"workload.stages.3.workload_params.request_rate\" = [1.0]\n{BASE}"))
+            .unwrap_err();
+        assert!(e.message.contains("index 3 is out of range"), "{e}");
+        let e = plan_of(&format!("[grid]\n\"router.router_params.policy\" = [\"Random\", \"Smartest\"]\n{BASE}"))
+            .unwrap_err();
+        assert!(e.message.contains("unknown routing policy"), "{e}");
+        let e = plan_of(&format!("[grid]\n\"simulation.num_workers\" = [1, \"2\"]\n{BASE}")).unwrap_err();
+        assert!(e.message.contains("one type"), "{e}");
+        let e = plan_of(&format!("[[zip]]\n\"simulation.num_workers\" = [1, 2]\n\"simulation.seed\" = [1]\n{BASE}"))
+            .unwrap_err();
+        assert!(e.message.contains("has 1 values"), "{e}");
+    }
+
+    #[test]
+    fn a_value_a_point_cannot_use_fails_only_that_point() {
+        let p =
+            plan_of(&format!("[grid]\n\"model.model_params.name\" = [\"llama-3.1-8b\", \"llama-3.1-70b\"]\n{BASE}"))
+                .unwrap();
+        assert!(p.points[0].scenario.is_ok());
+        let e = p.points[1].scenario.as_ref().unwrap_err();
+        assert!(e.message.contains("does not fit") && e.message.contains("grid point 1"), "{e}");
+    }
+
+    #[test]
+    fn set_path_walks_tables_and_list_indices() {
+        let mut t: toml::Table = "[[a]]\nx = 1\n[[a]]\nx = 2\n".parse().unwrap();
+        set_path(&mut t, "a.1.x", toml::Value::Integer(5)).unwrap();
+        set_path(&mut t, "b.c", toml::Value::Boolean(true)).unwrap();
+        assert_eq!(t["a"][1]["x"].as_integer(), Some(5));
+        assert_eq!(t["b"]["c"].as_bool(), Some(true));
+        assert!(set_path(&mut t, "a.x", toml::Value::Integer(1)).unwrap_err().contains("must be an index"));
+        assert!(set_path(&mut t, "b.c.d", toml::Value::Integer(1)).unwrap_err().contains("is a value"));
+    }
+
+    #[test]
+    fn the_digest_changes_with_the_spec() {
+        let a = plan_of(BASE).unwrap();
+        let b = plan_of(&BASE.replace("10", "11")).unwrap();
+        assert_ne!(a.digest, b.digest);
+        assert_eq!(a.digest, plan_of(BASE).unwrap().digest);
+    }
+}

@@ -1,0 +1,457 @@
+//! Executing a sweep: runs in parallel on a rayon pool, each isolated (an
+//! error or panic becomes a failed row), results streamed to part files as
+//! they finish, then merged into the final tables.
+//!
+//! Durability: finished runs are flushed to a part at least every second
+//! (and every 256 runs, or sooner when request rows pile up), and on
+//! Ctrl-C / SIGTERM everything finished is flushed and merged before exit,
+//! so an interrupted sweep loses at most the last second's runs to a
+//! SIGKILL — and `--resume` re-runs exactly the runs missing.
+
+use super::{RunPlan, SweepPlan, run_scenario};
+use crate::RunOptions;
+use crate::metrics::RunSummary;
+use crate::output::{
+    Layout, MergeReport, OutputError, PartBuffer, RunMeta, RunResult, TableKind, completed_runs, merge,
+};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A deterministic subset of a sweep: runs with `run_id % count == index`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This shard, from 0.
+    pub index: u32,
+    /// Number of shards.
+    pub count: u32,
+}
+
+impl Shard {
+    /// Parses `i/N`.
+    pub fn parse(s: &str) -> Result<Shard, String> {
+        let err = || format!("--shard takes i/N with 0 ≤ i < N (e.g. 0/4), got {s:?}");
+        let (i, n) = s.split_once('/').ok_or_else(err)?;
+        let (index, count) = (i.trim().parse().map_err(|_| err())?, n.trim().parse().map_err(|_| err())?);
+        if count == 0 || index >= count {
+            return Err(err());
+        }
+        Ok(Shard { index, count })
+    }
+
+    /// The shard of a Slurm array task (`SLURM_ARRAY_TASK_ID − SLURM_ARRAY_TASK_MIN`
+    /// of `SLURM_ARRAY_TASK_COUNT`), if those variables are set.
+    pub fn from_slurm_env() -> Option<Result<Shard, String>> {
+        let var = |k: &str| std::env::var(k).ok();
+        let (id, count) = (var("SLURM_ARRAY_TASK_ID")?, var("SLURM_ARRAY_TASK_COUNT")?);
+        let min = var("SLURM_ARRAY_TASK_MIN").unwrap_or_else(|| "0".into());
+        let parse = |v: &str, k: &str| v.trim().parse::<u32>().map_err(|_| format!("{k}={v:?} is not a number"));
+        Some((|| {
+            let (id, count, min) = (
+                parse(&id, "SLURM_ARRAY_TASK_ID")?,
+                parse(&count, "SLURM_ARRAY_TASK_COUNT")?,
+                parse(&min, "SLURM_ARRAY_TASK_MIN")?,
+            );
+            let index = id.checked_sub(min).ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?;
+            Shard::parse(&format!("{index}/{count}"))
+        })())
+    }
+
+    /// Whether run `id` belongs to this shard.
+    pub fn contains(&self, id: u32) -> bool {
+        id % self.count == self.index
+    }
+}
+
+/// How to run a sweep.
+#[derive(Clone, Debug)]
+pub struct RunnerOptions {
+    /// Output directory.
+    pub output: PathBuf,
+    /// Worker threads (default: all cores).
+    pub jobs: Option<usize>,
+    /// Run only this shard (its parts are left for `opal-sweep merge`).
+    pub shard: Option<Shard>,
+    /// Skip runs already in the output directory.
+    pub resume: bool,
+    /// Delete earlier results in the output directory first.
+    pub overwrite: bool,
+    /// Show a progress bar (on a terminal) or log lines.
+    pub progress: bool,
+}
+
+/// What a sweep invocation did.
+#[derive(Clone, Debug, Default)]
+pub struct SweepReport {
+    /// Runs in the whole sweep.
+    pub total: u32,
+    /// Runs this invocation was responsible for (its shard).
+    pub selected: u32,
+    /// Of those, already present and skipped (`--resume`).
+    pub skipped: u32,
+    /// Runs executed now, with their summaries (None: failed).
+    pub executed: Vec<(RunMeta, Option<RunSummary>)>,
+    /// Failed runs executed now: (run id, message).
+    pub failures: Vec<(u32, String)>,
+    /// Stopped early by a signal.
+    pub interrupted: bool,
+    /// The merge, if this invocation merged.
+    pub merged: Option<MergeReport>,
+    /// Wall seconds spent writing parts and merging (the Parquet share of the sweep).
+    pub write_secs: f64,
+}
+
+/// A problem that stops a sweep (not a failed run).
+#[derive(Debug)]
+pub struct SweepError(pub String);
+
+impl std::fmt::Display for SweepError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SweepError {}
+
+impl From<OutputError> for SweepError {
+    fn from(e: OutputError) -> Self {
+        SweepError(e.0)
+    }
+}
+
+/// Runs `f`, turning a panic into an error message.
+pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        format!("panic: {msg}")
+    })
+}
+
+fn execute(run: RunPlan<'_>, opts: &RunOptions) -> RunResult {
+    let started = Instant::now();
+    let outcome = run_scenario(&run).and_then(|s| isolate(|| crate::simulate_with(&s, opts)));
+    RunResult { meta: run.meta, axes: run.point.axis_values.clone(), outcome, wall_s: started.elapsed().as_secs_f64() }
+}
+
+/// The manifest written next to the tables.
+pub fn manifest(plan: &SweepPlan, shard: Option<Shard>) -> serde_json::Value {
+    serde_json::json!({
+        "tool": "opal",
+        "version": env!("CARGO_PKG_VERSION"),
+        "name": plan.name,
+        "spec_file": plan.source,
+        "spec_digest": format!("{:016x}", plan.digest),
+        "runs": plan.total_runs(),
+        "points": plan.points.len(),
+        "replicates": plan.replicates,
+        "base_seed": plan.base_seed,
+        "seed_rule": "seed = base_seed + replicate",
+        "tables": plan.tables.tables.iter().map(|t| t.name()).collect::<Vec<_>>(),
+        "axes": plan.tables.axis_columns.iter().map(|(p, _)| p).collect::<Vec<_>>(),
+        "grid": plan.points.iter().map(|p| serde_json::json!({
+            "point_id": p.id,
+            "overrides": p.overrides.iter().map(|(k, v)| (k.clone(), serde_json::to_value(v).unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
+        })).collect::<Vec<_>>(),
+        "shard": shard.map(|s| serde_json::json!({"index": s.index, "count": s.count})),
+        "resolved_spec": plan.canonical,
+    })
+}
+
+fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), SweepError> {
+    let tmp = path.with_extension(format!("json.tmp-{}", std::process::id()));
+    let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| SweepError(format!("{}: cannot write: {e}", path.display())))
+}
+
+/// Manifests found in a sweep directory (the final one and the shards').
+pub fn manifests(dir: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>, SweepError> {
+    let mut paths = vec![dir.join("manifest.json")];
+    if let Ok(entries) = std::fs::read_dir(dir.join("parts")) {
+        let mut more: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("manifest.")))
+            .collect();
+        more.sort();
+        paths.extend(more);
+    }
+    let mut out = Vec::new();
+    for p in paths {
+        match std::fs::read_to_string(&p) {
+            Ok(text) => out.push((
+                p.clone(),
+                serde_json::from_str(&text)
+                    .map_err(|e| SweepError(format!("{}: not a valid manifest: {e}", p.display())))?,
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(SweepError(format!("{}: cannot read: {e}", p.display()))),
+        }
+    }
+    Ok(out)
+}
+
+fn prepare_dir(plan: &SweepPlan, opts: &RunnerOptions, layout: &Layout) -> Result<(), SweepError> {
+    let dir = &layout.dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| SweepError(format!("{}: cannot create the output directory: {e}", dir.display())))?;
+    if opts.overwrite {
+        for k in TableKind::WRITE_ORDER {
+            let _ = std::fs::remove_file(layout.table(k));
+        }
+        let _ = std::fs::remove_dir_all(layout.parts_dir());
+        let _ = std::fs::remove_file(dir.join("manifest.json"));
+        return Ok(());
+    }
+    let digest = format!("{:016x}", plan.digest);
+    for (path, m) in manifests(dir)? {
+        if m["spec_digest"].as_str() != Some(digest.as_str()) {
+            return Err(SweepError(format!(
+                "{} holds results of a different spec ({}); refusing to mix them\n  fix: choose another output with -o, or pass --overwrite to delete them",
+                dir.display(),
+                path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Runs the sweep per `opts`; `stop` is set by a signal handler to stop early.
+pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> Result<SweepReport, SweepError> {
+    let layout = Layout { dir: opts.output.clone() };
+    prepare_dir(plan, opts, &layout)?;
+    let sharded = opts.shard.is_some_and(|s| s.count > 1);
+    match opts.shard.filter(|_| sharded) {
+        Some(s) => {
+            std::fs::create_dir_all(layout.parts_dir())
+                .map_err(|e| SweepError(format!("{}: {e}", layout.parts_dir().display())))?;
+            write_json_atomic(
+                &layout.parts_dir().join(format!("manifest.shard-{}-of-{}.json", s.index, s.count)),
+                &manifest(plan, Some(s)),
+            )?;
+        }
+        None => write_json_atomic(&layout.dir.join("manifest.json"), &manifest(plan, None))?,
+    }
+    let done = completed_runs(&layout)?;
+    let mut report = SweepReport { total: plan.total_runs(), ..SweepReport::default() };
+    let mut todo = Vec::new();
+    for run in plan.runs() {
+        if opts.shard.is_some_and(|s| !s.contains(run.meta.run_id)) {
+            continue;
+        }
+        report.selected += 1;
+        if done.contains(&run.meta.run_id) {
+            report.skipped += 1;
+        } else {
+            todo.push(run);
+        }
+    }
+    if report.skipped > 0 && report.skipped < report.selected && !opts.resume {
+        return Err(SweepError(format!(
+            "{} already holds {} of the runs this invocation would do\n  fix: pass --resume to run only the missing runs, or --overwrite to start over",
+            layout.dir.display(),
+            report.skipped
+        )));
+    }
+
+    let run_opts = RunOptions { request_records: plan.tables.tables.contains(&TableKind::Requests) };
+    let shard_tag =
+        opts.shard.filter(|_| sharded).map_or_else(|| "all".to_string(), |s| format!("s{}of{}", s.index, s.count));
+    let pid = std::process::id();
+    let progress = Progress::new(todo.len() as u64, opts.progress);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(opts.jobs.unwrap_or(0))
+        .build()
+        .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
+    let (tx, rx) = mpsc::channel::<RunResult>();
+    let mut buffer = PartBuffer::new(plan.tables.clone());
+    let mut seq = 0u32;
+    let mut write_error = None;
+    let mut write_secs = 0.0;
+    std::thread::scope(|scope| {
+        let todo = &todo;
+        let run_opts = &run_opts;
+        scope.spawn(move || {
+            pool.install(|| {
+                todo.par_iter().with_max_len(1).for_each_with(tx, |tx, run| {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let _ = tx.send(execute(*run, run_opts));
+                });
+            });
+        });
+        let mut last_flush = Instant::now();
+        let flush = |buffer: &mut PartBuffer, seq: &mut u32| -> Result<(), OutputError> {
+            *seq += 1;
+            buffer.flush(&layout, &format!("{shard_tag}.{pid}-{seq:05}"))
+        };
+        for result in rx.iter() {
+            progress.finished(&result);
+            report.executed.push((result.meta, result.outcome.as_ref().ok().map(|o| o.summary.clone())));
+            if let Err(e) = &result.outcome {
+                report.failures.push((result.meta.run_id, e.clone()));
+            }
+            buffer.add(result);
+            let due = last_flush.elapsed() >= Duration::from_secs(1)
+                || buffer.len() >= 256
+                || buffer.request_rows() >= 1_000_000;
+            if due && write_error.is_none() {
+                let t = Instant::now();
+                write_error = flush(&mut buffer, &mut seq).err();
+                write_secs += t.elapsed().as_secs_f64();
+                last_flush = Instant::now();
+            }
+        }
+        // The rest is flushed as a part — unless it is the whole result, which
+        // then goes straight into the final tables.
+        let whole = seq == 0 && !sharded && done.is_empty();
+        if write_error.is_none() && !whole {
+            let t = Instant::now();
+            write_error = flush(&mut buffer, &mut seq).err();
+            write_secs += t.elapsed().as_secs_f64();
+        }
+    });
+    progress.done();
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    report.interrupted = stop.load(Ordering::Relaxed) && report.executed.len() < todo.len();
+    if !sharded {
+        let t = Instant::now();
+        report.merged =
+            Some(if buffer.is_empty() { merge(&layout, &plan.tables.tables)? } else { buffer.write_final(&layout)? });
+        write_secs += t.elapsed().as_secs_f64();
+    }
+    report.write_secs = write_secs;
+    report.executed.sort_by_key(|(m, _)| m.run_id);
+    report.failures.sort_by_key(|(id, _)| *id);
+    Ok(report)
+}
+
+/// Merges the part files of a (sharded) sweep directory into its tables and
+/// writes its manifest.
+pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
+    let found = manifests(dir)?;
+    let (_, first) = found.first().ok_or_else(|| {
+        SweepError(format!(
+            "{} has no manifest.json or shard manifests: is it a sweep output directory?",
+            dir.display()
+        ))
+    })?;
+    let digest = first["spec_digest"].clone();
+    if let Some((p, _)) = found.iter().find(|(_, m)| m["spec_digest"] != digest) {
+        return Err(SweepError(format!(
+            "{} comes from a different spec than the other manifests; refusing to merge",
+            p.display()
+        )));
+    }
+    let tables = first["tables"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|t| t.as_str().and_then(TableKind::from_name)).collect())
+        .ok_or_else(|| SweepError(format!("{}: manifest lacks its table list", dir.display())))?;
+    let layout = Layout { dir: dir.to_path_buf() };
+    let report = merge(&layout, &tables)?;
+    let mut m = first.clone();
+    m["shard"] = serde_json::Value::Null;
+    write_json_atomic(&dir.join("manifest.json"), &m)?;
+    for (p, _) in &found {
+        if p.parent().is_some_and(|d| d.ends_with("parts")) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    let _ = std::fs::remove_dir(layout.parts_dir());
+    let expected = m["runs"].as_u64().unwrap_or(0) as usize;
+    if report.runs < expected {
+        return Err(SweepError(format!(
+            "merged {} of {expected} runs into {}; the missing runs' shards have not finished (rerun them, then merge again)",
+            report.runs,
+            dir.display()
+        )));
+    }
+    Ok(report)
+}
+
+/// Progress display: a bar on a terminal, otherwise log lines at most every 2 s.
+struct Progress {
+    bar: Option<ProgressBar>,
+    total: u64,
+    state: std::cell::RefCell<(u64, u64, Instant)>,
+}
+
+impl Progress {
+    fn new(total: u64, enabled: bool) -> Progress {
+        let bar = (enabled && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{bar:40} {pos}/{len} runs  {msg}  elapsed {elapsed}  ETA {eta}")
+                    .expect("valid progress template"),
+            );
+            bar
+        });
+        Progress { bar, total: if enabled { total } else { 0 }, state: std::cell::RefCell::new((0, 0, Instant::now())) }
+    }
+
+    fn finished(&self, r: &RunResult) {
+        let mut st = self.state.borrow_mut();
+        st.0 += 1;
+        if let Err(e) = &r.outcome {
+            st.1 += 1;
+            if self.total > 0 {
+                let line = format!("run {} failed: {e}", r.meta.run_id);
+                match &self.bar {
+                    Some(bar) => bar.println(line),
+                    None => eprintln!("{line}"),
+                }
+            }
+        }
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(st.0);
+                bar.set_message(format!("{} failed", st.1));
+            }
+            None if self.total > 0 && (st.2.elapsed() >= Duration::from_secs(2) || st.0 == self.total) => {
+                eprintln!("[{}/{}] runs done, {} failed", st.0, self.total, st.1);
+                st.2 = Instant::now();
+            }
+            None => {}
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_parse_and_partition_runs() {
+        assert_eq!(Shard::parse("1/3"), Ok(Shard { index: 1, count: 3 }));
+        assert!(Shard::parse("3/3").is_err());
+        assert!(Shard::parse("x").is_err());
+        let shards: Vec<Shard> = (0..3).map(|i| Shard { index: i, count: 3 }).collect();
+        for id in 0..30 {
+            assert_eq!(shards.iter().filter(|s| s.contains(id)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn a_panic_becomes_a_failed_outcome_with_its_message() {
+        let r: Result<(), String> = isolate(|| panic!("broken invariant 42"));
+        assert_eq!(r, Err("panic: broken invariant 42".to_string()));
+        assert_eq!(isolate(|| 7), Ok(7));
+    }
+}

@@ -1,0 +1,360 @@
+//! Sweeps end to end: Parquet tables, parallel and sharded determinism,
+//! resume, failures, Slurm.
+
+use crate::temp_dir;
+use arrow_array::RecordBatch;
+use arrow_array::cast::AsArray;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Reads a whole table into one batch.
+pub fn read(path: &Path) -> RecordBatch {
+    let batches = opal::output::read_table(path).unwrap_or_else(|e| panic!("{e}"));
+    let schema = batches[0].schema();
+    arrow_select::concat::concat_batches(&schema, &batches).unwrap()
+}
+
+/// A table without its wall-clock column (the only one that may differ between equal sweeps).
+fn content(path: &Path) -> RecordBatch {
+    let b = read(path);
+    match b.schema().index_of("wall_s") {
+        Ok(i) => {
+            let mut b = b;
+            b.remove_column(i);
+            b
+        }
+        Err(_) => b,
+    }
+}
+
+fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
+}
+
+/// 3 policies × 2 rates × 2 replicates = 12 small runs; one point cannot run.
+const SPEC: &str = r#"
+[sweep]
+name = "t"
+replicates = 2
+base_seed = 7
+tables = ["runs", "histograms", "timeseries", "requests"]
+
+[grid]
+"router.router_params.policy" = ["RoundRobin", "Random", "LeastLoaded"]
+"workload.stages.0.workload_params.request_rate" = [5.0, 10.0]
+
+[simulation]
+num_workers = 2
+
+[model.model_params]
+name = "llama-3.1-8b"
+
+[[workload.stages]]
+type = "ExponentialReqRate"
+[workload.stages.workload_params]
+total_requests = 60
+prompt_size_min = 100
+prompt_size_max = 2000
+output_tokens_min = 10
+output_tokens_max = 100
+"#;
+
+fn setup(name: &str, spec: &str) -> PathBuf {
+    let dir = temp_dir(name);
+    std::fs::write(dir.join("spec.toml"), spec).unwrap();
+    dir
+}
+
+fn ok(o: &Output) {
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+const TABLES: [&str; 4] = ["runs", "histograms", "timeseries", "requests"];
+
+fn assert_same_tables(a: &Path, b: &Path) {
+    for t in TABLES {
+        let (x, y) = (content(&a.join(format!("{t}.parquet"))), content(&b.join(format!("{t}.parquet"))));
+        assert_eq!(x.num_rows(), y.num_rows(), "{t}: row counts differ");
+        assert_eq!(x, y, "{t}: contents differ");
+    }
+}
+
+#[test]
+fn parquet_tables_have_the_expected_rows_columns_and_types() {
+    let dir = setup("tables", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir));
+    let out = dir.join("out");
+    let runs = read(&out.join("runs.parquet"));
+    assert_eq!(runs.num_rows(), 12);
+    let schema = runs.schema();
+    use arrow_schema::DataType as D;
+    for (name, ty) in [
+        ("run_id", D::UInt32),
+        ("point_id", D::UInt32),
+        ("replicate", D::UInt32),
+        ("seed", D::UInt64),
+        ("router.router_params.policy", D::Utf8),
+        ("workload.stages.0.workload_params.request_rate", D::Float64),
+        ("status", D::Utf8),
+        ("error", D::Utf8),
+        ("wall_s", D::Float64),
+        ("events", D::UInt64),
+        ("sim_time_s", D::Float64),
+        ("ttft_p99_ms", D::Float64),
+        ("tpot_p999_ms", D::Float64),
+        ("queue_wait_max_ms", D::Float64),
+        ("input_tokens_per_s", D::Float64),
+        ("gpu_utilization", D::Float64),
+        ("preemptions", D::UInt64),
+    ] {
+        assert_eq!(
+            schema.field_with_name(name).unwrap_or_else(|_| panic!("no column {name}")).data_type(),
+            &ty,
+            "{name}"
+        );
+    }
+    let ids: Vec<u32> = runs.column(0).as_primitive::<arrow_array::types::UInt32Type>().values().to_vec();
+    assert_eq!(ids, (0..12).collect::<Vec<_>>(), "rows sorted by run id");
+    let seeds = opal::output::f64_column(&runs, "seed").unwrap();
+    assert_eq!(seeds[..4], [Some(7.0), Some(8.0), Some(7.0), Some(8.0)], "seed = base_seed + replicate");
+    // Five histograms per run; 60 requests per run; the time series covers each run.
+    assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 5);
+    assert_eq!(read(&out.join("requests.parquet")).num_rows(), 12 * 60);
+    assert!(read(&out.join("timeseries.parquet")).num_rows() >= 12);
+    let manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["runs"], 12);
+    assert_eq!(manifest["axes"][1], "workload.stages.0.workload_params.request_rate");
+    assert!(!out.join("parts").exists(), "parts are merged away");
+}
+
+#[test]
+fn histograms_deserialize_and_their_p99_equals_the_runs_table() {
+    let dir = setup("hist", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir));
+    let runs = read(&dir.join("out/runs.parquet"));
+    let p99 = opal::output::f64_column(&runs, "ttft_p99_ms").unwrap();
+    let hist = read(&dir.join("out/histograms.parquet"));
+    let run_ids = hist.column(0).as_primitive::<arrow_array::types::UInt32Type>();
+    let metrics = hist.column(1).as_string::<i32>();
+    let blobs = hist.column(3).as_binary::<i32>();
+    let mut checked = 0;
+    for i in 0..hist.num_rows() {
+        if metrics.value(i) == "ttft" {
+            let h = opal::output::deserialize_hdr(blobs.value(i)).unwrap();
+            let from_hist = h.value_at_quantile(0.99) as f64 / 1e3;
+            assert_eq!(Some(from_hist), p99[run_ids.value(i) as usize], "run {}", run_ids.value(i));
+            assert_eq!(h.len(), 60);
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, 12);
+}
+
+#[test]
+fn one_and_two_threads_give_identical_tables() {
+    let dir = setup("jobs", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "j1", "-j", "1", "-q"], &dir));
+    ok(&opal_sweep(&["spec.toml", "-o", "j2", "-j", "2", "-q"], &dir));
+    assert_same_tables(&dir.join("j1"), &dir.join("j2"));
+}
+
+#[test]
+fn two_shards_merged_equal_the_unsharded_sweep() {
+    let dir = setup("shards", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "whole", "-q"], &dir));
+    let s0 = opal_sweep(&["spec.toml", "-o", "sharded", "--shard", "0/2", "-q"], &dir);
+    ok(&s0);
+    assert!(String::from_utf8_lossy(&s0.stdout).contains("opal-sweep merge"), "a shard says how to merge");
+    assert!(!dir.join("sharded/runs.parquet").exists(), "a shard leaves parts only");
+    ok(&opal_sweep(&["spec.toml", "-o", "sharded", "--shard", "1/2", "-q"], &dir));
+    ok(&opal_sweep(&["merge", "sharded"], &dir));
+    assert_same_tables(&dir.join("whole"), &dir.join("sharded"));
+    assert!(!dir.join("sharded/parts").exists());
+}
+
+#[test]
+fn merging_with_a_shard_missing_reports_the_gap() {
+    let dir = setup("gap", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "out", "--shard", "0/3", "-q"], &dir));
+    let o = opal_sweep(&["merge", "out"], &dir);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("merged 4 of 12 runs"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn resume_after_a_killed_sweep_runs_only_the_missing_runs_and_matches_a_clean_run() {
+    // 30 runs of about 0.1 s each (debug build) on one thread; parts are flushed every second.
+    const RUNS: usize = 30;
+    let spec = SPEC
+        .replace("replicates = 2", "replicates = 5")
+        .replace("total_requests = 60", "total_requests = 3000")
+        .replace(
+            "tables = [\"runs\", \"histograms\", \"timeseries\", \"requests\"]",
+            "tables = [\"runs\", \"histograms\", \"timeseries\", \"requests\"]\n",
+        );
+    let dir = setup("resume", &spec);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_opal-sweep"))
+        .args(["spec.toml", "-o", "out", "-j", "1", "-q"])
+        .current_dir(&dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it (SIGKILL: no chance to clean up) once the first part is on disk.
+    let parts = dir.join("out/parts");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !std::fs::read_dir(&parts).is_ok_and(|d| {
+        d.filter_map(Result::ok).any(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.starts_with("runs.") && name.ends_with(".parquet")
+        })
+    }) {
+        assert!(std::time::Instant::now() < deadline, "no part appeared");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let layout = opal::output::Layout { dir: dir.join("out") };
+    let done = opal::output::completed_runs(&layout).unwrap().len();
+    assert!(done > 0 && done < RUNS, "the kill should land mid-sweep ({done} runs done)");
+
+    let again = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(again.status.code(), Some(1), "without --resume the existing results are protected");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
+
+    let resumed = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
+    ok(&resumed);
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    assert!(stdout.contains(&format!("{} runs ok, 0 failed, {done} skipped", RUNS - done)), "{stdout}");
+    ok(&opal_sweep(&["spec.toml", "-o", "clean", "-q"], &dir));
+    assert_same_tables(&dir.join("out"), &dir.join("clean"));
+    assert!(!dir.join("out/parts").exists(), "parts (and the killed run's temporary files) are cleaned up");
+}
+
+#[test]
+fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
+    let spec = SPEC.replace(
+        "\"router.router_params.policy\" = [\"RoundRobin\", \"Random\", \"LeastLoaded\"]",
+        "\"model.model_params.name\" = [\"llama-3.1-8b\", \"llama-3.1-70b\"]",
+    );
+    let dir = setup("failing", &spec);
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(o.status.code(), Some(1), "a failed run makes the exit code 1");
+    let runs = read(&dir.join("out/runs.parquet"));
+    assert_eq!(runs.num_rows(), 8);
+    let status = runs.column_by_name("status").unwrap().as_string::<i32>();
+    let error = runs.column_by_name("error").unwrap().as_string::<i32>();
+    let model = runs.column_by_name("model.model_params.name").unwrap().as_string::<i32>();
+    for i in 0..8 {
+        if model.value(i) == "llama-3.1-70b" {
+            assert_eq!(status.value(i), "failed");
+            assert!(error.value(i).contains("does not fit in GPU memory"), "{}", error.value(i));
+        } else {
+            assert_eq!(status.value(i), "ok");
+        }
+    }
+    assert_eq!(read(&dir.join("out/histograms.parquet")).num_rows(), 4 * 5, "only successful runs have histograms");
+}
+
+#[test]
+fn a_bad_axis_is_rejected_before_any_run_starts() {
+    let spec = SPEC.replace("\"router.router_params.policy\"", "\"router.router_params.polcy\"");
+    let dir = setup("badaxis", &spec);
+    let o = opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("router.router_params.polcy"));
+    assert!(!dir.join("out").exists(), "nothing was written");
+}
+
+#[test]
+fn dry_run_lists_every_run_with_its_seed_and_overrides() {
+    let dir = setup("dry", SPEC);
+    let o = opal_sweep(&["spec.toml", "--dry-run"], &dir);
+    ok(&o);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("t: 6 points × 2 replicates = 12 runs (base_seed 7)"), "{text}");
+    assert_eq!(lines.len(), 2 + 12);
+    let cols: Vec<&str> = lines[2 + 3].split_whitespace().collect();
+    assert_eq!(&cols[..4], ["3", "1", "1", "8"], "run 3 = point 1, replicate 1, seed 8");
+    assert!(
+        lines[2 + 3].contains(
+            "router.router_params.policy=\"RoundRobin\", workload.stages.0.workload_params.request_rate=10.0"
+        )
+    );
+    assert!(!dir.join("results").exists(), "a dry run writes nothing");
+}
+
+#[test]
+fn the_slurm_subcommand_prints_a_job_array_script() {
+    let dir = setup("slurmscript", SPEC);
+    let o = opal_sweep(&["slurm", "spec.toml", "--tasks", "3", "-o", "out"], &dir);
+    ok(&o);
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.starts_with("#!/bin/bash\n"));
+    assert!(s.contains("#SBATCH --array=0-2"), "{s}");
+    assert!(s.contains("--resume"));
+    assert!(s.contains(" merge "));
+    assert!(dir.join("out").is_dir(), "the log directory exists before submission");
+}
+
+/// Needs a running single-node Slurm (`scripts/slurm-local.sh start`); `.ci/run` runs it.
+#[test]
+#[ignore = "needs Slurm: run scripts/slurm-local.sh start, then cargo test -- --ignored slurm"]
+fn slurm_job_array_of_three_tasks_merges_to_the_local_result() {
+    let conf = std::env::var("SLURM_CONF").expect("SLURM_CONF points at the local cluster's slurm.conf");
+    assert!(Path::new(&conf).exists());
+    let dir = setup("slurm", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "local", "-q"], &dir));
+    let script = opal_sweep(&["slurm", "spec.toml", "--tasks", "3", "--cpus-per-task", "1", "-o", "array"], &dir);
+    ok(&script);
+    std::fs::write(dir.join("job.sh"), &script.stdout).unwrap();
+    let submit = Command::new("sbatch").args(["--wait", "job.sh"]).current_dir(&dir).output().expect("sbatch runs");
+    assert!(submit.status.success(), "sbatch: {}", String::from_utf8_lossy(&submit.stderr));
+    // Each task left its shard manifest and parts; no task failed.
+    let parts: Vec<String> = std::fs::read_dir(dir.join("array/parts"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for i in 0..3 {
+        assert!(
+            parts.iter().any(|p| p == &format!("manifest.shard-{i}-of-3.json")),
+            "shard {i} manifest missing: {parts:?}"
+        );
+        assert!(
+            parts.iter().any(|p| p.starts_with(&format!("runs.s{i}of3."))),
+            "shard {i} wrote no runs part: {parts:?}"
+        );
+    }
+    let logs: Vec<PathBuf> = std::fs::read_dir(dir.join("array"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    assert_eq!(logs.len(), 3, "one log per array task");
+    ok(&opal_sweep(&["merge", "array"], &dir));
+    assert_same_tables(&dir.join("local"), &dir.join("array"));
+    // The node is back to idle (not drained by a failed launch).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let state = Command::new("sinfo").args(["-h", "-N", "-o", "%t"]).output().unwrap();
+        let state = String::from_utf8_lossy(&state.stdout).trim().to_string();
+        if state == "idle" {
+            break;
+        }
+        assert!(!state.contains("drain"), "node drained: {state}");
+        assert!(std::time::Instant::now() < deadline, "node not idle: {state}");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
