@@ -121,6 +121,26 @@ pub struct RunResult {
     pub outcome: Result<RunOutput, String>,
     /// Wall-clock seconds it took.
     pub wall_s: f64,
+    /// Serialized histograms `(metric, samples, bytes)`, prepared on the
+    /// run's own thread so the writer does no compression work.
+    pub histograms: Vec<(LatencyMetric, u64, Vec<u8>)>,
+}
+
+impl RunResult {
+    /// A result with its histograms serialized.
+    pub fn new(meta: RunMeta, axes: Vec<AxisValue>, outcome: Result<RunOutput, String>, wall_s: f64) -> RunResult {
+        let histograms = match &outcome {
+            Ok(out) => LatencyMetric::ALL
+                .iter()
+                .map(|&m| {
+                    let h = out.latencies.get(m);
+                    (m, h.count(), serialize_hdr(h.histogram()))
+                })
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        RunResult { meta, axes, outcome, wall_s, histograms }
+    }
 }
 
 /// The shape of a sweep's tables (the axis columns vary by sweep).
@@ -219,11 +239,8 @@ impl TableSet {
                 b.push(&row);
             }
             TableKind::Histograms => {
-                let Ok(out) = &r.outcome else { return };
-                for m in LatencyMetric::ALL {
-                    let h = out.latencies.get(m);
-                    let bytes = serialize_hdr(h.histogram());
-                    b.push(&[id, Cell::Str(m.name()), Cell::U64(h.count()), Cell::Bin(&bytes)]);
+                for (m, count, bytes) in &r.histograms {
+                    b.push(&[id, Cell::Str(m.name()), Cell::U64(*count), Cell::Bin(bytes)]);
                 }
             }
             TableKind::Timeseries => {
