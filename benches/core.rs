@@ -22,7 +22,7 @@ fn main() {
     let mut last = None;
     for _ in 0..runs {
         let t = Instant::now();
-        let out = opal::simulate(&scenario);
+        let out = opal::simulate(&scenario).expect("reference run");
         walls.push(t.elapsed().as_secs_f64());
         last = Some(out);
     }

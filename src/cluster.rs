@@ -1,15 +1,30 @@
 //! The cluster: owns every component of one run and is the only place that
 //! knows the event enum. Components are passive; their returned effects are
 //! turned into events here.
+//!
+//! KV flow per request: on reaching a worker its block hashes are computed;
+//! under an I/O slot the cluster looks up the longest cached prefix (GPU
+//! prefix cache, then the tiers below, chunk by chunk, each chunk from the
+//! fastest tier holding it) and, if part of it is below the GPU, allocates
+//! GPU blocks and reads those chunks (pinned until read) from the tiers'
+//! devices; when every read is done the request is ready. After its last
+//! token its chunks are written to the tiers (write-through or spill,
+//! synchronously or not).
 
 use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::metrics::{Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, TimeSeries};
+use crate::kvcache::{
+    BlockHash, ChunkStore, KvEvent, KvEventKind, Reserve, Tier, WriteMode, WritePolicy, block_hashes,
+};
+use crate::metrics::{
+    Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, TierSummary, TimeSeries,
+};
 use crate::request::Request;
 use crate::rng::{SeedTree, StreamRng};
 use crate::router::{Policy, RoutingPolicy, WorkerLoad};
-use crate::time::SimTime;
+use crate::storage::{Device, DeviceOutput, DeviceTimer, OpId, OpKind};
+use crate::time::{SimDuration, SimTime};
 use crate::worker::{StepOutcome, Worker};
 use crate::workload::{NewRequest, Workload};
 
@@ -25,6 +40,15 @@ pub enum Event {
         /// Stamp of the planned step.
         version: u32,
     },
+    /// A storage device's timer.
+    Device {
+        /// Tier instance.
+        instance: u32,
+        /// The device's own timer.
+        timer: DeviceTimer,
+    },
+    /// A worker sends the KV events it gathered.
+    KvFlush(WorkerId),
 }
 
 /// The results of one run.
@@ -36,10 +60,27 @@ pub struct RunOutput {
     pub latencies: Latencies,
     /// The time series.
     pub series: Vec<IntervalRow>,
-    /// One record per generated request, in id order.
+    /// One record per generated request, in id order (empty unless asked for).
     pub requests: Vec<RequestRecord>,
     /// Digest of the event sequence (equal digests: identical runs).
     pub event_digest: u64,
+}
+
+/// One tier's store and device (per worker for CPU/NVMe, one for the DFS).
+struct TierInstance {
+    tier: Tier,
+    store: ChunkStore,
+    device: Device,
+}
+
+enum Purpose {
+    Fetch { request: RequestId, keys: Vec<BlockHash> },
+    Write { keys: Vec<BlockHash>, waiter: Option<RequestId>, worker: WorkerId },
+}
+
+struct IoOp {
+    instance: u32,
+    purpose: Purpose,
 }
 
 /// The state of one run.
@@ -54,49 +95,132 @@ pub struct Cluster<'a> {
     workload: Workload,
     new_requests: Vec<NewRequest>,
     outcome: StepOutcome,
+    instances: Vec<TierInstance>,
+    /// Per worker: its tier instances in lookup order.
+    worker_tiers: Vec<Vec<u32>>,
+    ops: Vec<Option<IoOp>>,
+    free_ops: Vec<u32>,
+    dev_out: DeviceOutput,
+    kv_pending: Vec<Vec<KvEvent>>,
+    kv_events: u64,
     latencies: Latencies,
     series: TimeSeries,
     in_system: InSystem,
     completed: u64,
+    rejected: u64,
     completed_prompt_tokens: u64,
     completed_output_tokens: u64,
+    fatal: Option<String>,
 }
 
 impl<'a> Cluster<'a> {
     /// A cluster at time zero, per `scenario`.
     pub fn new(scenario: &'a Scenario) -> Cluster<'a> {
         let seeds = SeedTree::new(scenario.seed);
-        let workers: Vec<Worker> =
-            (0..scenario.num_workers).map(|i| Worker::new(WorkerId(i), &scenario.worker)).collect();
-        Cluster {
+        let mut c = Cluster {
             scenario,
             requests: Vec::new(),
-            outstanding: vec![0; workers.len()],
-            loads: Vec::with_capacity(workers.len()),
-            workers,
+            workers: Vec::new(),
+            outstanding: Vec::new(),
+            loads: Vec::new(),
             policy: RoutingPolicy::from_config(scenario.policy),
             router_rng: seeds.stream("router"),
             workload: Workload::new(scenario.stages.clone(), &seeds),
             new_requests: Vec::new(),
             outcome: StepOutcome::default(),
+            instances: Vec::new(),
+            worker_tiers: Vec::new(),
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            dev_out: DeviceOutput::default(),
+            kv_pending: Vec::new(),
+            kv_events: 0,
             latencies: Latencies::default(),
             series: TimeSeries::new(scenario.interval),
             in_system: InSystem::default(),
             completed: 0,
+            rejected: 0,
             completed_prompt_tokens: 0,
             completed_output_tokens: 0,
+            fatal: None,
+        };
+        for _ in 0..scenario.num_workers {
+            c.add_worker();
         }
+        c
+    }
+
+    fn new_instance(&mut self, t: &crate::kvcache::TierConfig) -> u32 {
+        self.instances.push(TierInstance {
+            tier: t.tier,
+            store: ChunkStore::new(t.capacity_bytes, t.eviction),
+            device: Device::new(t.device),
+        });
+        (self.instances.len() - 1) as u32
+    }
+
+    /// Adds a worker with cold caches (and its per-worker tiers).
+    fn add_worker(&mut self) -> WorkerId {
+        let id = WorkerId(self.workers.len() as u32);
+        self.workers.push(Worker::new(id, &self.scenario.worker));
+        self.outstanding.push(0);
+        self.kv_pending.push(Vec::new());
+        let mut tiers = Vec::new();
+        for t in &self.scenario.kvc.tiers {
+            let shared = t.tier == Tier::Dfs;
+            let existing = if shared { self.instances.iter().position(|i| i.tier == Tier::Dfs) } else { None };
+            tiers.push(match existing {
+                Some(i) => i as u32,
+                None => self.new_instance(t),
+            });
+        }
+        self.worker_tiers.push(tiers);
+        id
     }
 
     fn gauges(&self) -> Gauges {
-        let cfg = &self.scenario.worker;
         Gauges {
             queue_depth: self.workers.iter().map(|w| w.waiting() as u64).sum(),
             running: self.workers.iter().map(|w| w.running() as u64).sum(),
             active_workers: self.workers.len() as u32,
-            used_blocks: self.workers.iter().map(|w| w.used_blocks(cfg)).sum(),
-            total_blocks: cfg.total_blocks * self.workers.len() as u64,
+            used_blocks: self.workers.iter().map(Worker::used_blocks).sum(),
+            total_blocks: self.scenario.worker.total_blocks * self.workers.len() as u64,
         }
+    }
+
+    fn fail(&mut self, message: String) {
+        self.fatal.get_or_insert(message);
+    }
+
+    fn schedule_arrival(&mut self, step: crate::workload::Step, sched: &mut Scheduler<'_, Event>) {
+        match step {
+            Ok(Some((s, t))) => sched.at(t, Event::Arrival(s)),
+            Ok(None) => {}
+            Err(e) => self.fail(e),
+        }
+    }
+
+    fn on_arrival(&mut self, now: SimTime, stage: StageId, sched: &mut Scheduler<'_, Event>) {
+        let mut fresh = std::mem::take(&mut self.new_requests);
+        let step = self.workload.on_arrival(now, stage, &mut fresh);
+        self.schedule_arrival(step, sched);
+        for nr in fresh.drain(..) {
+            let id = RequestId(self.requests.len() as u32);
+            let stage = nr.stage;
+            let r = Request::new(id, stage, now, nr.prompt_tokens, nr.output_tokens, nr.content);
+            let too_long = u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > self.scenario.worker.max_model_len;
+            self.requests.push(r);
+            if too_long {
+                // vLLM rejects it outright; it is reported, not queued.
+                self.rejected += 1;
+                let step = self.workload.on_completion(now, stage);
+                self.schedule_arrival(step, sched);
+                continue;
+            }
+            self.in_system.change(now, 1);
+            self.route(now, id, sched);
+        }
+        self.new_requests = fresh;
     }
 
     fn route(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
@@ -106,33 +230,294 @@ impl<'a> Cluster<'a> {
         );
         let w = self.policy.choose(&self.loads, &mut self.router_rng);
         self.outstanding[w.index()] += 1;
-        self.requests[id.index()].worker = Some(w);
-        if let Some((end, version)) =
-            self.workers[w.index()].enqueue(now, id, &mut self.requests, &self.scenario.worker)
+        let r = &mut self.requests[id.index()];
+        r.worker = Some(w);
+        let content = r.full_content();
+        block_hashes(&content, self.scenario.worker.block_size as u32, usize::MAX, &mut r.blocks);
+        self.workers[w.index()].enqueue(id);
+        self.pump(now, w, sched);
+        self.kick(now, w, sched);
+    }
+
+    /// Starts a step on `w` if it is idle and has work.
+    fn kick(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        if let Some((end, version)) = self.workers[w.index()].try_start(now, &mut self.requests, &self.scenario.worker)
         {
             sched.at(end, Event::StepEnd { worker: w, version });
         }
+        self.drain_cache(now, w, sched);
     }
 
-    fn on_arrival(&mut self, now: SimTime, stage: StageId, sched: &mut Scheduler<'_, Event>) {
-        let mut fresh = std::mem::take(&mut self.new_requests);
-        if let Some((s, t)) = self.workload.on_arrival(now, stage, &mut fresh) {
-            sched.at(t, Event::Arrival(s));
+    /// The chunk of blocks `[j·m, …)` of a `limit`-block prefix: its key and block range.
+    fn chunk(&self, blocks: &[BlockHash], j: u64, limit: u64) -> Option<(BlockHash, u64, u64)> {
+        let m = self.scenario.kvc.chunk_blocks;
+        let start = j * m;
+        let end = ((j + 1) * m).min(limit);
+        if end <= start || (end < (j + 1) * m && !self.scenario.kvc.save_unfull_chunk) {
+            return None;
         }
-        for nr in fresh.drain(..) {
-            let id = RequestId(self.requests.len() as u32);
-            self.requests.push(Request::new(
-                id,
-                nr.stage,
-                now,
-                nr.prompt_tokens,
-                nr.output_tokens,
-                nr.shared_prefix_tokens,
-            ));
-            self.in_system.change(now, 1);
-            self.route(now, id, sched);
+        Some((blocks[end as usize - 1], start, end))
+    }
+
+    /// Moves intake requests through I/O slots: looks up their cached prefix
+    /// and starts the reads of the part below the GPU.
+    fn pump(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        let cfg = &self.scenario.worker;
+        let no_tiers = self.worker_tiers[w.index()].is_empty();
+        while let Some(id) = self.workers[w.index()].next_for_io(cfg) {
+            if no_tiers {
+                let worker = &mut self.workers[w.index()];
+                worker.begin_io(id, &mut self.requests);
+                worker.io_done(id, &mut self.requests, cfg);
+                continue;
+            }
+            let r = &self.requests[id.index()];
+            let limit = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
+            let worker = &mut self.workers[w.index()];
+            let gpu = worker.cache_mut().lookup(&r.blocks[..limit]) as u64;
+            // Chunks beyond the GPU prefix, each from the fastest tier holding it.
+            let mut runs: Vec<(u32, u64, Vec<BlockHash>)> = Vec::new(); // (instance, blocks, keys)
+            let mut next = gpu;
+            let m = self.scenario.kvc.chunk_blocks;
+            let mut j = gpu / m;
+            while let Some((key, _, end)) = self.chunk(&r.blocks, j, limit as u64) {
+                let Some(&inst) =
+                    self.worker_tiers[w.index()].iter().find(|&&i| self.instances[i as usize].store.contains(key))
+                else {
+                    break;
+                };
+                match runs.last_mut() {
+                    Some(run) if run.0 == inst => {
+                        run.1 += end - next;
+                        run.2.push(key);
+                    }
+                    _ => runs.push((inst, end - next, vec![key])),
+                }
+                next = end;
+                j += 1;
+            }
+            let fetched = next - gpu;
+            let worker = &mut self.workers[w.index()];
+            if fetched == 0 {
+                worker.begin_io(id, &mut self.requests);
+                worker.io_done(id, &mut self.requests, cfg);
+                continue;
+            }
+            let idle = worker.running() == 0;
+            let cache = worker.cache_mut();
+            let path = cache.acquire(&self.requests[id.index()].blocks, gpu as usize, now);
+            if !cache.can_allocate(fetched, now, idle) {
+                cache.release(path, now);
+                break; // head of line: retried when blocks are freed
+            }
+            cache.allocate(fetched, now, idle);
+            worker.begin_io(id, &mut self.requests);
+            let bb = self.scenario.kvc.block_bytes;
+            let r = &mut self.requests[id.index()];
+            r.seq.path = path;
+            r.seq.registered = gpu;
+            r.seq.computed = (gpu + fetched) * cfg.block_size;
+            r.hit_tokens[Tier::Gpu.index()] += gpu * cfg.block_size;
+            r.fetch = Some((now, runs.len() as u32));
+            for (inst, n, keys) in runs {
+                let tier = self.instances[inst as usize].tier;
+                self.requests[id.index()].hit_tokens[tier.index()] += n * cfg.block_size;
+                let store = &mut self.instances[inst as usize].store;
+                for &k in &keys {
+                    store.pin(k);
+                    store.touch(k);
+                }
+                self.submit(now, inst, OpKind::Read, n * bb, w, Purpose::Fetch { request: id, keys }, sched);
+            }
         }
-        self.new_requests = fresh;
+        self.drain_cache(now, w, sched);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        now: SimTime,
+        inst: u32,
+        kind: OpKind,
+        bytes: u64,
+        w: WorkerId,
+        purpose: Purpose,
+        sched: &mut Scheduler<'_, Event>,
+    ) {
+        let op = IoOp { instance: inst, purpose };
+        let id = match self.free_ops.pop() {
+            Some(i) => {
+                self.ops[i as usize] = Some(op);
+                i
+            }
+            None => {
+                self.ops.push(Some(op));
+                (self.ops.len() - 1) as u32
+            }
+        };
+        let mut out = std::mem::take(&mut self.dev_out);
+        self.instances[inst as usize].device.submit(now, OpId(id), kind, bytes, w.0, &mut out);
+        self.apply_device(now, inst, &mut out, sched);
+        self.dev_out = out;
+    }
+
+    fn apply_device(&mut self, now: SimTime, inst: u32, out: &mut DeviceOutput, sched: &mut Scheduler<'_, Event>) {
+        for &(t, timer) in &out.timers {
+            sched.at(t, Event::Device { instance: inst, timer });
+        }
+        out.timers.clear();
+        // Completions can submit new operations (re-entering this device's
+        // output), so they are taken out first.
+        let mut completed = std::mem::take(&mut out.completed);
+        for &c in &completed {
+            self.series.on_tier_bytes(now, self.instances[inst as usize].tier, c.bytes);
+            let op = self.ops[c.op.0 as usize].take().expect("completed op is live");
+            self.free_ops.push(c.op.0);
+            self.op_done(now, op, c.bytes, sched);
+        }
+        completed.clear();
+        if out.completed.is_empty() {
+            out.completed = completed;
+        }
+    }
+
+    fn op_done(&mut self, now: SimTime, op: IoOp, bytes: u64, sched: &mut Scheduler<'_, Event>) {
+        let tier = self.instances[op.instance as usize].tier;
+        match op.purpose {
+            Purpose::Fetch { request, keys } => {
+                let store = &mut self.instances[op.instance as usize].store;
+                keys.iter().for_each(|&k| store.unpin(k));
+                let cfg = &self.scenario.worker;
+                let r = &mut self.requests[request.index()];
+                r.read_bytes[tier.index()] += bytes;
+                let (start, left) = r.fetch.expect("fetching");
+                if left > 1 {
+                    r.fetch = Some((start, left - 1));
+                    return;
+                }
+                r.fetch = None;
+                let took = now - start;
+                r.fetch_time = Some(took);
+                self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
+                let w = r.worker.expect("routed");
+                self.workers[w.index()].fetched(request, now, &mut self.requests, cfg);
+                self.kick(now, w, sched);
+                self.pump(now, w, sched);
+            }
+            Purpose::Write { keys, waiter, worker } => {
+                for k in keys {
+                    if self.instances[op.instance as usize].store.complete(k) {
+                        self.kv_event(now, worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }, sched);
+                    }
+                }
+                if let Some(id) = waiter {
+                    let r = &mut self.requests[id.index()];
+                    r.pending_writes -= 1;
+                    if r.pending_writes == 0 {
+                        self.respond(now, id, sched);
+                    }
+                }
+            }
+        }
+    }
+
+    fn kv_event(&mut self, now: SimTime, w: WorkerId, e: KvEvent, sched: &mut Scheduler<'_, Event>) {
+        let pending = &mut self.kv_pending[w.index()];
+        if pending.is_empty() {
+            sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
+        }
+        pending.push(e);
+    }
+
+    /// Moves the worker's prefix-cache events to its pending KV events and
+    /// writes back evicted chunk-ending blocks if configured.
+    fn drain_cache(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        let cache = self.workers[w.index()].cache_mut();
+        if cache.events.is_empty() && cache.evicted.is_empty() {
+            return;
+        }
+        let mut events = std::mem::take(&mut cache.events);
+        let mut evicted = std::mem::take(&mut cache.evicted);
+        let pending = &mut self.kv_pending[w.index()];
+        if pending.is_empty() && !events.is_empty() {
+            sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
+        }
+        pending.append(&mut events);
+        if !evicted.is_empty() {
+            // Only reported when write-back on eviction is on (and there is a tier).
+            let first = self.worker_tiers[w.index()][0];
+            let bytes = self.scenario.kvc.chunk_blocks * self.scenario.kvc.block_bytes;
+            let chunks: Vec<(BlockHash, u64)> = evicted.drain(..).map(|(h, _)| (h, bytes)).collect();
+            self.write_chunks(now, w, first, &chunks, None, sched);
+        }
+        let cache = self.workers[w.index()].cache_mut();
+        cache.events = events;
+        cache.evicted = evicted;
+    }
+
+    /// Reserves and writes `chunks` to tier instance `inst`; with the spill
+    /// policy, what it evicts goes on to the next tier. Returns write ops issued.
+    fn write_chunks(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        inst: u32,
+        chunks: &[(BlockHash, u64)],
+        waiter: Option<RequestId>,
+        sched: &mut Scheduler<'_, Event>,
+    ) -> u32 {
+        let tier = self.instances[inst as usize].tier;
+        let mut keys = Vec::new();
+        let mut bytes = 0;
+        let mut spilled = Vec::new();
+        for &(k, b) in chunks {
+            match self.instances[inst as usize].store.reserve(k, b) {
+                Reserve::Present | Reserve::NoRoom => {}
+                Reserve::Reserved(victims) => {
+                    keys.push(k);
+                    bytes += b;
+                    for (v, vb) in victims {
+                        self.kv_event(now, w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }, sched);
+                        spilled.push((v, vb));
+                    }
+                }
+            }
+        }
+        let mut ops = 0;
+        if !keys.is_empty() {
+            self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Write { keys, waiter, worker: w }, sched);
+            ops += 1;
+        }
+        if self.scenario.kvc.write_policy == WritePolicy::Spill && !spilled.is_empty() {
+            let tiers = &self.worker_tiers[w.index()];
+            if let Some(pos) = tiers.iter().position(|&i| i == inst)
+                && let Some(&next) = tiers.get(pos + 1)
+            {
+                ops += self.write_chunks(now, w, next, &spilled, waiter, sched);
+            }
+        }
+        ops
+    }
+
+    /// Writes a finished request's chunks to the tiers; returns write ops issued.
+    fn store(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) -> u32 {
+        let w = self.requests[id.index()].worker.expect("routed");
+        if self.worker_tiers[w.index()].is_empty() {
+            return 0;
+        }
+        let kvc = &self.scenario.kvc;
+        let r = &self.requests[id.index()];
+        let full = (r.seq.computed / self.scenario.worker.block_size).min(r.blocks.len() as u64);
+        let chunks: Vec<(BlockHash, u64)> = (0..full.div_ceil(kvc.chunk_blocks))
+            .filter_map(|j| self.chunk(&r.blocks, j, full))
+            .map(|(key, start, end)| (key, (end - start) * kvc.block_bytes))
+            .collect();
+        let waiter = (kvc.write_mode == WriteMode::Sync).then_some(id);
+        let targets: Vec<u32> = match kvc.write_policy {
+            WritePolicy::WriteThrough => self.worker_tiers[w.index()].clone(),
+            WritePolicy::Spill => vec![self.worker_tiers[w.index()][0]],
+        };
+        targets.into_iter().map(|inst| self.write_chunks(now, w, inst, &chunks, waiter, sched)).sum()
     }
 
     fn on_step_end(&mut self, now: SimTime, worker: WorkerId, version: u32, sched: &mut Scheduler<'_, Event>) {
@@ -156,40 +541,66 @@ impl<'a> Cluster<'a> {
             self.latencies.get_mut(LatencyMetric::Ttft).record(ttft);
             let wait = r.first_scheduled.expect("a request with a token was scheduled") - r.arrival;
             self.latencies.get_mut(LatencyMetric::QueueWait).record(wait);
-            self.series.on_first_token(now, ttft);
+            self.series.on_first_token(now, ttft, &r.hit_tokens);
         }
-        for i in 0..self.outcome.completed.len() {
-            let id = self.outcome.completed[i];
+        let done = std::mem::take(&mut self.outcome.completed);
+        for &id in &done {
             let r = &self.requests[id.index()];
-            let e2e = now - r.arrival;
-            self.latencies.get_mut(LatencyMetric::E2e).record(e2e);
             if r.output_tokens > 1 {
                 let ttft = r.first_token.expect("completed request has a first token") - r.arrival;
-                let tpot = crate::time::SimDuration((e2e.0 - ttft.0) / u64::from(r.output_tokens - 1));
-                self.latencies.get_mut(LatencyMetric::Tpot).record(tpot);
+                let decode = (r.finished.expect("completed") - r.arrival).0 - ttft.0;
+                self.latencies
+                    .get_mut(LatencyMetric::Tpot)
+                    .record(SimDuration(decode / u64::from(r.output_tokens - 1)));
             }
-            self.completed += 1;
-            self.completed_prompt_tokens += u64::from(r.prompt_tokens);
-            self.completed_output_tokens += u64::from(r.output_tokens);
-            let stage = r.stage;
-            self.outstanding[worker.index()] -= 1;
-            self.in_system.change(now, -1);
-            self.series.on_completion(now);
-            if let Some((s, t)) = self.workload.on_completion(now, stage) {
-                sched.at(t, Event::Arrival(s));
+            let ops = self.store(now, id, sched);
+            if ops > 0 && self.scenario.kvc.write_mode == WriteMode::Sync {
+                self.requests[id.index()].pending_writes = ops;
+            } else {
+                self.respond(now, id, sched);
             }
         }
+        self.outcome.completed = done;
+        self.drain_cache(now, worker, sched);
+        self.pump(now, worker, sched);
+        self.kick(now, worker, sched);
+    }
+
+    /// The response leaves the platform: end-to-end accounting.
+    fn respond(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
+        let r = &mut self.requests[id.index()];
+        // Content and hashes are not needed once the response is out.
+        r.blocks = Vec::new();
+        r.content = crate::kvcache::Content::default();
+        let e2e = now - r.arrival;
+        r.responded = Some(now);
+        self.latencies.get_mut(LatencyMetric::E2e).record(e2e);
+        self.completed += 1;
+        self.completed_prompt_tokens += u64::from(r.prompt_tokens);
+        self.completed_output_tokens += u64::from(r.output_tokens);
+        let stage = r.stage;
+        let w = r.worker.expect("routed");
+        self.outstanding[w.index()] -= 1;
+        self.in_system.change(now, -1);
+        self.series.on_completion(now);
+        let step = self.workload.on_completion(now, stage);
+        self.schedule_arrival(step, sched);
     }
 
     /// Runs to the end and reports.
-    pub fn run(mut self, opts: &crate::RunOptions) -> RunOutput {
+    pub fn run(mut self, opts: &crate::RunOptions) -> Result<RunOutput, String> {
         let mut queue = EventQueue::new();
-        if let Some((s, t)) = self.workload.start(SimTime::ZERO) {
-            queue.push(t, Event::Arrival(s));
+        match self.workload.start(SimTime::ZERO) {
+            Ok(Some((s, t))) => queue.push(t, Event::Arrival(s)),
+            Ok(None) => {}
+            Err(e) => return Err(e),
         }
         let limit = self.scenario.time_limit;
         let stats = engine::run(&mut self, &mut queue, limit);
-        self.report(stats, opts)
+        if let Some(e) = self.fatal.take() {
+            return Err(e);
+        }
+        Ok(self.report(stats, opts))
     }
 
     fn report(mut self, stats: RunStats, opts: &crate::RunOptions) -> RunOutput {
@@ -206,11 +617,33 @@ impl<'a> Cluster<'a> {
             }
         }
         let worker_time = end.0 as f64 * self.workers.len() as f64;
+        let mut tiers = TierSummary::default();
+        let mut prompt = 0u64;
+        for r in self.requests.iter().filter(|r| r.first_scheduled.is_some()) {
+            prompt += u64::from(r.prompt_tokens);
+            for t in Tier::ALL {
+                tiers.hit_tokens[t.index()] += r.hit_tokens[t.index()];
+            }
+        }
+        tiers.prompt_tokens = prompt;
+        let mut instances = [0u64; 4];
+        for inst in &self.instances {
+            let s = inst.device.stats_at(end);
+            let t = inst.tier.index();
+            tiers.bytes_read[t] += s.bytes_read;
+            tiers.bytes_written[t] += s.bytes_written;
+            tiers.device_busy_s[t] += s.busy.as_secs_f64();
+            instances[t] += 1;
+        }
+        for ((util, busy), &n) in tiers.device_utilization.iter_mut().zip(&tiers.device_busy_s).zip(&instances) {
+            *util = if n > 0 && secs > 0.0 { busy / (n as f64 * secs) } else { 0.0 };
+        }
         let gauges = self.gauges();
         let summary = RunSummary {
             requests_generated: self.requests.len() as u64,
             requests_completed: self.completed,
-            requests_incomplete: self.requests.len() as u64 - self.completed,
+            requests_rejected: self.rejected,
+            requests_incomplete: self.requests.len() as u64 - self.completed - self.rejected,
             sim_time_s: secs,
             events: stats.events,
             stop_reason: stats.stop,
@@ -222,11 +655,15 @@ impl<'a> Cluster<'a> {
             itl_ms: self.latencies.get(LatencyMetric::Itl).stats(),
             e2e_ms: self.latencies.get(LatencyMetric::E2e).stats(),
             queue_wait_ms: self.latencies.get(LatencyMetric::QueueWait).stats(),
+            kv_fetch_ms: self.latencies.get(LatencyMetric::KvFetch).stats(),
             gpu_utilization: if worker_time > 0.0 { busy as f64 / worker_time } else { 0.0 },
             preemptions: self.workers.iter().map(Worker::preemptions).sum(),
             prefill_tokens_computed: self.requests.iter().map(|r| r.prefill_tokens_computed).sum(),
             mean_requests_in_system: self.in_system.mean(end),
             workers: self.workers.len() as u32,
+            tiers,
+            kv_events: self.kv_events + self.kv_pending.iter().map(|p| p.len() as u64).sum::<u64>(),
+            trace_lines_skipped: self.workload.skipped_lines(),
         };
         let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
         RunOutput {
@@ -255,10 +692,13 @@ fn record(r: &Request) -> RequestRecord {
         prefill_tokens_computed: r.prefill_tokens_computed,
         queue_wait_s: since(r.first_scheduled),
         ttft_s: since(r.first_token),
-        e2e_s: since(r.finished),
+        e2e_s: since(r.responded),
         tpot_s: tpot,
         preemptions: r.preemptions,
-        completed: r.finished.is_some(),
+        completed: r.responded.is_some(),
+        hit_tokens: r.hit_tokens,
+        read_bytes: r.read_bytes,
+        kv_fetch_s: r.fetch_time.map(SimDuration::as_secs_f64),
     }
 }
 
@@ -269,11 +709,23 @@ impl Model for Cluster<'_> {
         match event {
             Event::Arrival(stage) => self.on_arrival(now, stage, sched),
             Event::StepEnd { worker, version } => self.on_step_end(now, worker, version, sched),
+            Event::Device { instance, timer } => {
+                let mut out = std::mem::take(&mut self.dev_out);
+                self.instances[instance as usize].device.on_timer(now, timer, &mut out);
+                self.apply_device(now, instance, &mut out, sched);
+                self.dev_out = out;
+            }
+            Event::KvFlush(w) => {
+                // The router consumes these in the KV-aware routing work; here they are counted.
+                let batch = &mut self.kv_pending[w.index()];
+                self.kv_events += batch.len() as u64;
+                batch.clear();
+            }
         }
     }
 
     fn finished(&self) -> bool {
-        self.workload.finished() && self.in_system.count() == 0
+        self.fatal.is_some() || (self.workload.finished() && self.in_system.count() == 0)
     }
 
     fn advance_to(&mut self, now: SimTime) {

@@ -27,12 +27,14 @@ pub mod cluster;
 pub mod config;
 pub mod engine;
 pub mod ids;
+pub mod kvcache;
 pub mod metrics;
 pub mod output;
 pub mod report;
 pub mod request;
 pub mod rng;
 pub mod router;
+pub mod storage;
 pub mod sweep;
 pub mod time;
 pub mod worker;
@@ -54,12 +56,13 @@ impl Default for RunOptions {
     }
 }
 
-/// Runs one scenario to completion (deterministic: same scenario, same output).
-pub fn simulate(scenario: &Scenario) -> RunOutput {
+/// Runs one scenario to completion (deterministic: same scenario, same
+/// output). Fails only on input met during the run (a malformed trace line).
+pub fn simulate(scenario: &Scenario) -> Result<RunOutput, String> {
     simulate_with(scenario, &RunOptions::default())
 }
 
 /// [`simulate`] with options.
-pub fn simulate_with(scenario: &Scenario, opts: &RunOptions) -> RunOutput {
+pub fn simulate_with(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput, String> {
     cluster::Cluster::new(scenario).run(opts)
 }

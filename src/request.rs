@@ -4,7 +4,8 @@
 //! [`RequestId`]; components refer to them by id.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::time::SimTime;
+use crate::kvcache::{BlockHash, Content};
+use crate::time::{SimDuration, SimTime};
 
 /// One inference request.
 #[derive(Clone, Debug)]
@@ -19,8 +20,11 @@ pub struct Request {
     pub prompt_tokens: u32,
     /// Tokens to generate (≥ 1).
     pub output_tokens: u32,
-    /// Leading prompt tokens shared with the other requests of its stage.
-    pub shared_prefix_tokens: u32,
+    /// The prompt's token content.
+    pub content: Content,
+    /// Hashes of the full blocks of prompt + output (computed when it reaches
+    /// a worker, dropped when it finishes).
+    pub blocks: Vec<BlockHash>,
     /// The worker the router chose.
     pub worker: Option<WorkerId>,
     /// Scheduler state on that worker.
@@ -31,10 +35,22 @@ pub struct Request {
     pub first_token: Option<SimTime>,
     /// End of the step that produced its last token.
     pub finished: Option<SimTime>,
+    /// When its response left the platform (after its KV writes, if synchronous).
+    pub responded: Option<SimTime>,
     /// Prompt (and recomputed) tokens prefilled, over all attempts.
     pub prefill_tokens_computed: u64,
     /// Times it was preempted.
     pub preemptions: u32,
+    /// Prompt tokens found cached, per tier (indexed by `Tier::index`).
+    pub hit_tokens: [u64; 4],
+    /// Bytes fetched from each tier.
+    pub read_bytes: [u64; 4],
+    /// When its KV fetch started, and how many reads are still in flight.
+    pub fetch: Option<(SimTime, u32)>,
+    /// How long its KV fetch took.
+    pub fetch_time: Option<SimDuration>,
+    /// Chunk writes a synchronous store still waits for.
+    pub pending_writes: u32,
 }
 
 impl Request {
@@ -45,24 +61,42 @@ impl Request {
         arrival: SimTime,
         prompt_tokens: u32,
         output_tokens: u32,
-        shared_prefix_tokens: u32,
+        content: Content,
     ) -> Request {
         debug_assert!(prompt_tokens >= 1 && output_tokens >= 1);
+        debug_assert_eq!(content.tokens(), u64::from(prompt_tokens), "content covers the prompt");
         Request {
             id,
             stage,
             arrival,
             prompt_tokens,
             output_tokens,
-            shared_prefix_tokens,
+            content,
+            blocks: Vec::new(),
             worker: None,
             seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
             first_scheduled: None,
             first_token: None,
             finished: None,
+            responded: None,
             prefill_tokens_computed: 0,
             preemptions: 0,
+            hit_tokens: [0; 4],
+            read_bytes: [0; 4],
+            fetch: None,
+            fetch_time: None,
+            pending_writes: 0,
         }
+    }
+
+    /// The content of prompt and output together (the output is unique to the request).
+    pub fn full_content(&self) -> Vec<crate::kvcache::Segment> {
+        let mut all = self.content.segments.clone();
+        all.push(crate::kvcache::Segment {
+            id: crate::kvcache::content_id("output", u64::from(self.id.0)),
+            tokens: self.output_tokens,
+        });
+        all
     }
 }
 
@@ -83,6 +117,11 @@ pub struct SeqState {
     pub computed: u64,
     /// Tokens generated so far.
     pub generated: u64,
+    /// Leading blocks it holds as references in the GPU prefix cache (the
+    /// rest of its `ceil(computed / block_size)` blocks are private).
+    pub registered: u64,
+    /// Its hold on the prefix cache (the path of those blocks).
+    pub path: crate::kvcache::Path,
     /// Order of admission to the running batch on its worker (for tie-breaks).
     pub admit_seq: u64,
     /// Whether it holds one of the worker's I/O slots.

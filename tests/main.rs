@@ -20,3 +20,8 @@ pub fn temp_dir(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// Runs a scenario that must not fail.
+pub fn run(scenario: &opal::Scenario) -> opal::RunOutput {
+    opal::simulate(scenario).unwrap_or_else(|e| panic!("{e}"))
+}

@@ -6,12 +6,14 @@ use crate::scenario;
 /// (prompt 16, one output token): an M/D/1 queue with D = 10 ms.
 fn md1(rho: f64, requests: u64, seed: u64) -> opal::RunOutput {
     let rate = rho / 0.010;
-    opal::simulate(&scenario(&format!(
+    crate::run(&scenario(&format!(
         r#"
         [simulation]
         seed = {seed}
         [worker.vllm_params]
         max_num_seqs = 1
+        [kvc]
+        kvc_tiers = []
         [worker.inference_params]
         model = "synthetic"
         mean_latency_secs = 0.010
@@ -57,4 +59,105 @@ fn md1_mean_queue_wait_matches_pollaczek_khinchine_at_rho_0_5() {
 #[test]
 fn md1_mean_queue_wait_matches_pollaczek_khinchine_at_rho_0_8() {
     check_md1(0.8, 1_000_000);
+}
+
+/// Poisson arrivals of fixed-size operations at one storage device with no
+/// latency and unlimited concurrency: an M/D/1 processor-sharing queue, whose
+/// mean sojourn time is E[S] / (1 − ρ) whatever the service distribution.
+mod processor_sharing {
+    use opal::engine::{EventQueue, Model, Scheduler, run};
+    use opal::rng::{SeedTree, StreamRng};
+    use opal::storage::{Device, DeviceConfig, DeviceOutput, DeviceTimer, OpId, OpKind};
+    use opal::time::{SimDuration, SimTime};
+    use rand_distr::{Distribution, Exp1};
+
+    #[derive(Clone, Copy, Hash)]
+    enum Ev {
+        Arrival,
+        Device(DeviceTimer),
+    }
+
+    struct Bench {
+        device: Device,
+        rng: StreamRng,
+        mean_gap_ns: f64,
+        bytes: u64,
+        submitted: Vec<SimTime>,
+        sojourn_ns: u128,
+        done: u64,
+        target: u64,
+        out: DeviceOutput,
+    }
+
+    impl Bench {
+        fn apply(&mut self, sched: &mut Scheduler<'_, Ev>) {
+            for &(t, timer) in &self.out.timers {
+                sched.at(t, Ev::Device(timer));
+            }
+            for c in &self.out.completed {
+                self.sojourn_ns += u128::from((sched.now() - self.submitted[c.op.0 as usize]).0);
+                self.done += 1;
+            }
+            self.out.clear();
+        }
+    }
+
+    impl Model for Bench {
+        type Event = Ev;
+        fn handle(&mut self, now: SimTime, ev: Ev, sched: &mut Scheduler<'_, Ev>) {
+            match ev {
+                Ev::Arrival => {
+                    let id = OpId(self.submitted.len() as u32);
+                    self.submitted.push(now);
+                    self.device.submit(now, id, OpKind::Read, self.bytes, 0, &mut self.out);
+                    if (self.submitted.len() as u64) < self.target {
+                        let gap: f64 = Exp1.sample(&mut self.rng);
+                        sched.after(SimDuration((gap * self.mean_gap_ns).round() as u64), Ev::Arrival);
+                    }
+                }
+                Ev::Device(t) => self.device.on_timer(now, t, &mut self.out),
+            }
+            self.apply(sched);
+        }
+        fn finished(&self) -> bool {
+            self.done == self.target
+        }
+    }
+
+    fn mean_sojourn_ms(rho: f64, ops: u64) -> f64 {
+        // 1 MB at 1 GB/s: E[S] = 1 ms.
+        let mut m = Bench {
+            device: Device::new(DeviceConfig {
+                bandwidth_bps: 1e9,
+                latency: SimDuration::ZERO,
+                concurrency: u32::MAX,
+                client_bandwidth_bps: None,
+            }),
+            rng: SeedTree::new(3).stream("arrivals"),
+            mean_gap_ns: 1e6 / rho,
+            bytes: 1_000_000,
+            submitted: Vec::new(),
+            sojourn_ns: 0,
+            done: 0,
+            target: ops,
+            out: DeviceOutput::default(),
+        };
+        let mut q = EventQueue::new();
+        q.push(SimTime::ZERO, Ev::Arrival);
+        run(&mut m, &mut q, None);
+        assert_eq!(m.device.stats().bytes_read, ops * 1_000_000, "bytes transferred equal bytes requested");
+        m.sojourn_ns as f64 / ops as f64 / 1e6
+    }
+
+    #[test]
+    fn mean_sojourn_matches_e_s_over_one_minus_rho_at_0_5() {
+        let got = mean_sojourn_ms(0.5, 200_000);
+        assert!((got - 2.0).abs() / 2.0 < 0.03, "mean sojourn {got:.4} ms vs 2 ms");
+    }
+
+    #[test]
+    fn mean_sojourn_matches_e_s_over_one_minus_rho_at_0_8() {
+        let got = mean_sojourn_ms(0.8, 1_000_000);
+        assert!((got - 5.0).abs() / 5.0 < 0.03, "mean sojourn {got:.4} ms vs 5 ms");
+    }
 }

@@ -24,7 +24,7 @@ fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2
         output_tokens_max = 4
         "#,
     );
-    let out = opal::simulate(&s);
+    let out = crate::run(&s);
     let r = &out.requests[0];
     // Llama-3.1-8B: L = 32, d = 4096, 8,030,261,248 parameters × 2 B, 131,072 KV B/token.
     // H100: 989.5 TFLOP/s, 3.3 TB/s. Opal's a = 4, b = 24.
@@ -62,12 +62,12 @@ fn same_scenario_and_seed_give_identical_summaries_and_event_digests() {
         prompt_size_min = 100
         prompt_size_max = 6000
     "#;
-    let a = opal::simulate(&scenario(text));
-    let b = opal::simulate(&scenario(text));
+    let a = crate::run(&scenario(text));
+    let b = crate::run(&scenario(text));
     assert_eq!(a.event_digest, b.event_digest);
     assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
     assert_eq!(a.requests, b.requests);
-    let other = opal::simulate(&scenario(&text.replace("seed = 7", "seed = 8")));
+    let other = crate::run(&scenario(&text.replace("seed = 7", "seed = 8")));
     assert_ne!(a.event_digest, other.event_digest, "a different seed must change the run");
 }
 
@@ -93,15 +93,21 @@ fn every_generated_request_completes_and_tokens_are_conserved() {
         total_requests = 50
         "#,
     );
-    let out = opal::simulate(&s);
+    let out = crate::run(&s);
     assert_eq!(out.summary.requests_generated, 350);
     assert_eq!(out.summary.requests_completed, 350);
     assert!(out.requests.iter().all(|r| r.completed));
-    // Every prompt token is computed at least once (more only after preemption).
+    // Every prompt token is either found cached or computed (computed again only after preemption).
     let prompts: u64 = out.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum();
-    assert!(out.summary.prefill_tokens_computed >= prompts);
+    let hits: u64 = out.requests.iter().map(|r| r.hit_tokens.iter().sum::<u64>()).sum();
+    assert!(hits > 0, "the stages share a 1024-token prefix");
+    assert!(
+        out.requests.iter().all(|r| r.hit_tokens.iter().sum::<u64>() < u64::from(r.prompt_tokens)),
+        "hits never cover the last token"
+    );
+    assert!(out.summary.prefill_tokens_computed + hits >= prompts);
     if out.summary.preemptions == 0 {
-        assert_eq!(out.summary.prefill_tokens_computed, prompts);
+        assert_eq!(out.summary.prefill_tokens_computed + hits, prompts);
     }
     // Time series counts add up to the totals.
     let generated: u64 = out.series.iter().map(|r| r.generated_tokens).sum();
@@ -128,7 +134,7 @@ fn simulation_time_stops_the_run_and_reports_unfinished_requests() {
         total_requests = -1
         "#,
     );
-    let out = opal::simulate(&s);
+    let out = crate::run(&s);
     assert_eq!(out.summary.sim_time_s, 5.0);
     // The run covers [0, 5 s): arrivals at 0, 0.02, …, 4.98 — 250 requests.
     assert_eq!(out.summary.requests_generated, 250);

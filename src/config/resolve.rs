@@ -3,14 +3,15 @@
 //! computed. Nothing downstream re-checks user input.
 
 use super::error::{ConfigError, closest};
-use super::from_table;
-use super::schema::{InferenceParams, NumberOrString, RateParams, SpecFile};
+use super::schema::{InferenceParams, KvcSection, NumberOrString, RateParams, SpecFile, TierParams, TraceParams};
+use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
 use crate::router::PolicyKind;
+use crate::storage::DeviceConfig;
 use crate::time::{SimDuration, SimTime};
 use crate::worker::perf::{LatencyTable, MixRule, PerfModel, Roofline, StepModel};
 use crate::worker::presets::{GpuSpec, ModelArch};
 use crate::worker::{SlotMode, WorkerConfig};
-use crate::workload::{ArrivalProcess, RateStage, StageConfig};
+use crate::workload::{ArrivalProcess, RateStage, StageConfig, StageKind, TraceStage};
 use std::path::Path;
 
 /// A validated scenario: everything one run needs.
@@ -36,6 +37,8 @@ pub struct Scenario {
     pub policy: PolicyKind,
     /// Workload stages.
     pub stages: Vec<StageConfig>,
+    /// KV-cache tiers.
+    pub kvc: KvcConfig,
 }
 
 struct Ctx<'a> {
@@ -102,9 +105,12 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         cx.err("router.router_params.policy", format!("unknown routing policy {p:?}"), hint).schema()
     })?;
 
-    let stages = resolve_stages(&cx, file)?;
-    let worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
-    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, policy, stages })
+    let stages = resolve_stages(&cx, file, base_dir)?;
+    let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
+    let kvc = resolve_kvc(&cx, file, &worker, &model)?;
+    worker.event_stride = kvc.chunk_blocks as u32;
+    worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
+    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, policy, stages, kvc })
 }
 
 fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<ModelArch, ConfigError> {
@@ -158,68 +164,242 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
     })
 }
 
-fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile) -> Result<Vec<StageConfig>, ConfigError> {
+fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<Vec<StageConfig>, ConfigError> {
     if file.workload.stages.is_empty() {
         return Err(cx.err("workload.stages", "no workload stages", "add at least one [[workload.stages]] table"));
     }
-    const TYPES: [&str; 2] = ["UniformReqRate", "ExponentialReqRate"];
+    const TYPES: [&str; 3] = ["UniformReqRate", "ExponentialReqRate", "Trace"];
     let global_limit = file.simulation.simulation_time > 0.0;
-    file.workload.stages.iter().enumerate().map(|(i, st)| {
-        let at = format!("workload.stages.{i}");
-        let arrival_of = |p: &RateParams| match st.kind.to_ascii_lowercase().as_str() {
-            "uniformreqrate" => Ok(ArrivalProcess::Uniform),
-            "exponentialreqrate" => Ok(ArrivalProcess::Exponential { jitter: p.jitter }),
-            _ => Err(cx.err(
-                &format!("{at}.type"),
-                format!("unknown workload type {:?}", st.kind),
-                match closest(&st.kind, TYPES) {
-                    Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
-                    None => format!("types: {}", TYPES.join(", ")),
-                },
-            )
-            .schema()),
+    file.workload
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, st)| {
+            let at = format!("workload.stages.{i}");
+            let params_at = format!("{at}.workload_params");
+            let key = |k: &str| format!("{params_at}.{k}");
+            let max_outstanding = |v: i64| match v {
+                -1 => Ok(None),
+                n => Ok(Some(u64::from(cx.at_least(&key("max_outstanding_requests"), n, 1)?))),
+            };
+            match st.kind.to_ascii_lowercase().as_str() {
+                kind @ ("uniformreqrate" | "exponentialreqrate") => {
+                    let p: RateParams = super::from_table(&st.workload_params, cx.source, &params_at)?;
+                    let arrival = if kind == "uniformreqrate" {
+                        ArrivalProcess::Uniform
+                    } else {
+                        ArrivalProcess::Exponential { jitter: p.jitter }
+                    };
+                    let rate = cx.positive(&key("request_rate"), p.request_rate)?;
+                    if !(0.0..=1.0).contains(&p.jitter) {
+                        return Err(cx.err(
+                            &key("jitter"),
+                            format!("must be between 0 and 1, got {}", p.jitter),
+                            "use 1 for Poisson arrivals, 0 for fixed gaps",
+                        ));
+                    }
+                    let prompt = (
+                        cx.at_least(&key("prompt_size_min"), p.prompt_size_min, 1)?,
+                        cx.at_least(&key("prompt_size_max"), p.prompt_size_max, 1)?,
+                    );
+                    if prompt.0 > prompt.1 {
+                        return Err(cx.err(
+                            &key("prompt_size_min"),
+                            format!("prompt_size_min ({}) is greater than prompt_size_max ({})", prompt.0, prompt.1),
+                            "make prompt_size_min ≤ prompt_size_max",
+                        ));
+                    }
+                    let output = (
+                        cx.at_least(&key("output_tokens_min"), p.output_tokens_min, 1)?,
+                        cx.at_least(&key("output_tokens_max"), p.output_tokens_max, 1)?,
+                    );
+                    if output.0 > output.1 {
+                        return Err(cx.err(
+                            &key("output_tokens_min"),
+                            format!("output_tokens_min ({}) is greater than output_tokens_max ({})", output.0, output.1),
+                            "make output_tokens_min ≤ output_tokens_max",
+                        ));
+                    }
+                    let shared_prefix = cx.at_least(&key("default_prefix_length"), p.default_prefix_length, 0)?;
+                    let time_limit = cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?;
+                    let total = (p.total_requests > 0).then_some(p.total_requests as u64);
+                    if total.is_none() && time_limit.is_none() && !global_limit {
+                        return Err(cx.err(
+                            &key("total_requests"),
+                            "this stage would never end: total_requests is unlimited and neither time_duration_sec nor simulation.simulation_time is set",
+                            "set total_requests > 0, time_duration_sec > 0, or simulation.simulation_time > 0",
+                        ));
+                    }
+                    Ok(StageConfig {
+                        kind: StageKind::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix }),
+                        time_limit,
+                        max_outstanding: max_outstanding(p.max_outstanding_requests)?,
+                    })
+                }
+                "trace" => {
+                    let p: TraceParams = super::from_table(&st.workload_params, cx.source, &params_at)?;
+                    if p.trace_file.is_empty() {
+                        return Err(cx.err(&key("trace_file"), "a Trace stage needs a trace file", "set trace_file = \"traces/…jsonl\" (relative to the spec)").schema());
+                    }
+                    let path = base_dir.join(&p.trace_file);
+                    if !path.is_file() {
+                        return Err(cx.err(&key("trace_file"), format!("{} does not exist", path.display()), "paths are relative to the spec file"));
+                    }
+                    let chunk_size = cx.at_least(&key("chunk_size"), p.chunk_size, 1)?;
+                    let multiplier_to_sec = cx.positive(&key("multiplier_to_sec"), p.multiplier_to_sec)?;
+                    let time_scale = cx.positive(&key("time_scale"), p.time_scale)?;
+                    if !(p.start_offset.is_finite() && p.start_offset >= 0.0) {
+                        return Err(cx.err(&key("start_offset"), format!("must be ≥ 0 seconds, got {}", p.start_offset), "use 0 to start at the stage start"));
+                    }
+                    let total = match p.total_requests {
+                        -1 => None,
+                        n if n >= 0 => Some(n as u64),
+                        n => return Err(cx.err(&key("total_requests"), format!("must be -1 (all) or ≥ 0, got {n}"), "use -1 to replay the whole file")),
+                    };
+                    Ok(StageConfig {
+                        kind: StageKind::Trace(TraceStage {
+                            path,
+                            chunk_size,
+                            multiplier_to_sec,
+                            time_scale,
+                            start_offset: p.start_offset,
+                            total,
+                            skip_bad_lines: p.skip_bad_lines,
+                        }),
+                        time_limit: cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?,
+                        max_outstanding: max_outstanding(p.max_outstanding_requests)?,
+                    })
+                }
+                _ => Err(cx
+                    .err(
+                        &format!("{at}.type"),
+                        format!("unknown workload type {:?}", st.kind),
+                        match closest(&st.kind, TYPES) {
+                            Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
+                            None => format!("types: {}", TYPES.join(", ")),
+                        },
+                    )
+                    .schema()),
+            }
+        })
+        .collect()
+}
+
+fn resolve_kvc(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    worker: &WorkerConfig,
+    model: &ModelArch,
+) -> Result<KvcConfig, ConfigError> {
+    let k: &KvcSection = &file.kvc;
+    let block = worker.block_size;
+    if k.chunk_size == 0 || u64::from(k.chunk_size) % block != 0 {
+        return Err(cx.err(
+            "kvc.chunk_size",
+            format!("{} is not a multiple of the block size ({block})", k.chunk_size),
+            format!("use a multiple of worker.vllm_params.block_size, e.g. {}", block * 16),
+        ));
+    }
+    let mut tiers: Vec<TierConfig> = Vec::new();
+    for (i, name) in k.kvc_tiers.iter().enumerate() {
+        let key = format!("kvc.kvc_tiers.{i}");
+        let tier = Tier::from_opal_name(name).ok_or_else(|| {
+            let names = ["CPUMemory", "LocalNVMe", "DistributedFS"];
+            let hint = match closest(name, names) {
+                Some(c) => format!("did you mean `{c}`? tiers: {}", names.join(", ")),
+                None => format!("tiers: {}", names.join(", ")),
+            };
+            cx.err(&key, format!("unknown tier {name:?}"), hint).schema()
+        })?;
+        if tiers.iter().any(|t| t.tier == tier) {
+            return Err(cx.err(&key, format!("{name} is listed twice"), "list each tier once, fastest first"));
+        }
+        let (p, defaults): (&TierParams, (f64, f64, u64, f64)) = match tier {
+            Tier::Cpu => (&k.CPUMemory, (50.0, 200.0, 1_000_000, 8.0)),
+            Tier::Nvme => (&k.LocalNVMe, (10.0, 10_000.0, 1_000, 1024.0)),
+            Tier::Dfs => (&k.DistributedFS, (100.0, 100_000.0, 1_000, 1_048_576.0)),
+            Tier::Gpu => unreachable!("not a kvc tier"),
         };
-        let params_at = format!("{at}.workload_params");
-        let p: RateParams = from_table(&st.workload_params, cx.source, &params_at)?;
-        let arrival = arrival_of(&p)?;
-        let key = |k: &str| format!("{params_at}.{k}");
-        let rate = cx.positive(&key("request_rate"), p.request_rate)?;
-        if !(0.0..=1.0).contains(&p.jitter) {
-            return Err(cx.err(&key("jitter"), format!("must be between 0 and 1, got {}", p.jitter), "use 1 for Poisson arrivals, 0 for fixed gaps"));
+        let at = |f: &str| format!("kvc.{}.{f}", tier.opal_name());
+        let bandwidth = cx.positive(&at("bandwidth_GBps"), p.bandwidth_GBps.unwrap_or(defaults.0))?;
+        let latency = p.latency_nsec.unwrap_or(defaults.1);
+        if !(latency.is_finite() && latency >= 0.0) {
+            return Err(cx.err(&at("latency_nsec"), format!("must be ≥ 0, got {latency}"), "use e.g. 200 for DRAM"));
         }
-        let prompt = (cx.at_least(&key("prompt_size_min"), p.prompt_size_min, 1)?, cx.at_least(&key("prompt_size_max"), p.prompt_size_max, 1)?);
-        if prompt.0 > prompt.1 {
-            return Err(cx.err(
-                &key("prompt_size_min"),
-                format!("prompt_size_min ({}) is greater than prompt_size_max ({})", prompt.0, prompt.1),
-                "make prompt_size_min ≤ prompt_size_max",
-            ));
+        let concurrency = p.concurrency.unwrap_or(defaults.2);
+        if concurrency == 0 {
+            return Err(cx.err(&at("concurrency"), "must be at least 1", "use e.g. 1000"));
         }
-        let output = (cx.at_least(&key("output_tokens_min"), p.output_tokens_min, 1)?, cx.at_least(&key("output_tokens_max"), p.output_tokens_max, 1)?);
-        if output.0 > output.1 {
-            return Err(cx.err(
-                &key("output_tokens_min"),
-                format!("output_tokens_min ({}) is greater than output_tokens_max ({})", output.0, output.1),
-                "make output_tokens_min ≤ output_tokens_max",
-            ));
+        let capacity = p.capacity_GB.unwrap_or(defaults.3);
+        if !(capacity.is_finite() && capacity >= 0.0) {
+            return Err(cx.err(&at("capacity_GB"), format!("must be ≥ 0 GiB, got {capacity}"), "use e.g. 64"));
         }
-        let shared_prefix = cx.at_least(&key("default_prefix_length"), p.default_prefix_length, 0)?;
-        let time_limit = cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?;
-        let total = (p.total_requests > 0).then_some(p.total_requests as u64);
-        let max_outstanding = match p.max_outstanding_requests {
-            -1 => None,
-            n => Some(u64::from(cx.at_least(&key("max_outstanding_requests"), n, 1)?)),
+        let eviction = match &p.eviction_policy {
+            None => EvictionPolicy::Lru,
+            Some(e) => EvictionPolicy::from_name(e).ok_or_else(|| {
+                cx.err(&at("eviction_policy"), format!("unknown eviction policy {e:?}"), "use lru, lfu or fifo")
+                    .schema()
+            })?,
         };
-        if total.is_none() && time_limit.is_none() && !global_limit {
-            return Err(cx.err(
-                &key("total_requests"),
-                "this stage would never end: total_requests is unlimited and neither time_duration_sec nor simulation.simulation_time is set",
-                "set total_requests > 0, time_duration_sec > 0, or simulation.simulation_time > 0",
-            ));
+        let client = match (tier, p.client_bandwidth_GBps) {
+            (_, None) => None,
+            (Tier::Dfs, Some(c)) => Some(cx.positive(&at("client_bandwidth_GBps"), c)? * 1e9),
+            (_, Some(_)) => {
+                return Err(cx.err(
+                    &at("client_bandwidth_GBps"),
+                    "a per-client link cap only applies to the shared DistributedFS",
+                    "remove it; a per-worker tier has one client",
+                ));
+            }
+        };
+        tiers.push(TierConfig {
+            tier,
+            device: DeviceConfig {
+                bandwidth_bps: bandwidth * 1e9,
+                latency: SimDuration::from_secs_f64(latency / 1e9),
+                concurrency: concurrency.min(u64::from(u32::MAX)) as u32,
+                client_bandwidth_bps: client,
+            },
+            capacity_bytes: (capacity * (1u64 << 30) as f64) as u64,
+            eviction,
+        });
+    }
+    let write_policy = match k.write_policy.to_ascii_lowercase().as_str() {
+        "write_through" => WritePolicy::WriteThrough,
+        "spill" => WritePolicy::Spill,
+        other => {
+            return Err(cx
+                .err("kvc.write_policy", format!("unknown write policy {other:?}"), "use write_through or spill")
+                .schema());
         }
-        Ok(StageConfig::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix, time_limit, max_outstanding }))
+    };
+    let write_mode = match k.write_mode.to_ascii_lowercase().as_str() {
+        "async" => WriteMode::Async,
+        "sync" => WriteMode::Sync,
+        other => {
+            return Err(cx
+                .err("kvc.write_mode", format!("unknown write mode {other:?}"), "use async or sync")
+                .schema());
+        }
+    };
+    let coalesce = file.worker.worker_params.kvcevent_coalesce_time;
+    if !(coalesce.is_finite() && coalesce >= 0.0) {
+        return Err(cx.err(
+            "worker.worker_params.kvcevent_coalesce_time",
+            format!("must be ≥ 0 seconds, got {coalesce}"),
+            "Opal's default is 30",
+        ));
+    }
+    Ok(KvcConfig {
+        tiers,
+        chunk_blocks: u64::from(k.chunk_size) / block,
+        save_unfull_chunk: k.save_unfull_chunk,
+        write_policy,
+        write_mode,
+        store_on_gpu_eviction: k.store_on_gpu_eviction,
+        block_bytes: block * model.kv_bytes_per_token(),
+        event_coalesce: SimDuration::from_secs_f64(coalesce),
     })
-    .collect()
 }
 
 fn parse_coefficient(cx: &Ctx<'_>, key: &str, v: &NumberOrString) -> Result<f64, ConfigError> {
@@ -379,6 +559,13 @@ fn resolve_worker(
             fit_hint,
         ));
     }
+    if !(v.apc_lru_ttl.is_finite() && v.apc_lru_ttl >= 0.0) {
+        return Err(cx.err(
+            &key("apc_lru_ttl"),
+            format!("must be ≥ 0 seconds, got {}", v.apc_lru_ttl),
+            "use 0 for plain LRU",
+        ));
+    }
     let chunked_prefill = v.chunked_prefill;
     let token_budget = if chunked_prefill { u64::from(budget) } else { model.max_model_len * u64::from(max_num_seqs) };
     Ok(WorkerConfig {
@@ -390,6 +577,10 @@ fn resolve_worker(
         io_slots,
         slot_mode,
         max_model_len: model.max_model_len,
+        prefix_caching: v.enable_prefix_caching,
+        apc_ttl: SimDuration::from_secs_f64(v.apc_lru_ttl),
+        event_stride: 1,
+        report_evictions: false,
         perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
     })
 }
@@ -414,8 +605,15 @@ mod tests {
         assert_eq!(s.worker.max_running, 256);
         assert_eq!(s.worker.token_budget, 8192);
         assert_eq!(s.worker.io_slots, 8);
-        let StageConfig::Rate(st) = &s.stages[0];
+        let StageKind::Rate(st) = &s.stages[0].kind else { panic!("rate stage expected") };
         assert_eq!((st.rate, st.total, st.prompt, st.output), (2.0, Some(100), (32, 16384), (32, 128)));
+        // Opal's kvc defaults: one CPU tier of 8 GiB at 50 GB/s, 256-token chunks.
+        assert_eq!(s.kvc.tiers.len(), 1);
+        assert_eq!(s.kvc.tiers[0].tier, Tier::Cpu);
+        assert_eq!(s.kvc.tiers[0].capacity_bytes, 8 << 30);
+        assert_eq!(s.kvc.tiers[0].device.bandwidth_bps, 50e9);
+        assert_eq!(s.kvc.chunk_blocks, 16);
+        assert!(s.worker.prefix_caching);
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct SpecFile {
     /// The vLLM-like workers.
     #[serde(default)]
     pub worker: WorkerSection,
+    /// The KV-cache tiers below the GPU.
+    #[serde(default)]
+    pub kvc: KvcSection,
 }
 
 /// `[sweep]`.
@@ -155,7 +158,7 @@ impl Default for WorkloadSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSection {
-    /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate.
+    /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate, Trace.
     #[serde(rename = "type")]
     pub kind: String,
     /// Parameters of that type (checked against the type's own keys).
@@ -208,10 +211,113 @@ impl Default for RateParams {
     }
 }
 
+/// `workload_params` of `Trace`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TraceParams {
+    /// Mooncake-format JSONL file, relative to the spec file.
+    pub trace_file: String,
+    /// Requests to replay; `-1` = the whole file.
+    pub total_requests: i64,
+    /// Tokens per hash id (Mooncake: 512).
+    pub chunk_size: i64,
+    /// Timestamp units to seconds (Mooncake timestamps are milliseconds: 0.001).
+    pub multiplier_to_sec: f64,
+    /// Factor on every arrival time (0.5 replays twice as fast).
+    pub time_scale: f64,
+    /// Seconds added to every arrival time.
+    pub start_offset: f64,
+    /// Skip malformed lines (they are counted) instead of failing the run.
+    pub skip_bad_lines: bool,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+    /// In-flight cap; `-1` = unlimited.
+    pub max_outstanding_requests: i64,
+}
+
+impl Default for TraceParams {
+    fn default() -> Self {
+        TraceParams {
+            trace_file: String::new(),
+            total_requests: -1,
+            chunk_size: 512,
+            multiplier_to_sec: 0.001,
+            time_scale: 1.0,
+            start_offset: 0.0,
+            skip_bad_lines: false,
+            time_duration_sec: -1.0,
+            max_outstanding_requests: -1,
+        }
+    }
+}
+
+/// `[kvc]`: the tiers below the GPU (LMCache-like), Opal's key names.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(non_snake_case)]
+pub struct KvcSection {
+    /// Tiers in lookup order: `CPUMemory`, `LocalNVMe` (per worker), `DistributedFS` (one for the cluster).
+    pub kvc_tiers: Vec<String>,
+    /// Tokens per stored chunk (a multiple of `worker.vllm_params.block_size`).
+    pub chunk_size: u32,
+    /// Also store a request's last, partial chunk.
+    pub save_unfull_chunk: bool,
+    /// `write_through` (every tier) or `spill` (the first tier; evicted chunks move down a tier).
+    pub write_policy: String,
+    /// `async` (completion does not wait for the writes) or `sync` (it does).
+    pub write_mode: String,
+    /// Also write a chunk to the first tier when the GPU cache evicts the block that ends it.
+    pub store_on_gpu_eviction: bool,
+    /// `[kvc.CPUMemory]` (defaults: 50 GB/s, 200 ns, concurrency 1,000,000, 8 GiB).
+    pub CPUMemory: TierParams,
+    /// `[kvc.LocalNVMe]` (defaults: 10 GB/s, 10 µs, concurrency 1,000, 1,024 GiB).
+    pub LocalNVMe: TierParams,
+    /// `[kvc.DistributedFS]` (defaults: 100 GB/s, 100 µs, concurrency 1,000, 1,048,576 GiB).
+    pub DistributedFS: TierParams,
+}
+
+impl Default for KvcSection {
+    fn default() -> Self {
+        KvcSection {
+            kvc_tiers: vec!["CPUMemory".into()],
+            chunk_size: 256,
+            save_unfull_chunk: true,
+            write_policy: "write_through".into(),
+            write_mode: "async".into(),
+            store_on_gpu_eviction: false,
+            CPUMemory: TierParams::default(),
+            LocalNVMe: TierParams::default(),
+            DistributedFS: TierParams::default(),
+        }
+    }
+}
+
+/// One tier's device and store; unset keys take the tier's defaults.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(non_snake_case)]
+pub struct TierParams {
+    /// Bandwidth, 10⁹ bytes/s (shared by every transfer on the device).
+    pub bandwidth_GBps: Option<f64>,
+    /// Latency per operation, nanoseconds.
+    pub latency_nsec: Option<f64>,
+    /// Operations in service at once.
+    pub concurrency: Option<u64>,
+    /// Capacity, GiB.
+    pub capacity_GB: Option<f64>,
+    /// `lru` (default), `lfu` or `fifo`.
+    pub eviction_policy: Option<String>,
+    /// DistributedFS only: each worker's link, 10⁹ bytes/s (max-min fair sharing).
+    pub client_bandwidth_GBps: Option<f64>,
+}
+
 /// `[worker]`.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSection {
+    /// `[worker.worker_params]`.
+    #[serde(default)]
+    pub worker_params: WorkerParams,
     /// `[worker.hw]`.
     #[serde(default)]
     pub hw: HwParams,
@@ -224,6 +330,20 @@ pub struct WorkerSection {
     /// `[worker.inference_params]`.
     #[serde(default)]
     pub inference_params: InferenceParams,
+}
+
+/// `[worker.worker_params]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerParams {
+    /// Seconds a worker gathers KV events before sending them to the router.
+    pub kvcevent_coalesce_time: f64,
+}
+
+impl Default for WorkerParams {
+    fn default() -> Self {
+        WorkerParams { kvcevent_coalesce_time: 30.0 }
+    }
 }
 
 /// `[worker.hw]`.
@@ -265,6 +385,10 @@ pub struct VllmParams {
     pub block_size: u32,
     /// Fraction of GPU memory vLLM may use (weights + KV blocks). Not in Opal (which uses 1.0); vLLM's default.
     pub gpu_memory_utilization: f64,
+    /// Automatic prefix caching: reuse resident KV blocks of earlier requests.
+    pub enable_prefix_caching: bool,
+    /// Seconds a cached block stays unevictable after its last use (0 = plain LRU).
+    pub apc_lru_ttl: f64,
 }
 
 impl Default for VllmParams {
@@ -276,6 +400,8 @@ impl Default for VllmParams {
             chunked_prefill: true,
             block_size: 16,
             gpu_memory_utilization: 0.9,
+            enable_prefix_caching: true,
+            apc_lru_ttl: 0.0,
         }
     }
 }

@@ -139,6 +139,8 @@ pub enum LatencyMetric {
     E2e,
     /// Arrival → first scheduled step.
     QueueWait,
+    /// Duration of a KV fetch from the tiers below the GPU (requests that had one).
+    KvFetch,
 }
 
 impl LatencyMetric {
@@ -154,6 +156,7 @@ impl LatencyMetric {
             LatencyMetric::Itl => "itl",
             LatencyMetric::E2e => "e2e",
             LatencyMetric::QueueWait => "queue_wait",
+            LatencyMetric::KvFetch => "kv_fetch",
         }
     }
 }
@@ -161,7 +164,7 @@ impl LatencyMetric {
 /// The latency histograms of a run, indexed by [`LatencyMetric`].
 #[derive(Clone, Debug, Default)]
 pub struct Latencies {
-    hists: [LatencyHistogram; 5],
+    hists: [LatencyHistogram; 6],
 }
 
 impl Latencies {
@@ -203,8 +206,47 @@ pub struct RequestRecord {
     pub tpot_s: Option<f64>,
     /// Preemptions suffered.
     pub preemptions: u32,
-    /// Whether it finished within the run.
+    /// Whether its response left the platform within the run.
     pub completed: bool,
+    /// Prompt tokens found cached, per tier (gpu, cpu, nvme, dfs).
+    pub hit_tokens: [u64; 4],
+    /// Bytes fetched per tier (gpu unused).
+    pub read_bytes: [u64; 4],
+    /// Duration of its KV fetch, seconds.
+    pub kv_fetch_s: Option<f64>,
+}
+
+/// KV-cache tiers over a run, indexed by `Tier::index` (gpu, cpu, nvme, dfs).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TierSummary {
+    /// Prompt tokens of the requests that were scheduled.
+    pub prompt_tokens: u64,
+    /// Of those, tokens found cached in each tier.
+    pub hit_tokens: [u64; 4],
+    /// Bytes read from each tier's devices.
+    pub bytes_read: [u64; 4],
+    /// Bytes written to each tier's devices.
+    pub bytes_written: [u64; 4],
+    /// Busy seconds of each tier's devices, summed over instances.
+    pub device_busy_s: [f64; 4],
+    /// Busy fraction of each tier's devices (mean over instances).
+    pub device_utilization: [f64; 4],
+}
+
+impl TierSummary {
+    /// Fraction of scheduled prompt tokens found in `tier`.
+    pub fn hit_ratio(&self, tier: crate::kvcache::Tier) -> f64 {
+        if self.prompt_tokens == 0 { 0.0 } else { self.hit_tokens[tier.index()] as f64 / self.prompt_tokens as f64 }
+    }
+
+    /// Fraction of scheduled prompt tokens found in any tier.
+    pub fn prefix_hit_ratio(&self) -> f64 {
+        if self.prompt_tokens == 0 {
+            0.0
+        } else {
+            self.hit_tokens.iter().sum::<u64>() as f64 / self.prompt_tokens as f64
+        }
+    }
 }
 
 /// The run summary: one row of the runs table.
@@ -214,6 +256,8 @@ pub struct RunSummary {
     pub requests_generated: u64,
     /// Requests completed.
     pub requests_completed: u64,
+    /// Requests rejected because prompt + output exceed the model's context length.
+    pub requests_rejected: u64,
     /// Requests still in flight when the run stopped.
     pub requests_incomplete: u64,
     /// Simulated seconds covered.
@@ -238,6 +282,8 @@ pub struct RunSummary {
     pub e2e_ms: LatencyStats,
     /// Queue wait, ms.
     pub queue_wait_ms: LatencyStats,
+    /// KV fetch time of requests that fetched, ms.
+    pub kv_fetch_ms: LatencyStats,
     /// Fraction of worker time spent computing steps.
     pub gpu_utilization: f64,
     /// Preemptions.
@@ -248,6 +294,12 @@ pub struct RunSummary {
     pub mean_requests_in_system: f64,
     /// Workers at the end of the run.
     pub workers: u32,
+    /// KV-cache tiers.
+    pub tiers: TierSummary,
+    /// KV events (stored/removed) the workers published.
+    pub kv_events: u64,
+    /// Malformed trace lines skipped.
+    pub trace_lines_skipped: u64,
 }
 
 /// A typed value of a summary column.
@@ -269,6 +321,7 @@ impl Default for RunSummary {
         RunSummary {
             requests_generated: 0,
             requests_completed: 0,
+            requests_rejected: 0,
             requests_incomplete: 0,
             sim_time_s: 0.0,
             events: 0,
@@ -281,11 +334,15 @@ impl Default for RunSummary {
             itl_ms: none,
             e2e_ms: none,
             queue_wait_ms: none,
+            kv_fetch_ms: none,
             gpu_utilization: 0.0,
             preemptions: 0,
             prefill_tokens_computed: 0,
             mean_requests_in_system: 0.0,
             workers: 0,
+            tiers: TierSummary::default(),
+            kv_events: 0,
+            trace_lines_skipped: 0,
         }
     }
 }
@@ -302,6 +359,7 @@ impl RunSummary {
         let mut c: Vec<(String, SummaryValue)> = vec![
             ("requests_generated".into(), Count(self.requests_generated)),
             ("requests_completed".into(), Count(self.requests_completed)),
+            ("requests_rejected".into(), Count(self.requests_rejected)),
             ("requests_incomplete".into(), Count(self.requests_incomplete)),
             ("sim_time_s".into(), Real(self.sim_time_s)),
             ("events".into(), Count(self.events)),
@@ -316,6 +374,7 @@ impl RunSummary {
             ("itl", &self.itl_ms),
             ("e2e", &self.e2e_ms),
             ("queue_wait", &self.queue_wait_ms),
+            ("kv_fetch", &self.kv_fetch_ms),
         ] {
             c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
         }
@@ -325,7 +384,20 @@ impl RunSummary {
             ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
             ("workers".into(), Count(u64::from(self.workers))),
+            ("prefix_hit_ratio".into(), Real(self.tiers.prefix_hit_ratio())),
         ]);
+        use crate::kvcache::Tier;
+        for t in Tier::ALL {
+            c.push((format!("hit_ratio_{}", t.short()), Real(self.tiers.hit_ratio(t))));
+        }
+        for t in &Tier::ALL[1..] {
+            let i = t.index();
+            c.push((format!("bytes_read_{}", t.short()), Count(self.tiers.bytes_read[i])));
+            c.push((format!("bytes_written_{}", t.short()), Count(self.tiers.bytes_written[i])));
+            c.push((format!("device_utilization_{}", t.short()), Real(self.tiers.device_utilization[i])));
+        }
+        c.push(("kv_events".into(), Count(self.kv_events)));
+        c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
         c
     }
 }

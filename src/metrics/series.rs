@@ -35,6 +35,11 @@ pub struct IntervalRow {
     pub gpu_busy_fraction: f64,
     /// Fraction of GPU KV blocks in use at the interval end, over all workers.
     pub gpu_kv_usage: f64,
+    /// Prompt tokens served from each cache tier (gpu, cpu, nvme, dfs), by
+    /// the requests whose first token came out in the interval.
+    pub hit_tokens: [u64; 4],
+    /// Bytes moved (read + written) by each tier's devices, counted when an operation completes.
+    pub tier_bytes: [u64; 4],
 }
 
 /// Gauges sampled at an interval boundary.
@@ -146,10 +151,22 @@ impl TimeSeries {
         row.generated_tokens += generated;
     }
 
-    /// A first token came out at `t` (in the open interval) with this TTFT.
-    pub fn on_first_token(&mut self, t: SimTime, ttft: SimDuration) {
+    /// A first token came out at `t` (in the open interval) with this TTFT,
+    /// for a request that found `hits` prompt tokens cached per tier.
+    pub fn on_first_token(&mut self, t: SimTime, ttft: SimDuration, hits: &[u64; 4]) {
         debug_assert_eq!(self.index(t), self.open, "first token outside the open interval");
         self.ttft_ms.push(ttft.0 as f64 / 1e6);
+        let i = self.index(t);
+        let row = self.row(i);
+        for (acc, h) in row.hit_tokens.iter_mut().zip(hits) {
+            *acc += h;
+        }
+    }
+
+    /// A device of `tier` finished moving `bytes` at `t`.
+    pub fn on_tier_bytes(&mut self, t: SimTime, tier: crate::kvcache::Tier, bytes: u64) {
+        let i = self.index(t);
+        self.row(i).tier_bytes[tier.index()] += bytes;
     }
 
     /// A worker was busy over [start, end) (reported once the span is over).
@@ -195,12 +212,13 @@ mod tests {
     fn ttft_percentiles_are_per_interval_nearest_rank() {
         let mut s = TimeSeries::new(SimDuration::from_secs(1));
         for ms in 1..=100 {
-            s.on_first_token(SimTime(10), SimDuration(ms * 1_000_000));
+            s.on_first_token(SimTime(10), SimDuration(ms * 1_000_000), &[ms, 0, 0, 1]);
         }
         s.close_interval(Gauges { active_workers: 1, ..Gauges::default() });
         s.on_completion(SimTime(1_200_000_000));
         let rows = s.finish(SimTime(1_500_000_000), Gauges { active_workers: 1, ..Gauges::default() });
         assert_eq!((rows[0].ttft_p50_ms, rows[0].ttft_p99_ms), (50.0, 99.0));
+        assert_eq!(rows[0].hit_tokens, [5050, 0, 0, 100]);
         assert!(rows[1].ttft_p50_ms.is_nan());
         assert_eq!(rows[1].requests_completed, 1);
         assert_eq!(rows[1].start_s, 1.0);

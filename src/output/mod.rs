@@ -22,6 +22,7 @@
 pub mod table;
 
 use crate::cluster::RunOutput;
+use crate::kvcache::Tier;
 use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, SummaryValue};
 use arrow_array::{Array, RecordBatch, RecordBatchReader, UInt32Array};
 use parquet::arrow::ArrowWriter;
@@ -194,7 +195,11 @@ impl TableSet {
                 c("active_workers", ColType::U32),
                 c("gpu_busy_fraction", ColType::F64),
                 c("gpu_kv_usage", ColType::F64),
-            ],
+            ]
+            .into_iter()
+            .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
+            .chain(Tier::ALL[1..].iter().map(|t| (format!("bytes_{}", t.short()), ColType::U64)))
+            .collect(),
             TableKind::Requests => vec![
                 c("run_id", ColType::U32),
                 c("request_id", ColType::U32),
@@ -210,7 +215,12 @@ impl TableSet {
                 c("tpot_s", ColType::F64),
                 c("preemptions", ColType::U32),
                 c("completed", ColType::Bool),
-            ],
+                c("kv_fetch_s", ColType::F64),
+            ]
+            .into_iter()
+            .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
+            .chain(Tier::ALL[1..].iter().map(|t| (format!("read_bytes_{}", t.short()), ColType::U64)))
+            .collect(),
         }
     }
 
@@ -258,9 +268,11 @@ impl TableSet {
                         active_workers,
                         gpu_busy_fraction,
                         gpu_kv_usage,
+                        hit_tokens,
+                        tier_bytes,
                     } = row;
                     let nan_null = |v: f64| if v.is_nan() { Cell::Null } else { Cell::F64(v) };
-                    b.push(&[
+                    let mut cells = vec![
                         id,
                         Cell::F64(*start_s),
                         Cell::U64(*requests_completed),
@@ -273,7 +285,10 @@ impl TableSet {
                         Cell::U32(*active_workers),
                         Cell::F64(*gpu_busy_fraction),
                         Cell::F64(*gpu_kv_usage),
-                    ]);
+                    ];
+                    cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
+                    cells.extend(tier_bytes[1..].iter().map(|&b| Cell::U64(b)));
+                    b.push(&cells);
                 }
             }
             TableKind::Requests => {
@@ -293,8 +308,11 @@ impl TableSet {
                         tpot_s,
                         preemptions,
                         completed,
+                        hit_tokens,
+                        read_bytes,
+                        kv_fetch_s,
                     } = q;
-                    b.push(&[
+                    let mut cells = vec![
                         id,
                         Cell::U32(*rid),
                         Cell::U32(*stage),
@@ -309,7 +327,11 @@ impl TableSet {
                         opt(*tpot_s),
                         Cell::U32(*preemptions),
                         Cell::Bool(*completed),
-                    ]);
+                        opt(*kv_fetch_s),
+                    ];
+                    cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
+                    cells.extend(read_bytes[1..].iter().map(|&b| Cell::U64(b)));
+                    b.push(&cells);
                 }
             }
         }

@@ -459,7 +459,9 @@ mod tests {
         let cols: Vec<(&str, ColType)> = p.tables.axis_columns.iter().map(|(n, t)| (n.as_str(), *t)).collect();
         assert_eq!(cols[0], ("router.router_params.policy", ColType::Str));
         assert_eq!(cols[1], ("simulation.num_workers", ColType::I64));
-        let crate::workload::StageConfig::Rate(s) = &p.points[1].scenario.as_ref().unwrap().stages[0];
+        let crate::workload::StageKind::Rate(s) = &p.points[1].scenario.as_ref().unwrap().stages[0].kind else {
+            panic!()
+        };
         assert_eq!(s.prompt, (100, 200), "zip values reach the scenario");
     }
 

@@ -137,7 +137,7 @@ pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 
 fn execute(run: RunPlan<'_>, opts: &RunOptions) -> RunResult {
     let started = Instant::now();
-    let outcome = run_scenario(&run).and_then(|s| isolate(|| crate::simulate_with(&s, opts)));
+    let outcome = run_scenario(&run).and_then(|s| isolate(|| crate::simulate_with(&s, opts)).and_then(|r| r));
     RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64())
 }
 

@@ -17,17 +17,31 @@
 //! [`DecodeGroup`] advances them arithmetically from the worker's step counter,
 //! so a decode step costs O(1) plus O(log n) per completion.
 //!
+//! KV blocks come from a [`PrefixCache`]: with automatic prefix caching a
+//! request admitted without fetched KV first takes the longest resident
+//! prefix of its block hashes (at most `(T − 1) / block_size` blocks, since
+//! the last token is always computed); computed full blocks are registered as
+//! soon as their prefill chunk ends, output blocks when the request finishes;
+//! a finished or preempted request's blocks stay cached and evictable.
+//!
 //! Slots (Opal's I/O and GPU slots): a request needs an I/O slot to move from
-//! the worker's intake queue to the ready queue (its KV fetch happens under
-//! that slot). In `pipelined` mode it returns the slot when the fetch ends; in
+//! the worker's intake queue to the ready queue (its KV fetch from the tiers
+//! below the GPU, run by the cluster, happens under that slot). In
+//! `pipelined` mode it returns the slot when the fetch ends; in
 //! `single_stage` mode it keeps it until it finishes, so at most
 //! `min(io_slots, gpu_slots)` requests are in processing.
+//!
+//! Liveness: when nothing is running, a request that already holds its
+//! fetched blocks may be admitted ahead of a head of queue that does not fit,
+//! and the cache's TTL protection yields, so a worker never stalls on memory
+//! it could free.
 
 pub mod perf;
 pub mod presets;
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
+use crate::kvcache::{PrefixCache, Tier};
 use crate::request::Request;
 use crate::time::{SimDuration, SimTime};
 use perf::{PerfModel, PrefillChunk, StepWork};
@@ -62,6 +76,14 @@ pub struct WorkerConfig {
     pub slot_mode: SlotMode,
     /// Longest sequence (prompt + output) a request may have.
     pub max_model_len: u64,
+    /// Automatic prefix caching on the GPU.
+    pub prefix_caching: bool,
+    /// Time a cached block stays unevictable after its last use.
+    pub apc_ttl: SimDuration,
+    /// KV events (and eviction reports) are made for blocks ending a chunk of this many blocks.
+    pub event_stride: u32,
+    /// Report evicted chunk-ending blocks (for write-back to the tiers).
+    pub report_evictions: bool,
     /// Step-time model.
     pub perf: PerfModel,
 }
@@ -70,6 +92,12 @@ impl WorkerConfig {
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: u64) -> u64 {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// Most leading blocks of a `num_tokens`-token sequence that may come
+    /// from a cache (its last token is always computed).
+    pub fn max_hit_blocks(&self, num_tokens: u64) -> usize {
+        (num_tokens.saturating_sub(1) / self.block_size) as usize
     }
 }
 
@@ -84,7 +112,8 @@ pub struct StepOutcome {
     pub first_tokens: Vec<RequestId>,
     /// Inter-token gaps of recomputed (previously preempted) requests that produced a token.
     pub resumed_gaps: Vec<SimDuration>,
-    /// Requests that produced their last token.
+    /// Requests that produced their last token (their blocks are released;
+    /// `computed` still says how many tokens they held).
     pub completed: Vec<RequestId>,
     /// Prompt tokens computed (prefill work, including recomputation).
     pub prompt_tokens: u64,
@@ -124,7 +153,7 @@ pub struct Worker {
     prefilling: Vec<RequestId>,
     decode: DecodeGroup,
     io_in_use: u32,
-    free_blocks: u64,
+    cache: PrefixCache,
     step: Option<Step>,
     version: Version,
     step_index: u64,
@@ -134,11 +163,16 @@ pub struct Worker {
     busy: SimDuration,
     steps: u64,
     preemptions: u64,
+    /// The ready head that did not fit, and the cache epoch then: it is not
+    /// retried until memory was freed.
+    blocked_head: Option<(RequestId, u64)>,
 }
 
 impl Worker {
     /// An idle worker with an empty block pool.
     pub fn new(id: WorkerId, cfg: &WorkerConfig) -> Worker {
+        let mut cache = PrefixCache::new(cfg.total_blocks, cfg.prefix_caching, cfg.apc_ttl);
+        cache.record(true, cfg.report_evictions, cfg.event_stride);
         Worker {
             id,
             intake: VecDeque::new(),
@@ -146,7 +180,7 @@ impl Worker {
             prefilling: Vec::new(),
             decode: DecodeGroup::new(cfg.block_size),
             io_in_use: 0,
-            free_blocks: cfg.total_blocks,
+            cache,
             step: None,
             version: Version::default(),
             step_index: 0,
@@ -156,6 +190,7 @@ impl Worker {
             busy: SimDuration::ZERO,
             steps: 0,
             preemptions: 0,
+            blocked_head: None,
         }
     }
 
@@ -174,9 +209,14 @@ impl Worker {
         self.prefilling.len() + self.decode.len()
     }
 
-    /// KV blocks in use.
-    pub fn used_blocks(&self, cfg: &WorkerConfig) -> u64 {
-        cfg.total_blocks - self.free_blocks
+    /// KV blocks in use (neither free nor cached-evictable).
+    pub fn used_blocks(&self) -> u64 {
+        self.cache.used()
+    }
+
+    /// The GPU prefix cache (the cluster allocates fetch targets in it and drains its events).
+    pub fn cache_mut(&mut self) -> &mut PrefixCache {
+        &mut self.cache
     }
 
     /// Start of the step in flight, if any.
@@ -199,39 +239,56 @@ impl Worker {
         self.preemptions
     }
 
-    /// Accepts a routed request. Returns the end time and version stamp of a
-    /// newly planned step if the worker was idle and can start one.
-    pub fn enqueue(
-        &mut self,
-        now: SimTime,
-        id: RequestId,
-        reqs: &mut [Request],
-        cfg: &WorkerConfig,
-    ) -> Option<(SimTime, u32)> {
+    /// Accepts a routed request into the intake queue.
+    pub fn enqueue(&mut self, id: RequestId) {
         self.intake.push_back(id);
-        self.pump_io_slots(reqs, cfg);
-        if self.step.is_none() { self.plan_step(now, reqs, cfg) } else { None }
     }
 
-    /// Moves requests from intake to ready while I/O slots are free. (The KV
-    /// fetch that happens under the slot is instantaneous until tiers exist.)
-    fn pump_io_slots(&mut self, reqs: &mut [Request], cfg: &WorkerConfig) {
-        while self.io_in_use < cfg.io_slots {
-            let Some(id) = self.intake.pop_front() else { break };
-            match cfg.slot_mode {
-                SlotMode::Pipelined => {}
-                SlotMode::SingleStage => {
-                    self.io_in_use += 1;
-                    reqs[id.index()].seq.holds_io_slot = true;
-                }
-            }
-            self.ready.push_back(id);
+    /// The request waiting longest for an I/O slot, if a slot is free.
+    pub fn next_for_io(&self, cfg: &WorkerConfig) -> Option<RequestId> {
+        if self.io_in_use < cfg.io_slots { self.intake.front().copied() } else { None }
+    }
+
+    /// Gives the intake head (`id`) an I/O slot; call [`Self::io_done`] when its fetch (if any) ends.
+    pub fn begin_io(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let head = self.intake.pop_front();
+        debug_assert_eq!(head, Some(id), "I/O starts for the intake head");
+        self.io_in_use += 1;
+        reqs[id.index()].seq.holds_io_slot = true;
+    }
+
+    /// The request's KV is in GPU memory: it joins the ready queue (and, in
+    /// pipelined mode, returns its I/O slot).
+    pub fn io_done(&mut self, id: RequestId, reqs: &mut [Request], cfg: &WorkerConfig) {
+        if cfg.slot_mode == SlotMode::Pipelined {
+            self.release_io_slot(id, reqs);
+        }
+        self.ready.push_back(id);
+    }
+
+    /// The request's KV fetch finished (its blocks were allocated and its
+    /// `computed` set when it started): the fetched blocks join the prefix
+    /// cache and the request becomes ready.
+    pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        self.register_blocks(id, now, reqs, cfg);
+        self.io_done(id, reqs, cfg);
+    }
+
+    fn release_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let seq = &mut reqs[id.index()].seq;
+        if seq.holds_io_slot {
+            seq.holds_io_slot = false;
+            self.io_in_use -= 1;
         }
     }
 
+    /// Plans a step at `now` if the worker is idle and has work; returns its end and stamp.
+    pub fn try_start(&mut self, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) -> Option<(SimTime, u32)> {
+        if self.step.is_some() { None } else { self.plan_step(now, reqs, cfg) }
+    }
+
     /// Ends the step stamped `version` at `now`, fills `out` with what it
-    /// produced, and plans the next step. Returns `None` in `Ok` position
-    /// when the event is stale; otherwise the next step's end and stamp, if any.
+    /// produced, and plans the next step (its end and stamp, if any).
     pub fn finish_step(
         &mut self,
         now: SimTime,
@@ -255,9 +312,7 @@ impl Worker {
         out.generated_tokens += step.decodes;
         self.decode.advance();
         while let Some(id) = self.decode.pop_finished(s, reqs) {
-            let r = &mut reqs[id.index()];
-            let computed = r.seq.computed;
-            self.complete(now, id, computed, reqs, cfg, out);
+            self.complete(now, id, reqs, cfg, out);
         }
 
         // Prefill chunks.
@@ -268,6 +323,8 @@ impl Worker {
             r.seq.computed = chunk.end;
             r.prefill_tokens_computed += n;
             out.prompt_tokens += n;
+            self.register_blocks(id, now, reqs, cfg);
+            let r = &mut reqs[id.index()];
             if r.seq.computed < r.seq.num_tokens {
                 continue;
             }
@@ -283,8 +340,7 @@ impl Worker {
             }
             r.seq.last_token_at = now;
             if r.seq.generated >= u64::from(r.output_tokens) {
-                let computed = r.seq.computed;
-                self.complete(now, id, computed, reqs, cfg, out);
+                self.complete(now, id, reqs, cfg, out);
             } else {
                 self.decode.join(id, s + 1, reqs);
             }
@@ -296,27 +352,43 @@ impl Worker {
         chunks.clear();
         self.chunks = chunks;
         self.step_index += 1;
-        self.pump_io_slots(reqs, cfg);
         Ok(self.plan_step(now, reqs, cfg))
     }
 
-    /// Frees a finished request's blocks and slot.
+    /// Registers the request's newly computed full blocks in the prefix cache.
+    fn register_blocks(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        let r = &mut reqs[id.index()];
+        let full = ((r.seq.computed / cfg.block_size) as usize).min(r.blocks.len());
+        let from = r.seq.registered as usize;
+        if from < full && self.cache.enabled() {
+            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, now);
+            r.seq.registered = full as u64;
+        }
+    }
+
+    /// Returns every block the request holds to the pool (cached ones stay evictable).
+    fn release_blocks(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        let r = &mut reqs[id.index()];
+        self.cache.release(r.seq.path, now);
+        self.cache.free_private(cfg.blocks_for(r.seq.computed) - r.seq.registered);
+        r.seq.path = crate::kvcache::Path::NONE;
+        r.seq.registered = 0;
+    }
+
+    /// A request produced its last token: its output blocks are cached and
+    /// all its blocks and its slot released.
     fn complete(
         &mut self,
         now: SimTime,
         id: RequestId,
-        computed: u64,
         reqs: &mut [Request],
         cfg: &WorkerConfig,
         out: &mut StepOutcome,
     ) {
-        let r = &mut reqs[id.index()];
-        r.finished = Some(now);
-        self.free_blocks += cfg.blocks_for(computed);
-        if r.seq.holds_io_slot {
-            r.seq.holds_io_slot = false;
-            self.io_in_use -= 1;
-        }
+        reqs[id.index()].finished = Some(now);
+        self.register_blocks(id, now, reqs, cfg);
+        self.release_blocks(id, now, reqs, cfg);
+        self.release_io_slot(id, reqs);
         out.completed.push(id);
     }
 
@@ -330,8 +402,8 @@ impl Worker {
         // 1. Decoding sequences: one token each; blocks for those crossing a block boundary.
         loop {
             let need = self.decode.blocks_needed(s);
-            if need <= self.free_blocks {
-                self.free_blocks -= need;
+            if self.cache.can_allocate(need, now, false) {
+                self.cache.allocate(need, now, false);
                 break;
             }
             let victim =
@@ -348,12 +420,12 @@ impl Worker {
             let seq = reqs[id.index()].seq;
             let chunk = (seq.num_tokens - seq.computed).min(budget);
             let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
-            if need > self.free_blocks {
+            if !self.cache.can_allocate(need, now, false) {
                 let victim = self.least_work_victim(i, s, reqs, false).expect("the requester itself is a candidate");
                 self.preempt(now, victim, s, reqs, cfg);
                 continue; // re-examine position i (the requester, or whoever moved there)
             }
-            self.free_blocks -= need;
+            self.cache.allocate(need, now, false);
             self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
             budget -= chunk;
             i += 1;
@@ -361,28 +433,8 @@ impl Worker {
 
         // 3. Admit waiting requests in FIFO order — unless this step preempted
         //    someone (vLLM v1 does not admit in a step that had to preempt).
-        let admit = self.preemptions == preempted_before;
-        while admit && self.running() < cfg.max_running as usize && budget > 0 {
-            let Some(&id) = self.ready.front() else { break };
-            let seq = reqs[id.index()].seq;
-            let remaining = seq.num_tokens - seq.computed;
-            let chunk = remaining.min(budget);
-            if !cfg.chunked_prefill && chunk < remaining {
-                break;
-            }
-            let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
-            if need > self.free_blocks {
-                break;
-            }
-            self.ready.pop_front();
-            self.free_blocks -= need;
-            let r = &mut reqs[id.index()];
-            r.seq.admit_seq = self.admit_counter;
-            self.admit_counter += 1;
-            r.first_scheduled.get_or_insert(now);
-            self.prefilling.push(id);
-            self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
-            budget -= chunk;
+        if self.preemptions == preempted_before {
+            self.admit(now, &mut budget, reqs, cfg);
         }
 
         if decodes == 0 && self.chunks.is_empty() {
@@ -397,8 +449,78 @@ impl Worker {
         Some((end, self.version.bump()))
     }
 
+    /// Admits ready requests while sequences, budget and blocks last. A
+    /// request admitted without fetched KV first takes its longest cached
+    /// prefix. The queue is FIFO; only when nothing runs may requests that
+    /// already hold their blocks overtake a head that does not fit.
+    fn admit(&mut self, now: SimTime, budget: &mut u64, reqs: &mut [Request], cfg: &WorkerConfig) {
+        let idle = self.running() == 0;
+        let mut pos = 0;
+        if !idle
+            && let (Some(&head), Some((blocked, epoch))) = (self.ready.front(), self.blocked_head)
+            && head == blocked
+            && epoch == self.cache.epoch()
+            && cfg.apc_ttl.0 == 0
+        {
+            return; // nothing was freed since the head last failed to fit
+        }
+        while self.running() < cfg.max_running as usize && *budget > 0 && pos < self.ready.len() {
+            let id = self.ready[pos];
+            let r = &mut reqs[id.index()];
+            let mut hit = 0;
+            if r.seq.computed == 0 && r.seq.registered == 0 {
+                let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
+                hit = self.cache.lookup(&r.blocks[..max]);
+                // Taking the hit blocks can only shrink what is allocatable, so
+                // a request that does not fit now is not worth taking them for.
+                let c = hit as u64 * cfg.block_size;
+                let chunk = (r.seq.num_tokens - c).min(*budget);
+                if !self.cache.can_allocate(cfg.blocks_for(c + chunk) - hit as u64, now, idle) {
+                    if !idle {
+                        self.blocked_head = Some((id, self.cache.epoch()));
+                        break;
+                    }
+                    pos += 1;
+                    continue;
+                }
+                r.seq.path = self.cache.acquire(&r.blocks, hit, now);
+                r.seq.registered = hit as u64;
+                r.seq.computed = c;
+            }
+            let seq = r.seq;
+            let remaining = seq.num_tokens - seq.computed;
+            let chunk = remaining.min(*budget);
+            let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
+            let fits = (cfg.chunked_prefill || chunk == remaining) && self.cache.can_allocate(need, now, idle);
+            if !fits {
+                if hit > 0 {
+                    self.release_blocks(id, now, reqs, cfg);
+                    reqs[id.index()].seq.computed = 0;
+                }
+                if !idle {
+                    self.blocked_head = Some((id, self.cache.epoch()));
+                    break;
+                }
+                pos += 1; // nothing runs: let a request that holds its blocks go first
+                continue;
+            }
+            self.ready.remove(pos);
+            self.cache.allocate(need, now, idle);
+            let r = &mut reqs[id.index()];
+            r.seq.admit_seq = self.admit_counter;
+            self.admit_counter += 1;
+            if r.first_scheduled.is_none() {
+                r.first_scheduled = Some(now);
+                r.hit_tokens[Tier::Gpu.index()] += hit as u64 * cfg.block_size;
+            }
+            self.prefilling.push(id);
+            self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
+            *budget -= chunk;
+        }
+    }
+
     /// The running request with the least work done (fewest computed tokens;
-    /// ties: latest admitted) among the prefilling requests from position
+    /// ties: the latest admitted) among the prefilling requests from position
     /// `from` on and, if `with_decoders`, every decoding request.
     fn least_work_victim(&self, from: usize, s: u64, reqs: &[Request], with_decoders: bool) -> Option<RequestId> {
         let key = |id: RequestId, computed: u64| (computed, Reverse(reqs[id.index()].seq.admit_seq));
@@ -414,19 +536,18 @@ impl Worker {
 
     /// Preempts `id` by recompute before step `s`.
     fn preempt(&mut self, now: SimTime, id: RequestId, s: u64, reqs: &mut [Request], cfg: &WorkerConfig) {
-        let computed = if reqs[id.index()].seq.decode.active {
+        if reqs[id.index()].seq.decode.active {
             let (computed, generated) = self.decode.leave(id, s, reqs);
             let seq = &mut reqs[id.index()].seq;
+            seq.computed = computed;
             seq.generated = generated;
             seq.num_tokens = computed + 1;
             seq.last_token_at = now;
-            computed
         } else {
             let pos = self.prefilling.iter().position(|&p| p == id).expect("victim is running");
             self.prefilling.remove(pos);
-            reqs[id.index()].seq.computed
-        };
-        self.free_blocks += cfg.blocks_for(computed);
+        }
+        self.release_blocks(id, now, reqs, cfg);
         let r = &mut reqs[id.index()];
         r.seq.computed = 0;
         r.preemptions += 1;
@@ -569,6 +690,7 @@ mod tests {
     use super::perf::{MixRule, Roofline, StepModel};
     use super::*;
     use crate::ids::StageId;
+    use crate::kvcache::{Content, block_hashes, content_id};
 
     /// Toy roofline: L = 1, d = 10, a = 0, b = 1, 1e6 FLOP/s → prefill of k new
     /// tokens = k·100/1e6 s = 100 µs per token; decode = (1000 B weights +
@@ -583,6 +705,10 @@ mod tests {
             io_slots: 8,
             slot_mode: SlotMode::Pipelined,
             max_model_len: 10_000,
+            prefix_caching: true,
+            apc_ttl: SimDuration::ZERO,
+            event_stride: 16,
+            report_evictions: false,
             perf: PerfModel {
                 model: StepModel::Roofline(Roofline {
                     layers: 1.0,
@@ -599,15 +725,46 @@ mod tests {
         }
     }
 
-    fn arena(specs: &[(u32, u32)]) -> Vec<Request> {
+    /// Requests `(prompt, output)` with unique content (content key `key + i`), hashed.
+    fn arena_keyed(specs: &[(u32, u32)], key: impl Fn(usize) -> u64) -> Vec<Request> {
         specs
             .iter()
             .enumerate()
-            .map(|(i, &(p, o))| Request::new(RequestId(i as u32), StageId(0), SimTime::ZERO, p, o, 0))
+            .map(|(i, &(p, o))| {
+                let mut content = Content::default();
+                content.push(content_id("test", key(i)), p);
+                let mut r = Request::new(RequestId(i as u32), StageId(0), SimTime::ZERO, p, o, content);
+                block_hashes(&r.full_content(), 16, usize::MAX, &mut r.blocks);
+                r
+            })
             .collect()
     }
 
-    /// Runs the worker's steps to completion; returns (end time, outcomes' decodes per step).
+    fn arena(specs: &[(u32, u32)]) -> Vec<Request> {
+        arena_keyed(specs, |i| i as u64)
+    }
+
+    /// What the cluster does without tiers: I/O slots are instantaneous.
+    fn pump(w: &mut Worker, reqs: &mut [Request], cfg: &WorkerConfig) {
+        while let Some(id) = w.next_for_io(cfg) {
+            w.begin_io(id, reqs);
+            w.io_done(id, reqs, cfg);
+        }
+    }
+
+    fn submit(
+        w: &mut Worker,
+        now: SimTime,
+        id: u32,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+    ) -> Option<(SimTime, u32)> {
+        w.enqueue(RequestId(id));
+        pump(w, reqs, cfg);
+        w.try_start(now, reqs, cfg)
+    }
+
+    /// Runs the worker's steps to completion; returns (end time, decodes) per step.
     fn drain(
         w: &mut Worker,
         mut next: Option<(SimTime, u32)>,
@@ -619,6 +776,10 @@ mod tests {
         while let Some((t, v)) = next {
             next = w.finish_step(t, v, reqs, cfg, &mut out).expect("current step");
             log.push((t, out.decodes));
+            pump(w, reqs, cfg);
+            if next.is_none() {
+                next = w.try_start(t, reqs, cfg);
+            }
         }
         log
     }
@@ -628,12 +789,12 @@ mod tests {
         let cfg = toy(1000, 8);
         let mut reqs = arena(&[(20, 3), (30, 3), (50, 3)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
-        let first = w.enqueue(SimTime::ZERO, RequestId(0), &mut reqs, &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
         // Step 0 prefills request 0 alone (it is the only one queued when the worker was idle):
         // prefill 20 × 100 µs = 2 ms; decode part = 1 ms weights; max → 2 ms.
         assert_eq!(first.unwrap().0, SimTime(2_000_000));
-        assert!(w.enqueue(SimTime::ZERO, RequestId(1), &mut reqs, &cfg).is_none());
-        assert!(w.enqueue(SimTime::ZERO, RequestId(2), &mut reqs, &cfg).is_none());
+        assert!(submit(&mut w, SimTime::ZERO, 1, &mut reqs, &cfg).is_none());
+        assert!(submit(&mut w, SimTime::ZERO, 2, &mut reqs, &cfg).is_none());
         let log = drain(&mut w, first, &mut reqs, &cfg);
         // Step 1 (from 2 ms): request 0 decodes (context 20) and requests 1, 2 prefill 80 tokens:
         //   prefill 80 × 100 µs = 8 ms; decode 1 ms + 20 × 10 µs = 1.2 ms → 8 ms; ends at 10 ms.
@@ -649,7 +810,7 @@ mod tests {
         assert_eq!(reqs[1].first_token, Some(SimTime(10_000_000)));
         assert_eq!(reqs[2].finished, Some(SimTime(13_830_000)));
         assert!(reqs.iter().all(|r| r.seq.generated == u64::from(r.output_tokens)));
-        assert_eq!(w.used_blocks(&cfg), 0, "every block is returned");
+        assert_eq!(w.used_blocks(), 0, "every block is returned (cached ones stay evictable)");
     }
 
     #[test]
@@ -658,7 +819,7 @@ mod tests {
         cfg.token_budget = 400;
         let mut reqs = arena(&[(1000, 1)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
-        let first = w.enqueue(SimTime::ZERO, RequestId(0), &mut reqs, &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
         let log = drain(&mut w, first, &mut reqs, &cfg);
         // Chunks of 400, 400, 200 tokens: 40 ms, 40 ms, 20 ms; the last emits the only token.
         assert_eq!(log.iter().map(|l| l.0.0).collect::<Vec<_>>(), vec![40_000_000, 80_000_000, 100_000_000]);
@@ -670,11 +831,12 @@ mod tests {
     fn preemption_by_recompute_when_blocks_run_out_and_both_requests_finish() {
         // 5 blocks of 16 tokens = 80 token slots. Two requests of 16 prompt + 40 output
         // each need 4 blocks at the end (55 KV tokens): 8 > 5, so one must be preempted.
-        let cfg = toy(5, 8);
+        let mut cfg = toy(5, 8);
+        cfg.prefix_caching = false;
         let mut reqs = arena(&[(16, 40), (16, 40)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
-        let first = w.enqueue(SimTime::ZERO, RequestId(0), &mut reqs, &cfg);
-        assert!(w.enqueue(SimTime::ZERO, RequestId(1), &mut reqs, &cfg).is_none());
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        assert!(submit(&mut w, SimTime::ZERO, 1, &mut reqs, &cfg).is_none());
         drain(&mut w, first, &mut reqs, &cfg);
         assert!(w.preemptions() >= 1);
         // Request 1 was admitted later and had less work done, so it is the victim.
@@ -685,7 +847,40 @@ mod tests {
         }
         // The victim recomputed its prompt plus the tokens it had generated.
         assert!(reqs[1].prefill_tokens_computed > 16);
-        assert_eq!(w.used_blocks(&cfg), 0);
+        assert_eq!(w.used_blocks(), 0);
+    }
+
+    #[test]
+    fn a_second_request_with_the_same_prompt_prefills_only_past_the_cached_prefix() {
+        // Both prompts are 100 tokens of the same content: 6 full blocks (96 tokens).
+        let cfg = toy(1000, 8);
+        let mut reqs = arena_keyed(&[(100, 2), (100, 2)], |_| 7);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        drain(&mut w, first, &mut reqs, &cfg);
+        let t = reqs[0].finished.unwrap();
+        let second = submit(&mut w, t, 1, &mut reqs, &cfg);
+        drain(&mut w, second, &mut reqs, &cfg);
+        // The first computed all 100 prompt tokens; the second reuses 6 blocks and computes 4.
+        assert_eq!(reqs[0].prefill_tokens_computed, 100);
+        assert_eq!(reqs[1].prefill_tokens_computed, 4);
+        assert_eq!(reqs[1].hit_tokens[Tier::Gpu.index()], 96);
+        // Its prefill step: 4 tokens × 100 µs = 0.4 ms < 1 ms of weights → 1 ms.
+        assert_eq!(reqs[1].first_token.unwrap() - t, SimDuration(1_000_000));
+    }
+
+    #[test]
+    fn a_fully_cached_prompt_still_computes_its_last_token() {
+        let cfg = toy(1000, 8);
+        // 64-token prompts: 4 full blocks, but at most (64 − 1) / 16 = 3 may hit.
+        let mut reqs = arena_keyed(&[(64, 1), (64, 1)], |_| 9);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        drain(&mut w, first, &mut reqs, &cfg);
+        let second = submit(&mut w, reqs[0].finished.unwrap(), 1, &mut reqs, &cfg);
+        drain(&mut w, second, &mut reqs, &cfg);
+        assert_eq!(reqs[1].hit_tokens[Tier::Gpu.index()], 48);
+        assert_eq!(reqs[1].prefill_tokens_computed, 16);
     }
 
     #[test]
@@ -710,9 +905,9 @@ mod tests {
         cfg.slot_mode = SlotMode::SingleStage;
         let mut reqs = arena(&[(10, 50), (10, 50), (10, 50), (10, 50)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
-        let first = w.enqueue(SimTime::ZERO, RequestId(0), &mut reqs, &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
         for i in 1..4 {
-            w.enqueue(SimTime::ZERO, RequestId(i), &mut reqs, &cfg);
+            submit(&mut w, SimTime::ZERO, i, &mut reqs, &cfg);
         }
         // After the first step both slot holders run; the others wait in intake.
         let mut out = StepOutcome::default();

@@ -16,7 +16,12 @@
 //! draws, so changing the rate rescales arrival times without changing the
 //! request sizes (common random numbers across grid points).
 
+mod trace;
+
+pub use trace::{TraceReader, TraceRequest, TraceStage, sequential_hits};
+
 use crate::ids::StageId;
+use crate::kvcache::{Content, content_id};
 use crate::rng::{SeedTree, StreamRng};
 use crate::time::{SimDuration, SimTime};
 use rand::RngExt;
@@ -49,30 +54,40 @@ pub struct RateStage {
     pub output: (u32, u32),
     /// Leading tokens shared by every request of the stage (capped at the prompt).
     pub shared_prefix: u32,
+}
+
+/// What generates a stage's requests.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StageKind {
+    /// `UniformReqRate` or `ExponentialReqRate`.
+    Rate(RateStage),
+    /// `Trace`.
+    Trace(TraceStage),
+}
+
+/// A resolved workload stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StageConfig {
+    /// The generator.
+    pub kind: StageKind,
     /// Stage time limit from its start.
     pub time_limit: Option<SimDuration>,
     /// In-flight cap.
     pub max_outstanding: Option<u64>,
 }
 
-/// A resolved workload stage.
-#[derive(Clone, Debug, PartialEq)]
-pub enum StageConfig {
-    /// `UniformReqRate` or `ExponentialReqRate`.
-    Rate(RateStage),
-}
-
 impl StageConfig {
-    /// The longest sequence (prompt + output) the stage can produce, if bounded.
+    /// The longest sequence (prompt + output) the stage can produce, if known in advance.
     pub fn max_sequence_tokens(&self) -> Option<u64> {
-        match self {
-            StageConfig::Rate(s) => Some(u64::from(s.prompt.1) + u64::from(s.output.1)),
+        match &self.kind {
+            StageKind::Rate(s) => Some(u64::from(s.prompt.1) + u64::from(s.output.1)),
+            StageKind::Trace(_) => None,
         }
     }
 }
 
 /// A request the workload wants sent now.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewRequest {
     /// Generating stage.
     pub stage: StageId,
@@ -80,21 +95,34 @@ pub struct NewRequest {
     pub prompt_tokens: u32,
     /// Output tokens.
     pub output_tokens: u32,
-    /// Shared leading tokens.
-    pub shared_prefix_tokens: u32,
+    /// Prompt content.
+    pub content: Content,
+}
+
+/// A stage's generator state (one per stage, so variant sizes do not matter).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Source {
+    Rate {
+        lengths: StreamRng,
+        arrivals: StreamRng,
+        /// Seconds since the stage start of the next arrival (f64, so fixed gaps never accumulate rounding).
+        next_offset_secs: f64,
+    },
+    Trace {
+        reader: Option<TraceReader>,
+        pending: Option<TraceRequest>,
+    },
 }
 
 #[derive(Debug)]
 struct StageState {
     start: SimTime,
-    /// Seconds since `start` of the next arrival (kept in f64 so fixed gaps never accumulate rounding).
-    next_offset_secs: f64,
     generated: u64,
     outstanding: u64,
     generation_done: bool,
     blocked: bool,
-    lengths: StreamRng,
-    arrivals: StreamRng,
+    source: Source,
 }
 
 /// The stages of a run and where generation stands.
@@ -106,19 +134,29 @@ pub struct Workload {
     done: bool,
 }
 
+/// A workload step: the next arrival to schedule, or a fatal input error.
+pub type Step = Result<Option<(StageId, SimTime)>, String>;
+
 impl Workload {
     /// The workload of a run, with streams from `seeds`.
     pub fn new(stages: Vec<StageConfig>, seeds: &SeedTree) -> Workload {
-        let state = (0..stages.len())
-            .map(|i| StageState {
+        let state = stages
+            .iter()
+            .enumerate()
+            .map(|(i, st)| StageState {
                 start: SimTime::ZERO,
-                next_offset_secs: 0.0,
                 generated: 0,
                 outstanding: 0,
                 generation_done: false,
                 blocked: false,
-                lengths: seeds.stream(&format!("workload.stage{i}.lengths")),
-                arrivals: seeds.stream(&format!("workload.stage{i}.arrivals")),
+                source: match st.kind {
+                    StageKind::Rate(_) => Source::Rate {
+                        lengths: seeds.stream(&format!("workload.stage{i}.lengths")),
+                        arrivals: seeds.stream(&format!("workload.stage{i}.arrivals")),
+                        next_offset_secs: 0.0,
+                    },
+                    StageKind::Trace(_) => Source::Trace { reader: None, pending: None },
+                },
             })
             .collect();
         Workload { done: stages.is_empty(), stages, state, current: 0 }
@@ -129,41 +167,62 @@ impl Workload {
         self.done
     }
 
-    /// The stage running now.
-    pub fn current_stage(&self) -> StageId {
-        StageId(self.current as u32)
+    /// Malformed trace lines skipped so far.
+    pub fn skipped_lines(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|s| match &s.source {
+                Source::Trace { reader: Some(r), .. } => r.skipped,
+                _ => 0,
+            })
+            .sum()
     }
 
     /// Starts the first stage at `now`; returns its first arrival.
-    pub fn start(&mut self, now: SimTime) -> Option<(StageId, SimTime)> {
+    pub fn start(&mut self, now: SimTime) -> Step {
         if self.done {
-            return None;
+            return Ok(None);
         }
         self.start_stage(0, now)
     }
 
-    fn start_stage(&mut self, i: usize, now: SimTime) -> Option<(StageId, SimTime)> {
+    fn start_stage(&mut self, i: usize, now: SimTime) -> Step {
         self.current = i;
         let st = &mut self.state[i];
         st.start = now;
-        st.next_offset_secs = 0.0;
-        Some((StageId(i as u32), now))
+        match (&self.stages[i].kind, &mut st.source) {
+            (StageKind::Rate(_), Source::Rate { .. }) => Ok(Some((StageId(i as u32), now))),
+            (StageKind::Trace(cfg), Source::Trace { reader, pending }) => {
+                let mut r = TraceReader::open(cfg)?;
+                *pending = r.next_request(unique_key(i, 0))?;
+                *reader = Some(r);
+                match pending.as_ref().map(|p| trace::due(now, p)) {
+                    Some(due) => Ok(Some((StageId(i as u32), self.clip(i, now, due)))),
+                    None => {
+                        self.state[i].generation_done = true;
+                        Ok(self.maybe_end_stage(now)?)
+                    }
+                }
+            }
+            _ => unreachable!("stage state matches its kind"),
+        }
+    }
+
+    /// The next arrival time, cut at the stage's time limit.
+    fn clip(&self, i: usize, now: SimTime, next: SimTime) -> SimTime {
+        let limit = self.stages[i].time_limit.map_or(SimTime::MAX, |l| self.state[i].start + l);
+        next.min(limit).max(now)
     }
 
     /// An arrival of `stage` is due at `now`. Pushes the request to send (if
     /// any) to `out` and returns the next arrival event to schedule.
-    pub fn on_arrival(
-        &mut self,
-        now: SimTime,
-        stage: StageId,
-        out: &mut Vec<NewRequest>,
-    ) -> Option<(StageId, SimTime)> {
+    pub fn on_arrival(&mut self, now: SimTime, stage: StageId, out: &mut Vec<NewRequest>) -> Step {
         let i = stage.index();
         debug_assert_eq!(i, self.current, "arrival for a stage that is not running");
-        let StageConfig::Rate(cfg) = &self.stages[i];
+        let cfg = &self.stages[i];
         let st = &mut self.state[i];
         if st.generation_done {
-            return None;
+            return Ok(None);
         }
         if cfg.time_limit.is_some_and(|limit| now >= st.start + limit) {
             st.generation_done = true;
@@ -171,94 +230,124 @@ impl Workload {
         }
         if cfg.max_outstanding.is_some_and(|cap| st.outstanding >= cap) {
             st.blocked = true;
-            return None;
+            return Ok(None);
         }
-        let prompt = st.lengths.random_range(cfg.prompt.0..=cfg.prompt.1);
-        let output = st.lengths.random_range(cfg.output.0..=cfg.output.1);
-        out.push(NewRequest {
-            stage,
-            prompt_tokens: prompt,
-            output_tokens: output,
-            shared_prefix_tokens: cfg.shared_prefix.min(prompt),
-        });
-        st.generated += 1;
-        st.outstanding += 1;
-        if cfg.total.is_some_and(|total| st.generated >= total) {
-            st.generation_done = true;
-            return None;
-        }
-        let mean = 1.0 / cfg.rate;
-        let gap = match cfg.arrival {
-            ArrivalProcess::Uniform => mean,
-            ArrivalProcess::Exponential { jitter } => {
-                let e: f64 = Exp1.sample(&mut st.arrivals);
-                mean * (1.0 - jitter) + mean * e * jitter
+        let key = unique_key(i, st.generated);
+        let next = match (&cfg.kind, &mut st.source) {
+            (StageKind::Rate(rate), Source::Rate { lengths, arrivals, next_offset_secs }) => {
+                let prompt = lengths.random_range(rate.prompt.0..=rate.prompt.1);
+                let output = lengths.random_range(rate.output.0..=rate.output.1);
+                let shared = rate.shared_prefix.min(prompt);
+                let mut content = Content::default();
+                content.push(content_id("prefix", i as u64), shared);
+                content.push(content_id("unique", key), prompt - shared);
+                out.push(NewRequest { stage, prompt_tokens: prompt, output_tokens: output, content });
+                st.generated += 1;
+                st.outstanding += 1;
+                if rate.total.is_some_and(|total| st.generated >= total) {
+                    None
+                } else {
+                    let mean = 1.0 / rate.rate;
+                    let gap = match rate.arrival {
+                        ArrivalProcess::Uniform => mean,
+                        ArrivalProcess::Exponential { jitter } => {
+                            let e: f64 = Exp1.sample(arrivals);
+                            mean * (1.0 - jitter) + mean * e * jitter
+                        }
+                    };
+                    *next_offset_secs += gap;
+                    Some(st.start + SimDuration::from_secs_f64(*next_offset_secs))
+                }
             }
+            (StageKind::Trace(_), Source::Trace { reader, pending }) => {
+                let r = pending.take().expect("a trace arrival has a pending request");
+                out.push(NewRequest {
+                    stage,
+                    prompt_tokens: r.prompt_tokens,
+                    output_tokens: r.output_tokens,
+                    content: r.content,
+                });
+                st.generated += 1;
+                st.outstanding += 1;
+                let reader = reader.as_mut().expect("the trace is open while its stage runs");
+                *pending = reader.next_request(unique_key(i, st.generated))?;
+                pending.as_ref().map(|p| trace::due(st.start, p))
+            }
+            _ => unreachable!("stage state matches its kind"),
         };
-        st.next_offset_secs += gap;
-        let mut next = st.start + SimDuration::from_secs_f64(st.next_offset_secs);
-        if let Some(limit) = cfg.time_limit {
-            next = next.min(st.start + limit);
+        match next {
+            Some(t) => Ok(Some((stage, self.clip(i, now, t)))),
+            None => {
+                self.state[i].generation_done = true;
+                self.maybe_end_stage(now)
+            }
         }
-        Some((stage, next.max(now)))
     }
 
     /// A request of `stage` completed at `now`; returns an arrival to schedule
     /// (a blocked one released, or the next stage's first).
-    pub fn on_completion(&mut self, now: SimTime, stage: StageId) -> Option<(StageId, SimTime)> {
+    pub fn on_completion(&mut self, now: SimTime, stage: StageId) -> Step {
         let st = &mut self.state[stage.index()];
         st.outstanding -= 1;
         if st.blocked {
             // The held arrival goes out now and the next gap counts from now.
             st.blocked = false;
-            st.next_offset_secs = (now - st.start).as_secs_f64();
-            return Some((stage, now));
+            if let Source::Rate { next_offset_secs, .. } = &mut st.source {
+                *next_offset_secs = (now - st.start).as_secs_f64();
+            }
+            return Ok(Some((stage, now)));
         }
-        if stage.index() == self.current { self.maybe_end_stage(now) } else { None }
+        if stage.index() == self.current { self.maybe_end_stage(now) } else { Ok(None) }
     }
 
-    fn maybe_end_stage(&mut self, now: SimTime) -> Option<(StageId, SimTime)> {
+    fn maybe_end_stage(&mut self, now: SimTime) -> Step {
         let st = &self.state[self.current];
         if !(st.generation_done && st.outstanding == 0) {
-            return None;
+            return Ok(None);
+        }
+        if let Source::Trace { reader, .. } = &mut self.state[self.current].source {
+            // Keep the skip count, drop the file handle.
+            if let Some(r) = reader.as_mut() {
+                r.close();
+            }
         }
         if self.current + 1 < self.stages.len() {
             self.start_stage(self.current + 1, now)
         } else {
             self.done = true;
-            None
+            Ok(None)
         }
     }
+}
+
+/// A key unique to the `n`-th request of stage `stage` (for request-unique content).
+fn unique_key(stage: usize, n: u64) -> u64 {
+    ((stage as u64) << 40) | n
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn stage(arrival: ArrivalProcess, total: Option<u64>) -> RateStage {
-        RateStage {
-            arrival,
-            rate: 4.0,
-            total,
-            prompt: (10, 20),
-            output: (1, 3),
-            shared_prefix: 15,
-            time_limit: None,
-            max_outstanding: None,
-        }
+    fn rate(arrival: ArrivalProcess, total: Option<u64>) -> RateStage {
+        RateStage { arrival, rate: 4.0, total, prompt: (10, 20), output: (1, 3), shared_prefix: 15 }
+    }
+
+    fn stage(r: RateStage) -> StageConfig {
+        StageConfig { kind: StageKind::Rate(r), time_limit: None, max_outstanding: None }
     }
 
     /// Drives arrivals only (no completions) and returns the send times in ns.
     fn send_times(w: &mut Workload, max_events: usize) -> Vec<u64> {
         let mut out = Vec::new();
         let mut times = Vec::new();
-        let mut next = w.start(SimTime::ZERO);
+        let mut next = w.start(SimTime::ZERO).unwrap();
         while let Some((s, t)) = next {
             if times.len() >= max_events {
                 break;
             }
             let before = out.len();
-            next = w.on_arrival(t, s, &mut out);
+            next = w.on_arrival(t, s, &mut out).unwrap();
             if out.len() > before {
                 times.push(t.0);
             }
@@ -268,25 +357,25 @@ mod tests {
 
     #[test]
     fn uniform_sends_at_stage_start_then_every_1_over_rate() {
-        let mut w = Workload::new(vec![StageConfig::Rate(stage(ArrivalProcess::Uniform, Some(4)))], &SeedTree::new(1));
+        let mut w = Workload::new(vec![stage(rate(ArrivalProcess::Uniform, Some(4)))], &SeedTree::new(1));
         assert_eq!(send_times(&mut w, 10), vec![0, 250_000_000, 500_000_000, 750_000_000]);
     }
 
     #[test]
     fn exponential_gaps_scale_with_the_rate_and_sizes_do_not_change() {
-        let mut slow = stage(ArrivalProcess::Exponential { jitter: 1.0 }, Some(50));
+        let mut slow = rate(ArrivalProcess::Exponential { jitter: 1.0 }, Some(50));
         slow.rate = 1.0;
         let mut fast = slow.clone();
         fast.rate = 2.0;
         let seeds = SeedTree::new(9);
         let run = |s: RateStage| {
-            let mut w = Workload::new(vec![StageConfig::Rate(s)], &seeds);
+            let mut w = Workload::new(vec![stage(s)], &seeds);
             let mut out = Vec::new();
             let mut times = Vec::new();
-            let mut next = w.start(SimTime::ZERO);
+            let mut next = w.start(SimTime::ZERO).unwrap();
             while let Some((st, t)) = next {
                 times.push(t.0 as f64);
-                next = w.on_arrival(t, st, &mut out);
+                next = w.on_arrival(t, st, &mut out).unwrap();
             }
             (times, out)
         };
@@ -297,55 +386,61 @@ mod tests {
             assert!((a / 2.0 - b).abs() <= 1.0, "{a} vs {b}: arrival times must halve (±1 ns rounding)");
         }
         assert!(r1.iter().all(|r| (10..=20).contains(&r.prompt_tokens) && (1..=3).contains(&r.output_tokens)));
-        assert!(r1.iter().all(|r| r.shared_prefix_tokens == r.prompt_tokens.min(15)));
+        // The first min(15, prompt) tokens are the stage's shared prefix, the rest unique.
+        let prefix = content_id("prefix", 0);
+        for r in &r1 {
+            assert_eq!(r.content.segments[0].id, prefix);
+            assert_eq!(r.content.segments[0].tokens, r.prompt_tokens.min(15));
+            assert_eq!(r.content.tokens(), u64::from(r.prompt_tokens));
+        }
     }
 
     #[test]
     fn time_limit_sends_only_strictly_before_the_limit() {
-        let mut s = stage(ArrivalProcess::Uniform, None);
+        let mut s = stage(rate(ArrivalProcess::Uniform, None));
         s.time_limit = Some(SimDuration::from_secs(1));
-        let mut w = Workload::new(vec![StageConfig::Rate(s)], &SeedTree::new(1));
+        let mut w = Workload::new(vec![s], &SeedTree::new(1));
         // 0, 0.25, 0.5, 0.75 are sent; the arrival at exactly 1.0 s stops generation.
         assert_eq!(send_times(&mut w, 10).len(), 4);
         assert!(!w.finished(), "four requests are still outstanding");
         for _ in 0..4 {
-            assert_eq!(w.on_completion(SimTime(2_000_000_000), StageId(0)), None);
+            assert_eq!(w.on_completion(SimTime(2_000_000_000), StageId(0)).unwrap(), None);
         }
         assert!(w.finished(), "the last completion ends the only stage");
     }
 
     #[test]
     fn stages_run_in_sequence_and_the_next_starts_when_the_last_request_completes() {
-        let a = stage(ArrivalProcess::Uniform, Some(2));
-        let b = stage(ArrivalProcess::Uniform, Some(1));
-        let mut w = Workload::new(vec![StageConfig::Rate(a), StageConfig::Rate(b)], &SeedTree::new(1));
+        let a = stage(rate(ArrivalProcess::Uniform, Some(2)));
+        let b = stage(rate(ArrivalProcess::Uniform, Some(1)));
+        let mut w = Workload::new(vec![a, b], &SeedTree::new(1));
         let mut out = Vec::new();
-        let (s0, t0) = w.start(SimTime::ZERO).unwrap();
-        let (s0b, t1) = w.on_arrival(t0, s0, &mut out).unwrap();
-        assert_eq!(w.on_arrival(t1, s0b, &mut out), None, "count reached");
-        assert_eq!(w.on_completion(SimTime(7_000_000_000), StageId(0)), None, "one still outstanding");
-        let next = w.on_completion(SimTime(9_000_000_000), StageId(0));
+        let (s0, t0) = w.start(SimTime::ZERO).unwrap().unwrap();
+        let (s0b, t1) = w.on_arrival(t0, s0, &mut out).unwrap().unwrap();
+        assert_eq!(w.on_arrival(t1, s0b, &mut out).unwrap(), None, "count reached");
+        assert_eq!(w.on_completion(SimTime(7_000_000_000), StageId(0)).unwrap(), None, "one still outstanding");
+        let next = w.on_completion(SimTime(9_000_000_000), StageId(0)).unwrap();
         assert_eq!(next, Some((StageId(1), SimTime(9_000_000_000))));
-        assert_eq!(w.on_arrival(SimTime(9_000_000_000), StageId(1), &mut out), None);
+        assert_eq!(w.on_arrival(SimTime(9_000_000_000), StageId(1), &mut out).unwrap(), None);
         assert!(!w.finished());
-        assert_eq!(w.on_completion(SimTime(10_000_000_000), StageId(1)), None);
+        assert_eq!(w.on_completion(SimTime(10_000_000_000), StageId(1)).unwrap(), None);
         assert!(w.finished());
     }
 
     #[test]
     fn max_outstanding_holds_an_arrival_until_a_completion() {
-        let mut s = stage(ArrivalProcess::Uniform, Some(3));
+        let mut s = stage(rate(ArrivalProcess::Uniform, Some(3)));
         s.max_outstanding = Some(1);
-        let mut w = Workload::new(vec![StageConfig::Rate(s)], &SeedTree::new(1));
+        let mut w = Workload::new(vec![s], &SeedTree::new(1));
         let mut out = Vec::new();
-        let (st, t0) = w.start(SimTime::ZERO).unwrap();
-        let (_, t1) = w.on_arrival(t0, st, &mut out).unwrap();
-        assert_eq!(w.on_arrival(t1, st, &mut out), None, "blocked at 0.25 s");
+        let (st, t0) = w.start(SimTime::ZERO).unwrap().unwrap();
+        let (_, t1) = w.on_arrival(t0, st, &mut out).unwrap().unwrap();
+        assert_eq!(w.on_arrival(t1, st, &mut out).unwrap(), None, "blocked at 0.25 s");
         assert_eq!(out.len(), 1);
         // Completion at 2 s releases it immediately; the next gap counts from 2 s.
-        let (_, t2) = w.on_completion(SimTime(2_000_000_000), st).unwrap();
+        let (_, t2) = w.on_completion(SimTime(2_000_000_000), st).unwrap().unwrap();
         assert_eq!(t2, SimTime(2_000_000_000));
-        let (_, t3) = w.on_arrival(t2, st, &mut out).unwrap();
+        let (_, t3) = w.on_arrival(t2, st, &mut out).unwrap().unwrap();
         assert_eq!(out.len(), 2);
         assert_eq!(t3, SimTime(2_250_000_000));
     }

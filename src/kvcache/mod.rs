@@ -1,0 +1,136 @@
+//! The KV cache: block hashing, the GPU prefix cache (vLLM automatic prefix
+//! caching) and the chunk stores of the slower tiers (LMCache-style CPU
+//! memory, local NVMe, and one distributed file system shared by the cluster).
+//!
+//! Simplifications: a block's identity is a chained 64-bit hash of the token
+//! content it holds (collisions are ignored); tiers keep whole chunks of
+//! `kvc.chunk_size` tokens, keyed by the hash of the chunk's last block,
+//! which identifies the whole prefix up to it.
+
+mod hash;
+mod prefix;
+mod store;
+
+pub use hash::{BlockHash, Content, Segment, block_hashes, content_id};
+pub use prefix::{Path, PrefixCache};
+pub use store::{ChunkStore, EvictionPolicy, Reserve};
+
+/// A cache tier, fastest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Tier {
+    /// GPU HBM (the prefix cache).
+    Gpu,
+    /// Host DRAM of the worker (`CPUMemory`).
+    Cpu,
+    /// Local NVMe of the worker (`LocalNVMe`).
+    Nvme,
+    /// The cluster-wide distributed file system (`DistributedFS`).
+    Dfs,
+}
+
+impl Tier {
+    /// Every tier, fastest first.
+    pub const ALL: [Tier; 4] = [Tier::Gpu, Tier::Cpu, Tier::Nvme, Tier::Dfs];
+
+    /// Short name used in column names.
+    pub fn short(self) -> &'static str {
+        match self {
+            Tier::Gpu => "gpu",
+            Tier::Cpu => "cpu",
+            Tier::Nvme => "nvme",
+            Tier::Dfs => "dfs",
+        }
+    }
+
+    /// Opal's configuration name (`kvc.kvc_tiers` entries).
+    pub fn opal_name(self) -> &'static str {
+        match self {
+            Tier::Gpu => "GPU",
+            Tier::Cpu => "CPUMemory",
+            Tier::Nvme => "LocalNVMe",
+            Tier::Dfs => "DistributedFS",
+        }
+    }
+
+    /// Parses an Opal tier name (case-insensitive).
+    pub fn from_opal_name(name: &str) -> Option<Tier> {
+        [Tier::Cpu, Tier::Nvme, Tier::Dfs].into_iter().find(|t| t.opal_name().eq_ignore_ascii_case(name))
+    }
+
+    /// Index into per-tier arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What a KV event reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvEventKind {
+    /// The block (or chunk) is now held.
+    Stored,
+    /// The block (or chunk) is gone.
+    Removed,
+}
+
+/// A change to a worker's cache contents, as reported to the router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KvEvent {
+    /// Tier.
+    pub tier: Tier,
+    /// Block hash (GPU) or chunk key (other tiers).
+    pub hash: BlockHash,
+    /// Stored or removed.
+    pub kind: KvEventKind,
+}
+
+/// Where completed requests' chunks are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WritePolicy {
+    /// To every tier.
+    WriteThrough,
+    /// To the first tier; chunks it evicts are written to the next tier, and so on.
+    Spill,
+}
+
+/// Whether a request's completion waits for its chunks to be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteMode {
+    /// Completion does not wait (the writes still use bandwidth).
+    Async,
+    /// Completion waits for every write of the request.
+    Sync,
+}
+
+/// One configured tier below the GPU.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierConfig {
+    /// Which tier.
+    pub tier: Tier,
+    /// Its device.
+    pub device: crate::storage::DeviceConfig,
+    /// Capacity per instance, bytes.
+    pub capacity_bytes: u64,
+    /// Eviction order.
+    pub eviction: EvictionPolicy,
+}
+
+/// The resolved `[kvc]` section.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KvcConfig {
+    /// Tiers in lookup order.
+    pub tiers: Vec<TierConfig>,
+    /// Engine blocks per chunk.
+    pub chunk_blocks: u64,
+    /// Store a request's last, partial chunk too.
+    pub save_unfull_chunk: bool,
+    /// Where chunks are written.
+    pub write_policy: WritePolicy,
+    /// Whether completion waits for writes.
+    pub write_mode: WriteMode,
+    /// Write a chunk when the GPU evicts its last block.
+    pub store_on_gpu_eviction: bool,
+    /// Bytes of one engine block (block_size × KV bytes per token).
+    pub block_bytes: u64,
+    /// How long a worker gathers KV events before sending them.
+    pub event_coalesce: crate::time::SimDuration,
+}

@@ -1,0 +1,572 @@
+//! The GPU prefix cache: vLLM's automatic prefix caching over a paged block
+//! pool, stored as a radix tree of block runs (as SGLang's RadixCache).
+//!
+//! Blocks are *free* (no content), *private* (allocated to one request, not
+//! yet hashed: being computed, or a partial last block), or *cached* (full,
+//! hashed, reference-counted). Cached blocks live in tree nodes; a node holds
+//! a run of consecutive blocks of one prefix chain (their hashes, in order),
+//! and every block of a node has the same reference count, so a request
+//! holds a *path* of whole nodes from the root (nodes are split where
+//! holders diverge). Work per request is proportional to the segments it
+//! shares, not to its blocks.
+//!
+//! Unreferenced blocks stay resident and are evicted least recently used
+//! first, from the tail of leaf nodes — as vLLM v1 frees a request's blocks
+//! tail first. An optional TTL keeps a node from being evicted until `ttl`
+//! after its last use.
+//!
+//! Stored/removed events (for the router) and evicted-block reports (for
+//! write-back to the tiers) are made for blocks that end a `stride`-block
+//! chunk only: the router's view and the tiers both work in chunks, and this
+//! keeps the event volume 1/stride of the block traffic.
+
+use super::{BlockHash, KvEvent, KvEventKind, Tier};
+use crate::time::{SimDuration, SimTime};
+use nohash_hasher::IntMap;
+use std::collections::BTreeSet;
+
+/// A request's hold on the cache: the last node of its path (`NONE`: nothing held).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Path(u32);
+
+impl Path {
+    /// Holding nothing.
+    pub const NONE: Path = Path(u32::MAX);
+}
+
+impl Default for Path {
+    fn default() -> Self {
+        Path::NONE
+    }
+}
+
+const ROOT: u32 = 0;
+
+#[derive(Clone, Debug, Default)]
+struct Node {
+    parent: u32,
+    /// The hash it is registered under in its parent (its first block's,
+    /// kept while blocks are evicted from its tail).
+    key: BlockHash,
+    /// Sequence position of the first block.
+    first_pos: u32,
+    hashes: Vec<BlockHash>,
+    refs: u32,
+    children: u32,
+    last_used: SimTime,
+    /// Whether it is in the LRU set (an unreferenced leaf).
+    in_lru: bool,
+}
+
+/// The GPU KV block pool of one worker.
+#[derive(Debug)]
+pub struct PrefixCache {
+    enabled: bool,
+    ttl: SimDuration,
+    total: u64,
+    free: u64,
+    evictable: u64,
+    nodes: Vec<Node>,
+    free_nodes: Vec<u32>,
+    /// (parent node, first block hash) → child node.
+    children: IntMap<u64, u32>,
+    lru: BTreeSet<(SimTime, u32)>,
+    /// Stored/removed events since the last drain (when `events_on`).
+    pub events: Vec<KvEvent>,
+    /// Evicted blocks `(hash, position)` since the last drain (when `evicted_on`).
+    pub evicted: Vec<(BlockHash, u32)>,
+    events_on: bool,
+    evicted_on: bool,
+    stride: u32,
+    /// Bumped whenever blocks become free or evictable.
+    epoch: u64,
+}
+
+fn child_key(parent: u32, first: BlockHash) -> u64 {
+    first.0 ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl PrefixCache {
+    /// A pool of `total` free blocks; with `enabled` false nothing is ever
+    /// cached (every block stays private).
+    pub fn new(total: u64, enabled: bool, ttl: SimDuration) -> PrefixCache {
+        PrefixCache {
+            enabled,
+            ttl,
+            total,
+            free: total,
+            evictable: 0,
+            nodes: vec![Node { parent: ROOT, ..Node::default() }],
+            free_nodes: Vec::new(),
+            children: IntMap::default(),
+            lru: BTreeSet::new(),
+            events: Vec::new(),
+            evicted: Vec::new(),
+            events_on: true,
+            evicted_on: false,
+            stride: 1,
+            epoch: 0,
+        }
+    }
+
+    /// Changes whenever blocks are freed or become evictable: an allocation
+    /// that failed cannot succeed before it changes (or time passes a TTL).
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Chooses what is reported: events (on by default), evicted blocks
+    /// (off by default), for blocks ending a chunk of `stride` blocks (1 by default).
+    pub fn record(&mut self, events: bool, evicted: bool, stride: u32) {
+        self.events_on = events;
+        self.evicted_on = evicted;
+        self.stride = stride.max(1);
+    }
+
+    fn reported(&self, pos: u32) -> bool {
+        (pos + 1).is_multiple_of(self.stride)
+    }
+
+    /// Whether prefix caching is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Blocks in the pool.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Blocks in use (private or referenced): neither free nor evictable.
+    pub fn used(&self) -> u64 {
+        self.total - self.free - self.evictable
+    }
+
+    /// Cached blocks nobody references.
+    pub fn evictable(&self) -> u64 {
+        self.evictable
+    }
+
+    fn child(&self, parent: u32, first: BlockHash) -> Option<u32> {
+        self.children.get(&child_key(parent, first)).copied()
+    }
+
+    /// Walks the longest resident prefix of `hashes`: `(blocks matched, last
+    /// fully matched node, partial (node, blocks) into the next one)`.
+    fn walk(&self, hashes: &[BlockHash]) -> (usize, u32, Option<(u32, usize)>) {
+        let mut node = ROOT;
+        let mut pos = 0;
+        while pos < hashes.len() {
+            let Some(c) = self.child(node, hashes[pos]) else { break };
+            let run = &self.nodes[c as usize].hashes;
+            let l = run.iter().zip(&hashes[pos..]).take_while(|(a, b)| a == b).count();
+            pos += l;
+            if l < run.len() {
+                return (pos, node, Some((c, l)));
+            }
+            node = c;
+        }
+        (pos, node, None)
+    }
+
+    /// How many leading `hashes` are resident.
+    pub fn lookup(&self, hashes: &[BlockHash]) -> usize {
+        if !self.enabled || hashes.is_empty() {
+            return 0;
+        }
+        self.walk(hashes).0
+    }
+
+    /// Takes a reference on the first `n` of `hashes` (all resident: `n` ≤
+    /// [`Self::lookup`]) and returns the holder's path.
+    pub fn acquire(&mut self, hashes: &[BlockHash], n: usize, now: SimTime) -> Path {
+        if n == 0 {
+            return Path::NONE;
+        }
+        let (matched, mut end, partial) = self.walk(&hashes[..n]);
+        debug_assert_eq!(matched, n, "acquired blocks are resident");
+        if let Some((c, l)) = partial {
+            end = self.split(c, l);
+        }
+        let mut i = end;
+        while i != ROOT {
+            let node = &mut self.nodes[i as usize];
+            if node.refs == 0 {
+                self.evictable -= node.hashes.len() as u64;
+                if node.in_lru {
+                    node.in_lru = false;
+                    let key = (node.last_used, i);
+                    self.lru.remove(&key);
+                }
+            }
+            let node = &mut self.nodes[i as usize];
+            node.refs += 1;
+            node.last_used = now;
+            i = node.parent;
+        }
+        Path(end)
+    }
+
+    /// Splits node `c` after its first `l` blocks by inserting a new head
+    /// node between `c` and its parent; `c` keeps the tail, its children and
+    /// its LRU entry, so paths ending at or below `c` stay valid. Returns the
+    /// head.
+    fn split(&mut self, c: u32, l: usize) -> u32 {
+        debug_assert!(l > 0 && l < self.nodes[c as usize].hashes.len());
+        let old = &mut self.nodes[c as usize];
+        let tail_hashes = old.hashes.split_off(l);
+        let head = Node {
+            parent: old.parent,
+            key: old.key,
+            first_pos: old.first_pos,
+            hashes: std::mem::replace(&mut old.hashes, tail_hashes),
+            refs: old.refs,
+            children: 1,
+            last_used: old.last_used,
+            in_lru: false,
+        };
+        let h = self.new_node(head);
+        let parent = self.nodes[h as usize].parent;
+        let key = self.nodes[h as usize].key;
+        self.children.insert(child_key(parent, key), h);
+        let tail = &mut self.nodes[c as usize];
+        tail.parent = h;
+        tail.first_pos += l as u32;
+        tail.key = tail.hashes[0];
+        let tail_key = tail.key;
+        self.children.insert(child_key(h, tail_key), c);
+        h
+    }
+
+    fn new_node(&mut self, node: Node) -> u32 {
+        match self.free_nodes.pop() {
+            Some(i) => {
+                self.nodes[i as usize] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    /// Drops the holder's references; unreferenced blocks become evictable
+    /// (most recently used).
+    pub fn release(&mut self, path: Path, now: SimTime) {
+        let mut i = path.0;
+        if i == Path::NONE.0 {
+            return;
+        }
+        while i != ROOT {
+            let node = &mut self.nodes[i as usize];
+            debug_assert!(node.refs > 0, "released a node nobody holds");
+            node.refs -= 1;
+            node.last_used = now;
+            if node.refs == 0 {
+                self.evictable += node.hashes.len() as u64;
+                self.epoch += 1;
+                if node.children == 0 {
+                    node.in_lru = true;
+                    self.lru.insert((now, i));
+                }
+            }
+            i = self.nodes[i as usize].parent;
+        }
+    }
+
+    /// Registers computed blocks `hashes` (sequence positions `first_pos`…)
+    /// right after `path` (which must end where they start), each replacing
+    /// one of the holder's private blocks. Blocks already resident are shared
+    /// instead (the private copy is freed). Returns the extended path, or the
+    /// same path when caching is off (the blocks stay private).
+    pub fn extend(&mut self, path: Path, hashes: &[BlockHash], first_pos: u32, now: SimTime) -> Path {
+        if !self.enabled || hashes.is_empty() {
+            return path;
+        }
+        let mut end = if path == Path::NONE { ROOT } else { path.0 };
+        let mut a = 0;
+        while a < hashes.len() {
+            let pos = first_pos + a as u32;
+            // Fast path: the holder alone owns a leaf it is growing.
+            let n = &self.nodes[end as usize];
+            if end != ROOT && n.refs == 1 && n.children == 0 {
+                self.emit_stored(&hashes[a..], pos);
+                let n = &mut self.nodes[end as usize];
+                n.hashes.extend_from_slice(&hashes[a..]);
+                n.last_used = now;
+                break;
+            }
+            match self.child(end, hashes[a]) {
+                Some(c) => {
+                    // Resident already: share the matching run.
+                    let run = &self.nodes[c as usize].hashes;
+                    let l = run.iter().zip(&hashes[a..]).take_while(|(x, y)| x == y).count();
+                    let head = if l < run.len() { self.split(c, l) } else { c };
+                    let node = &mut self.nodes[head as usize];
+                    if node.refs == 0 {
+                        self.evictable -= node.hashes.len() as u64;
+                        if node.in_lru {
+                            node.in_lru = false;
+                            let key = (node.last_used, head);
+                            self.lru.remove(&key);
+                        }
+                    }
+                    let node = &mut self.nodes[head as usize];
+                    node.refs += 1;
+                    node.last_used = now;
+                    self.free += l as u64;
+                    end = head;
+                    a += l;
+                }
+                None => {
+                    self.emit_stored(&hashes[a..], pos);
+                    let node = Node {
+                        parent: end,
+                        key: hashes[a],
+                        first_pos: pos,
+                        hashes: hashes[a..].to_vec(),
+                        refs: 1,
+                        children: 0,
+                        last_used: now,
+                        in_lru: false,
+                    };
+                    let c = self.new_node(node);
+                    self.children.insert(child_key(end, hashes[a]), c);
+                    let parent = &mut self.nodes[end as usize];
+                    parent.children += 1;
+                    if parent.in_lru {
+                        parent.in_lru = false;
+                        let key = (parent.last_used, end);
+                        self.lru.remove(&key);
+                    }
+                    end = c;
+                    break;
+                }
+            }
+        }
+        Path(end)
+    }
+
+    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
+        if self.events_on {
+            for (k, &hash) in hashes.iter().enumerate() {
+                if self.reported(first_pos + k as u32) {
+                    self.events.push(KvEvent { tier: Tier::Gpu, hash, kind: KvEventKind::Stored });
+                }
+            }
+        }
+    }
+
+    /// Returns `n` private blocks to the free pool.
+    pub fn free_private(&mut self, n: u64) {
+        self.free += n;
+        self.epoch += 1;
+        debug_assert!(self.free + self.evictable <= self.total, "freed more blocks than exist");
+    }
+
+    /// Whether `n` blocks can be allocated at `now` (free plus evictable
+    /// blocks past their TTL, or every evictable block with `ignore_ttl`).
+    pub fn can_allocate(&self, n: u64, now: SimTime, ignore_ttl: bool) -> bool {
+        if n <= self.free {
+            return true;
+        }
+        let need = n - self.free;
+        if need > self.evictable {
+            return false;
+        }
+        if ignore_ttl || self.ttl.0 == 0 {
+            return true;
+        }
+        // Expired leaves only (interior unreferenced nodes count once their leaves go).
+        let mut got = 0;
+        for &(t, i) in &self.lru {
+            if t + self.ttl > now {
+                break;
+            }
+            got += self.nodes[i as usize].hashes.len() as u64;
+            if got >= need {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Allocates `n` private blocks, evicting least-recently-used blocks (from
+    /// the tail of leaves) as needed. Call only after [`Self::can_allocate`]
+    /// (with the same `ignore_ttl`) said yes.
+    pub fn allocate(&mut self, n: u64, now: SimTime, ignore_ttl: bool) {
+        while self.free < n {
+            let &(t, i) = self.lru.first().expect("allocate without can_allocate");
+            assert!(ignore_ttl || self.ttl.0 == 0 || t + self.ttl <= now, "allocate without can_allocate");
+            let take = ((n - self.free) as usize).min(self.nodes[i as usize].hashes.len());
+            let node = &self.nodes[i as usize];
+            let keep = node.hashes.len() - take;
+            if self.events_on || self.evicted_on {
+                for (k, &hash) in node.hashes[keep..].iter().enumerate() {
+                    let pos = node.first_pos + (keep + k) as u32;
+                    if !(pos + 1).is_multiple_of(self.stride) {
+                        continue;
+                    }
+                    if self.events_on {
+                        self.events.push(KvEvent { tier: Tier::Gpu, hash, kind: KvEventKind::Removed });
+                    }
+                    if self.evicted_on {
+                        self.evicted.push((hash, pos));
+                    }
+                }
+            }
+            self.nodes[i as usize].hashes.truncate(keep);
+            self.evictable -= take as u64;
+            self.free += take as u64;
+            if keep == 0 {
+                self.remove_leaf(i);
+            }
+        }
+        self.free -= n;
+    }
+
+    fn remove_leaf(&mut self, i: u32) {
+        let node = std::mem::take(&mut self.nodes[i as usize]);
+        self.lru.remove(&(node.last_used, i));
+        self.children.remove(&child_key(node.parent, node.key));
+        self.free_nodes.push(i);
+        let p = node.parent;
+        let parent = &mut self.nodes[p as usize];
+        parent.children -= 1;
+        if p != ROOT && parent.refs == 0 && parent.children == 0 {
+            parent.in_lru = true;
+            self.lru.insert((parent.last_used, p));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hs(xs: &[u64]) -> Vec<BlockHash> {
+        xs.iter().map(|&x| BlockHash(x)).collect()
+    }
+
+    #[test]
+    fn computed_blocks_are_reused_and_stay_after_release() {
+        let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
+        let t = SimTime(1);
+        c.allocate(3, t, false);
+        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, t);
+        assert_eq!(c.used(), 3); // two cached + one private
+        c.release(p, t);
+        c.free_private(1);
+        assert_eq!((c.used(), c.evictable()), (0, 2));
+        // A new request finds the 2-block prefix but not a third block.
+        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2);
+        c.acquire(&hs(&[1, 2, 3]), 2, t);
+        assert_eq!((c.used(), c.evictable()), (2, 0));
+    }
+
+    #[test]
+    fn eviction_is_least_recently_used_and_reports_removed_blocks() {
+        let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
+        c.record(true, true, 1);
+        c.allocate(3, SimTime(0), false);
+        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, SimTime(0))).collect();
+        // Released in the order 2, 1, 3.
+        c.release(paths[1], SimTime(1));
+        c.release(paths[0], SimTime(2));
+        c.release(paths[2], SimTime(3));
+        c.events.clear();
+        assert!(c.can_allocate(2, SimTime(4), false));
+        c.allocate(2, SimTime(4), false);
+        assert_eq!(c.lookup(&hs(&[3])), 1);
+        assert_eq!(c.lookup(&hs(&[2])) + c.lookup(&hs(&[1])), 0);
+        let removed: Vec<u64> = c.events.iter().map(|e| e.hash.0).collect();
+        assert_eq!(removed, vec![2, 1]);
+        assert!(c.events.iter().all(|e| e.kind == KvEventKind::Removed));
+        assert_eq!(c.evicted, vec![(BlockHash(2), 0), (BlockHash(1), 0)]);
+        assert!(!c.can_allocate(2, SimTime(4), false), "only one evictable block is left");
+    }
+
+    #[test]
+    fn a_released_sequence_is_evicted_from_its_tail() {
+        let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
+        c.allocate(3, SimTime(0), false);
+        c.record(true, true, 1);
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, SimTime(0));
+        c.release(p, SimTime(1));
+        c.allocate(1, SimTime(2), false);
+        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2, "the prefix survives, the tail block went");
+        assert_eq!(c.evicted, vec![(BlockHash(3), 12)], "block positions are kept for write-back");
+    }
+
+    #[test]
+    fn ttl_protects_recently_used_blocks() {
+        let mut c = PrefixCache::new(1, true, SimDuration(100));
+        c.allocate(1, SimTime(0), false);
+        let p = c.extend(Path::NONE, &hs(&[9]), 0, SimTime(0));
+        c.release(p, SimTime(10));
+        assert!(!c.can_allocate(1, SimTime(109), false), "used at 10, protected until 110");
+        assert!(c.can_allocate(1, SimTime(109), true), "unless the TTL yields");
+        assert!(c.can_allocate(1, SimTime(110), false));
+    }
+
+    #[test]
+    fn a_duplicate_computed_block_shares_the_resident_one() {
+        let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
+        c.allocate(2, SimTime(0), false);
+        let a = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0));
+        let b = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0)); // a second request computed the same block
+        assert_eq!(c.used(), 1, "the duplicate's private block went back to the pool");
+        c.release(a, SimTime(1));
+        assert_eq!(c.evictable(), 0, "still referenced once");
+        c.release(b, SimTime(1));
+        assert_eq!(c.evictable(), 1);
+    }
+
+    #[test]
+    fn sharing_part_of_a_run_splits_it_and_keeps_the_shared_part() {
+        let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
+        c.allocate(4, SimTime(0), false);
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, SimTime(0));
+        // B shares the first two blocks, then diverges.
+        assert_eq!(c.lookup(&hs(&[1, 2, 9])), 2);
+        let b = c.acquire(&hs(&[1, 2, 9]), 2, SimTime(1));
+        c.release(a, SimTime(2));
+        assert_eq!((c.used(), c.evictable()), (2, 2), "blocks 3, 4 are A's alone");
+        c.allocate(2, SimTime(3), false);
+        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2);
+        c.free_private(2);
+        // B extends its path with a new block after the split point.
+        c.allocate(1, SimTime(3), false);
+        let b = c.extend(b, &hs(&[7]), 2, SimTime(3));
+        assert_eq!(c.lookup(&hs(&[1, 2, 7])), 3);
+        c.release(b, SimTime(4));
+        assert_eq!((c.used(), c.evictable()), (0, 3));
+    }
+
+    #[test]
+    fn events_are_reported_for_chunk_ending_blocks_only() {
+        let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
+        c.record(true, true, 4);
+        c.allocate(8, SimTime(0), false);
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        // Positions 3 and 7 end 4-block chunks.
+        assert_eq!(c.events.iter().map(|e| e.hash.0).collect::<Vec<_>>(), vec![4, 8]);
+        c.events.clear();
+        c.release(p, SimTime(1));
+        // Evicting 4 blocks takes positions 7, 6, 5, 4: one chunk end.
+        c.allocate(4, SimTime(2), false);
+        assert_eq!(c.events.iter().map(|e| (e.hash.0, e.kind)).collect::<Vec<_>>(), vec![(8, KvEventKind::Removed)]);
+        assert_eq!(c.evicted, vec![(BlockHash(8), 7)]);
+    }
+
+    #[test]
+    fn disabled_caching_never_matches() {
+        let mut c = PrefixCache::new(2, false, SimDuration::ZERO);
+        c.allocate(1, SimTime(0), false);
+        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, SimTime(0)), Path::NONE);
+        assert_eq!(c.lookup(&hs(&[1])), 0);
+        c.free_private(1);
+        assert_eq!(c.used(), 0);
+    }
+}

@@ -1,0 +1,274 @@
+//! Mooncake-style JSONL trace replay, streamed line by line.
+//!
+//! Each line is `{"timestamp", "input_length", "output_length", "hash_ids"}`;
+//! every hash id stands for `chunk_size` tokens and, as in the Mooncake
+//! traces, for everything before them. A request is sent at
+//! `stage start + start_offset + timestamp × multiplier_to_sec × time_scale`
+//! (timestamps are relative to the stage start, so a trace can follow
+//! another stage; rows out of order are sent at once).
+//!
+//! Content: hash id `h` is the segment `("trace", h)` of `chunk_size` tokens
+//! (the last one as long as the prompt leaves); tokens beyond what the hash
+//! ids cover get request-unique content, and hash ids beyond `input_length`
+//! are ignored. Output lengths of 0 are sent as 1 (an engine produces at
+//! least one token).
+
+use crate::kvcache::{Content, content_id};
+use crate::time::{SimDuration, SimTime};
+use serde::Deserialize;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+
+/// A resolved trace stage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceStage {
+    /// The JSONL file.
+    pub path: PathBuf,
+    /// Tokens per hash id.
+    pub chunk_size: u32,
+    /// Timestamp units → seconds.
+    pub multiplier_to_sec: f64,
+    /// Factor on every arrival time (0.5 = twice as fast).
+    pub time_scale: f64,
+    /// Seconds added to every arrival time.
+    pub start_offset: f64,
+    /// Requests to replay (`None` = the whole file).
+    pub total: Option<u64>,
+    /// Skip malformed lines (counted) instead of failing.
+    pub skip_bad_lines: bool,
+}
+
+#[derive(Deserialize)]
+struct Row {
+    timestamp: f64,
+    input_length: u64,
+    output_length: u64,
+    #[serde(default)]
+    hash_ids: Vec<u64>,
+}
+
+/// One replayed request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceRequest {
+    /// Seconds after the stage start.
+    pub offset: SimDuration,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// Output tokens.
+    pub output_tokens: u32,
+    /// Prompt content.
+    pub content: Content,
+}
+
+/// Streams a trace file.
+#[derive(Debug)]
+pub struct TraceReader {
+    cfg: TraceStage,
+    lines: Option<std::io::Lines<BufReader<File>>>,
+    line_no: u64,
+    sent: u64,
+    /// Malformed lines skipped.
+    pub skipped: u64,
+}
+
+impl TraceReader {
+    /// Opens the trace.
+    pub fn open(cfg: &TraceStage) -> Result<TraceReader, String> {
+        let file = File::open(&cfg.path).map_err(|e| format!("{}: cannot open the trace: {e}", cfg.path.display()))?;
+        Ok(TraceReader { cfg: cfg.clone(), lines: Some(BufReader::new(file).lines()), line_no: 0, sent: 0, skipped: 0 })
+    }
+
+    /// Closes the file (the stage is over).
+    pub fn close(&mut self) {
+        self.lines = None;
+    }
+
+    /// The next request, `Ok(None)` at the end (or after `total`), or an
+    /// error naming the file, line and problem.
+    pub fn next_request(&mut self, unique_key: u64) -> Result<Option<TraceRequest>, String> {
+        if self.cfg.total.is_some_and(|t| self.sent >= t) {
+            self.lines = None;
+        }
+        loop {
+            let Some(lines) = self.lines.as_mut() else { return Ok(None) };
+            let Some(line) = lines.next() else {
+                self.lines = None;
+                return Ok(None);
+            };
+            self.line_no += 1;
+            let at = format!("{}:{}", self.cfg.path.display(), self.line_no);
+            let line = line.map_err(|e| format!("{at}: cannot read: {e}"))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            match self.parse(&line, unique_key) {
+                Ok(r) => {
+                    self.sent += 1;
+                    return Ok(Some(r));
+                }
+                Err(e) if self.cfg.skip_bad_lines => {
+                    let _ = e;
+                    self.skipped += 1;
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "{at}: {e}\n  fix: each line must be {{\"timestamp\": number, \"input_length\": integer ≥ 1, \"output_length\": integer, \"hash_ids\": [integers]}}, or set skip_bad_lines = true"
+                    ));
+                }
+            }
+        }
+    }
+
+    fn parse(&self, line: &str, unique_key: u64) -> Result<TraceRequest, String> {
+        let row: Row = serde_json::from_str(line).map_err(|e| {
+            let msg = e.to_string();
+            msg.split(" at line ").next().unwrap_or(&msg).to_string()
+        })?;
+        if !(row.timestamp.is_finite() && row.timestamp >= 0.0) {
+            return Err(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp));
+        }
+        if row.input_length == 0 || row.input_length > u64::from(u32::MAX) {
+            return Err(format!("field `input_length`: must be between 1 and {}, got {}", u32::MAX, row.input_length));
+        }
+        let prompt = row.input_length as u32;
+        let mut content = Content::default();
+        let mut left = prompt;
+        for &h in &row.hash_ids {
+            if left == 0 {
+                break;
+            }
+            let n = left.min(self.cfg.chunk_size);
+            content.push(content_id("trace", h), n);
+            left -= n;
+        }
+        content.push(content_id("trace-unique", unique_key), left);
+        let secs = self.cfg.start_offset + row.timestamp * self.cfg.multiplier_to_sec * self.cfg.time_scale;
+        Ok(TraceRequest {
+            offset: SimDuration::from_secs_f64(secs),
+            prompt_tokens: prompt,
+            output_tokens: row.output_length.clamp(1, u64::from(u32::MAX)) as u32,
+            content,
+        })
+    }
+}
+
+/// Reference hit computation for tests and tools: given trace rows
+/// `(input_length, hash_ids)` replayed one after another into an unbounded
+/// prefix cache with `block_size`-token blocks, the prompt tokens each one
+/// finds cached. A chunk of a later request matches as many tokens as the
+/// longest earlier occurrence of the same hash id at the same position had
+/// (only full blocks count, and at least one prompt token is computed).
+pub fn sequential_hits(rows: &[(u64, Vec<u64>)], chunk_size: u64, block_size: u64) -> Vec<u64> {
+    let mut seen: std::collections::HashMap<(usize, u64), u64> = std::collections::HashMap::new();
+    rows.iter()
+        .map(|(input, ids)| {
+            let mut matched = 0;
+            for (j, h) in ids.iter().enumerate() {
+                let len = chunk_size.min(input.saturating_sub(j as u64 * chunk_size));
+                if len == 0 {
+                    break;
+                }
+                let prev = seen.get(&(j, *h)).copied().unwrap_or(0);
+                matched += len.min(prev);
+                if prev < len {
+                    break;
+                }
+            }
+            for (j, h) in ids.iter().enumerate() {
+                let len = chunk_size.min(input.saturating_sub(j as u64 * chunk_size));
+                if len == 0 {
+                    break;
+                }
+                let e = seen.entry((j, *h)).or_insert(0);
+                *e = (*e).max(len);
+            }
+            let blocks = (matched / block_size).min((input - 1) / block_size);
+            blocks * block_size
+        })
+        .collect()
+}
+
+/// When the trace's next request is due.
+pub fn due(stage_start: SimTime, r: &TraceRequest) -> SimTime {
+    stage_start + r.offset
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(text: &str, name: &str) -> TraceStage {
+        let dir = std::env::temp_dir().join(format!("opal-trace-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.jsonl");
+        std::fs::write(&path, text).unwrap();
+        TraceStage {
+            path,
+            chunk_size: 512,
+            multiplier_to_sec: 0.001,
+            time_scale: 1.0,
+            start_offset: 0.0,
+            total: None,
+            skip_bad_lines: false,
+        }
+    }
+
+    #[test]
+    fn rows_become_requests_with_scaled_times_and_chunked_content() {
+        let mut cfg = stage(
+            "{\"timestamp\": 1500, \"input_length\": 1100, \"output_length\": 7, \"hash_ids\": [3, 4, 5]}\n\n{\"timestamp\": 2000, \"input_length\": 600, \"output_length\": 0, \"hash_ids\": [3]}\n",
+            "ok",
+        );
+        cfg.time_scale = 0.5;
+        cfg.start_offset = 1.0;
+        let mut r = TraceReader::open(&cfg).unwrap();
+        let a = r.next_request(0).unwrap().unwrap();
+        // 1 s + 1500 ms × 0.5 = 1.75 s.
+        assert_eq!(a.offset, SimDuration(1_750_000_000));
+        assert_eq!((a.prompt_tokens, a.output_tokens), (1100, 7));
+        let lens: Vec<u32> = a.content.segments.iter().map(|s| s.tokens).collect();
+        assert_eq!(lens, vec![512, 512, 76]);
+        let b = r.next_request(1).unwrap().unwrap();
+        // One hash id covers 512 tokens; the other 88 are unique. Output 0 → 1.
+        assert_eq!(b.content.segments.iter().map(|s| s.tokens).collect::<Vec<_>>(), vec![512, 88]);
+        assert_eq!(b.content.segments[0], a.content.segments[0]);
+        assert_eq!(b.output_tokens, 1);
+        assert_eq!(r.next_request(2).unwrap(), None);
+    }
+
+    #[test]
+    fn a_bad_line_names_the_file_line_and_field() {
+        let text = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 1, \"input_length\": 10, \"output_length\": 1}\n{\"timestamp\": 2, \"input_length\": \"ten\", \"output_length\": 1, \"hash_ids\": []}\n";
+        let cfg = stage(text, "bad");
+        let mut r = TraceReader::open(&cfg).unwrap();
+        assert!(r.next_request(0).unwrap().is_some());
+        assert!(r.next_request(1).unwrap().is_some(), "hash_ids may be absent");
+        let e = r.next_request(2).unwrap_err();
+        assert!(e.contains("t.jsonl:3:"), "{e}");
+        assert!(e.contains("input_length") || e.contains("invalid type"), "{e}");
+        let mut skip = cfg.clone();
+        skip.skip_bad_lines = true;
+        let mut r = TraceReader::open(&skip).unwrap();
+        let n = std::iter::from_fn(|| r.next_request(0).unwrap()).count();
+        assert_eq!((n, r.skipped), (2, 1));
+    }
+
+    #[test]
+    fn total_requests_limits_the_replay() {
+        let text = "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1}\n".repeat(5);
+        let mut cfg = stage(&text, "total");
+        cfg.total = Some(3);
+        let mut r = TraceReader::open(&cfg).unwrap();
+        assert_eq!(std::iter::from_fn(|| r.next_request(0).unwrap()).count(), 3);
+    }
+
+    #[test]
+    fn sequential_hits_follow_the_prefix_property() {
+        let rows = vec![(1100, vec![1, 2, 3]), (1024, vec![1, 2]), (700, vec![1, 9]), (600, vec![1, 2])];
+        // 1: nothing seen. 2: chunks 1, 2 seen (512 each), capped at T − 1 = 1023 → 63 blocks = 1008.
+        // 3: chunk 1 (512), then 9 unseen → 512. 4: chunk 1 (512) + chunk 2 (min(88, 512) = 88) = 600,
+        //    capped at 599 → 37 blocks = 592.
+        assert_eq!(sequential_hits(&rows, 512, 16), vec![0, 1008, 512, 592]);
+    }
+}
