@@ -103,6 +103,7 @@ pub struct Cluster<'a> {
     dev_out: DeviceOutput,
     kv_pending: Vec<Vec<KvEvent>>,
     kv_events: u64,
+    kv_batches: u64,
     latencies: Latencies,
     series: TimeSeries,
     in_system: InSystem,
@@ -135,6 +136,7 @@ impl<'a> Cluster<'a> {
             dev_out: DeviceOutput::default(),
             kv_pending: Vec::new(),
             kv_events: 0,
+            kv_batches: 0,
             latencies: Latencies::default(),
             series: TimeSeries::new(scenario.interval),
             in_system: InSystem::default(),
@@ -259,26 +261,28 @@ impl<'a> Cluster<'a> {
         Some((blocks[end as usize - 1], start, end))
     }
 
-    /// Moves intake requests through I/O slots: looks up their cached prefix
-    /// and starts the reads of the part below the GPU.
+    /// Starts KV fetches for the head of `w`'s waiting queue: looks up each
+    /// candidate's cached prefix (GPU first, then the tiers chunk by chunk,
+    /// each chunk from the fastest tier holding it) and, if part of it is
+    /// below the GPU, allocates GPU blocks for it and reads it (pinned until
+    /// read). A request is searched once, when it comes within `io_slots` of
+    /// the head (chunks written after that are not used by it).
     fn pump(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        if self.worker_tiers[w.index()].is_empty() {
+            return;
+        }
         let cfg = &self.scenario.worker;
-        let no_tiers = self.worker_tiers[w.index()].is_empty();
-        while let Some(id) = self.workers[w.index()].next_for_io(cfg) {
-            if no_tiers {
-                let worker = &mut self.workers[w.index()];
-                worker.begin_io(id, &mut self.requests);
-                worker.io_done(id, &mut self.requests, cfg);
-                continue;
+        let m = self.scenario.kvc.chunk_blocks;
+        for id in self.workers[w.index()].fetch_candidates(&self.requests, cfg) {
+            if !self.workers[w.index()].io_slot_free(cfg) {
+                break;
             }
             let r = &self.requests[id.index()];
             let limit = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
             let worker = &mut self.workers[w.index()];
             let gpu = worker.cache_mut().lookup(&r.blocks[..limit]) as u64;
-            // Chunks beyond the GPU prefix, each from the fastest tier holding it.
             let mut runs: Vec<(u32, u64, Vec<BlockHash>)> = Vec::new(); // (instance, blocks, keys)
             let mut next = gpu;
-            let m = self.scenario.kvc.chunk_blocks;
             let mut j = gpu / m;
             while let Some((key, _, end)) = self.chunk(&r.blocks, j, limit as u64) {
                 let Some(&inst) =
@@ -297,31 +301,30 @@ impl<'a> Cluster<'a> {
                 j += 1;
             }
             let fetched = next - gpu;
-            let worker = &mut self.workers[w.index()];
             if fetched == 0 {
-                worker.begin_io(id, &mut self.requests);
-                worker.io_done(id, &mut self.requests, cfg);
+                self.requests[id.index()].seq.tiers_checked = true;
                 continue;
             }
+            let worker = &mut self.workers[w.index()];
             let idle = worker.running() == 0;
             let cache = worker.cache_mut();
             let path = cache.acquire(&self.requests[id.index()].blocks, gpu as usize, now);
             if !cache.can_allocate(fetched, now, idle) {
                 cache.release(path, now);
-                break; // head of line: retried when blocks are freed
+                break; // retried when blocks are freed
             }
             cache.allocate(fetched, now, idle);
-            worker.begin_io(id, &mut self.requests);
+            worker.begin_fetch(id, &mut self.requests);
             let bb = self.scenario.kvc.block_bytes;
             let r = &mut self.requests[id.index()];
+            r.seq.tiers_checked = true;
             r.seq.path = path;
             r.seq.registered = gpu;
             r.seq.computed = (gpu + fetched) * cfg.block_size;
-            r.hit_tokens[Tier::Gpu.index()] += gpu * cfg.block_size;
             r.fetch = Some((now, runs.len() as u32));
+            r.fetched =
+                Some((gpu, runs.iter().map(|(inst, n, _)| (self.instances[*inst as usize].tier, *n)).collect()));
             for (inst, n, keys) in runs {
-                let tier = self.instances[inst as usize].tier;
-                self.requests[id.index()].hit_tokens[tier.index()] += n * cfg.block_size;
                 let store = &mut self.instances[inst as usize].store;
                 for &k in &keys {
                     store.pin(k);
@@ -401,8 +404,8 @@ impl<'a> Cluster<'a> {
                 self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
                 let w = r.worker.expect("routed");
                 self.workers[w.index()].fetched(request, now, &mut self.requests, cfg);
-                self.kick(now, w, sched);
                 self.pump(now, w, sched);
+                self.kick(now, w, sched);
             }
             Purpose::Write { keys, waiter, worker } => {
                 for k in keys {
@@ -422,6 +425,9 @@ impl<'a> Cluster<'a> {
     }
 
     fn kv_event(&mut self, now: SimTime, w: WorkerId, e: KvEvent, sched: &mut Scheduler<'_, Event>) {
+        if !self.scenario.kvc.publish_events {
+            return;
+        }
         let pending = &mut self.kv_pending[w.index()];
         if pending.is_empty() {
             sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
@@ -467,21 +473,17 @@ impl<'a> Cluster<'a> {
         sched: &mut Scheduler<'_, Event>,
     ) -> u32 {
         let tier = self.instances[inst as usize].tier;
-        let mut keys = Vec::new();
+        let mut keys = Vec::with_capacity(chunks.len());
         let mut bytes = 0;
         let mut spilled = Vec::new();
         for &(k, b) in chunks {
-            match self.instances[inst as usize].store.reserve(k, b) {
-                Reserve::Present | Reserve::NoRoom => {}
-                Reserve::Reserved(victims) => {
-                    keys.push(k);
-                    bytes += b;
-                    for (v, vb) in victims {
-                        self.kv_event(now, w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }, sched);
-                        spilled.push((v, vb));
-                    }
-                }
+            if self.instances[inst as usize].store.reserve(k, b, &mut spilled) == Reserve::Reserved {
+                keys.push(k);
+                bytes += b;
             }
+        }
+        for &(v, _) in &spilled {
+            self.kv_event(now, w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }, sched);
         }
         let mut ops = 0;
         if !keys.is_empty() {
@@ -513,20 +515,17 @@ impl<'a> Cluster<'a> {
             .map(|(key, start, end)| (key, (end - start) * kvc.block_bytes))
             .collect();
         let waiter = (kvc.write_mode == WriteMode::Sync).then_some(id);
-        let targets: Vec<u32> = match kvc.write_policy {
-            WritePolicy::WriteThrough => self.worker_tiers[w.index()].clone(),
-            WritePolicy::Spill => vec![self.worker_tiers[w.index()][0]],
+        let targets = match kvc.write_policy {
+            WritePolicy::WriteThrough => self.worker_tiers[w.index()].len(),
+            WritePolicy::Spill => 1,
         };
-        targets.into_iter().map(|inst| self.write_chunks(now, w, inst, &chunks, waiter, sched)).sum()
+        (0..targets).map(|i| self.write_chunks(now, w, self.worker_tiers[w.index()][i], &chunks, waiter, sched)).sum()
     }
 
     fn on_step_end(&mut self, now: SimTime, worker: WorkerId, version: u32, sched: &mut Scheduler<'_, Event>) {
         let w = &mut self.workers[worker.index()];
-        let Ok(next) = w.finish_step(now, version, &mut self.requests, &self.scenario.worker, &mut self.outcome) else {
+        if w.finish_step(now, version, &mut self.requests, &self.scenario.worker, &mut self.outcome).is_err() {
             return;
-        };
-        if let Some((end, v)) = next {
-            sched.at(end, Event::StepEnd { worker, version: v });
         }
         let out = &self.outcome;
         self.series.on_busy(now - out.duration, now);
@@ -634,6 +633,10 @@ impl<'a> Cluster<'a> {
             tiers.bytes_written[t] += s.bytes_written;
             tiers.device_busy_s[t] += s.busy.as_secs_f64();
             instances[t] += 1;
+            let cap = inst.store.capacity();
+            if cap > 0 {
+                tiers.occupancy_peak[t] = tiers.occupancy_peak[t].max(inst.store.peak() as f64 / cap as f64);
+            }
         }
         for ((util, busy), &n) in tiers.device_utilization.iter_mut().zip(&tiers.device_busy_s).zip(&instances) {
             *util = if n > 0 && secs > 0.0 { busy / (n as f64 * secs) } else { 0.0 };
@@ -663,6 +666,7 @@ impl<'a> Cluster<'a> {
             workers: self.workers.len() as u32,
             tiers,
             kv_events: self.kv_events + self.kv_pending.iter().map(|p| p.len() as u64).sum::<u64>(),
+            kv_event_batches: self.kv_batches,
             trace_lines_skipped: self.workload.skipped_lines(),
         };
         let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
@@ -719,13 +723,17 @@ impl Model for Cluster<'_> {
                 // The router consumes these in the KV-aware routing work; here they are counted.
                 let batch = &mut self.kv_pending[w.index()];
                 self.kv_events += batch.len() as u64;
+                self.kv_batches += 1;
                 batch.clear();
             }
         }
     }
 
+    /// Done when every request has responded and every storage operation
+    /// (asynchronous writes included) has completed.
     fn finished(&self) -> bool {
-        self.fatal.is_some() || (self.workload.finished() && self.in_system.count() == 0)
+        self.fatal.is_some()
+            || (self.workload.finished() && self.in_system.count() == 0 && self.free_ops.len() == self.ops.len())
     }
 
     fn advance_to(&mut self, now: SimTime) {

@@ -47,6 +47,8 @@ pub struct Request {
     pub read_bytes: [u64; 4],
     /// When its KV fetch started, and how many reads are still in flight.
     pub fetch: Option<(SimTime, u32)>,
+    /// What its fetch brought in: the first fetched block and `(tier, blocks)` runs.
+    pub fetched: Option<(u64, Vec<(crate::kvcache::Tier, u64)>)>,
     /// How long its KV fetch took.
     pub fetch_time: Option<SimDuration>,
     /// Chunk writes a synchronous store still waits for.
@@ -84,6 +86,7 @@ impl Request {
             hit_tokens: [0; 4],
             read_bytes: [0; 4],
             fetch: None,
+            fetched: None,
             fetch_time: None,
             pending_writes: 0,
         }
@@ -126,6 +129,11 @@ pub struct SeqState {
     pub admit_seq: u64,
     /// Whether it holds one of the worker's I/O slots.
     pub holds_io_slot: bool,
+    /// Whether a KV fetch for it is in flight.
+    pub fetching: bool,
+    /// Whether the tiers were searched for its prefix (once, when it came
+    /// within `io_slots` of the queue head; again after a preemption).
+    pub tiers_checked: bool,
     /// When its latest token was produced (for the inter-token gap after a preemption).
     pub last_token_at: SimTime,
     /// Decode-group bookkeeping; valid while it is decoding.

@@ -1,6 +1,7 @@
 //! Integration tests: behaviour seen from outside the library and the CLI.
 
 mod cli;
+mod kvcache;
 mod queueing;
 mod scenarios;
 mod sweep;

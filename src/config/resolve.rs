@@ -107,8 +107,10 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
 
     let stages = resolve_stages(&cx, file, base_dir)?;
     let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
-    let kvc = resolve_kvc(&cx, file, &worker, &model)?;
+    let mut kvc = resolve_kvc(&cx, file, &worker, &model)?;
+    kvc.publish_events = policy.reads_kv_events();
     worker.event_stride = kvc.chunk_blocks as u32;
+    worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
     Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, policy, stages, kvc })
 }
@@ -399,6 +401,7 @@ fn resolve_kvc(
         store_on_gpu_eviction: k.store_on_gpu_eviction,
         block_bytes: block * model.kv_bytes_per_token(),
         event_coalesce: SimDuration::from_secs_f64(coalesce),
+        publish_events: false,
     })
 }
 
@@ -537,26 +540,44 @@ fn resolve_worker(
         ));
     }
     let total_blocks = ((memory_bytes - weights) / block_bytes as f64).floor() as u64;
+    let max_model_len = match v.max_model_len {
+        None => model.max_model_len,
+        Some(0) => {
+            return Err(cx.err(
+                &key("max_model_len"),
+                "must be at least 1",
+                "leave it unset for the model's context length",
+            ));
+        }
+        Some(n) if n > model.max_model_len => {
+            return Err(cx.err(
+                &key("max_model_len"),
+                format!("{n} is longer than {}'s context length ({})", model.name, model.max_model_len),
+                format!("use at most {}", model.max_model_len),
+            ));
+        }
+        Some(n) => n,
+    };
     let longest = stages.iter().filter_map(StageConfig::max_sequence_tokens).max().unwrap_or(0);
-    if longest > model.max_model_len {
+    if longest > max_model_len {
         return Err(cx.err(
             "workload.stages",
             format!(
-                "a request can reach {longest} tokens (prompt + output) but {} accepts at most {}",
-                model.name, model.max_model_len
+                "a request can reach {longest} tokens (prompt + output) but the engine serves at most {max_model_len}"
             ),
-            "lower prompt_size_max or output_tokens_max",
+            "lower prompt_size_max or output_tokens_max, or raise worker.vllm_params.max_model_len",
         ));
     }
-    let needed = longest.max(1).div_ceil(u64::from(block_size));
+    // As vLLM at start-up: one sequence of max_model_len tokens must fit.
+    let needed = max_model_len.div_ceil(u64::from(block_size));
     if total_blocks < needed {
         return Err(cx.err(
             "worker.hw",
             format!(
-                "one maximum-length sequence ({longest} tokens = {needed} blocks of {block_size}) does not fit in the KV cache ({total_blocks} blocks left after {:.1} GiB of weights)",
+                "one maximum-length sequence ({max_model_len} tokens = {needed} blocks of {block_size}) does not fit in the KV cache ({total_blocks} blocks left after {:.1} GiB of weights)",
                 weights / (1u64 << 30) as f64
             ),
-            fit_hint,
+            format!("{fit_hint}, or a smaller worker.vllm_params.max_model_len"),
         ));
     }
     if !(v.apc_lru_ttl.is_finite() && v.apc_lru_ttl >= 0.0) {
@@ -567,7 +588,7 @@ fn resolve_worker(
         ));
     }
     let chunked_prefill = v.chunked_prefill;
-    let token_budget = if chunked_prefill { u64::from(budget) } else { model.max_model_len * u64::from(max_num_seqs) };
+    let token_budget = if chunked_prefill { u64::from(budget) } else { max_model_len * u64::from(max_num_seqs) };
     Ok(WorkerConfig {
         max_running: max_num_seqs.min(gpu_slots),
         token_budget,
@@ -576,11 +597,12 @@ fn resolve_worker(
         total_blocks,
         io_slots,
         slot_mode,
-        max_model_len: model.max_model_len,
+        max_model_len,
         prefix_caching: v.enable_prefix_caching,
         apc_ttl: SimDuration::from_secs_f64(v.apc_lru_ttl),
         event_stride: 1,
         report_evictions: false,
+        publish_events: false,
         perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
     })
 }
@@ -632,8 +654,11 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("worker.hw"));
         assert!(e.message.contains("does not fit in GPU memory"), "{e}");
         assert!(e.hint.unwrap().contains("worker.hw.tp"));
-        // Two H100s hold the weights; with short requests the KV pool suffices.
-        scenario("[model.model_params]\nname = \"llama-3.1-70b\"\n[worker.hw]\ntp = 2\n").unwrap();
+        // Two H100s hold the weights, but not also the KV of a 131,072-token sequence…
+        let e = scenario("[model.model_params]\nname = \"llama-3.1-70b\"\n[worker.hw]\ntp = 2\n").unwrap_err();
+        assert!(e.message.contains("one maximum-length sequence (131072 tokens"), "{e}");
+        // …unless the engine serves shorter sequences, as with vLLM's --max-model-len.
+        scenario("[model.model_params]\nname = \"llama-3.1-70b\"\n[worker.hw]\ntp = 2\n[worker.vllm_params]\nmax_model_len = 32768\n").unwrap();
     }
 
     #[test]

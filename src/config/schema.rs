@@ -385,6 +385,9 @@ pub struct VllmParams {
     pub block_size: u32,
     /// Fraction of GPU memory vLLM may use (weights + KV blocks). Not in Opal (which uses 1.0); vLLM's default.
     pub gpu_memory_utilization: f64,
+    /// Longest sequence (prompt + output) served; longer requests are rejected.
+    /// Default: the model's context length. The KV pool must hold one such sequence.
+    pub max_model_len: Option<u64>,
     /// Automatic prefix caching: reuse resident KV blocks of earlier requests.
     pub enable_prefix_caching: bool,
     /// Seconds a cached block stays unevictable after its last use (0 = plain LRU).
@@ -400,6 +403,7 @@ impl Default for VllmParams {
             chunked_prefill: true,
             block_size: 16,
             gpu_memory_utilization: 0.9,
+            max_model_len: None,
             enable_prefix_caching: true,
             apc_lru_ttl: 0.0,
         }

@@ -133,4 +133,6 @@ pub struct KvcConfig {
     pub block_bytes: u64,
     /// How long a worker gathers KV events before sending them.
     pub event_coalesce: crate::time::SimDuration,
+    /// Whether workers publish KV events at all (only a KV-aware router reads them).
+    pub publish_events: bool,
 }

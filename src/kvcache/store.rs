@@ -8,6 +8,7 @@
 
 use super::BlockHash;
 use nohash_hasher::IntMap;
+use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeSet, VecDeque};
 
 /// Which chunk a full store gives up first.
@@ -33,21 +34,23 @@ impl EvictionPolicy {
     }
 }
 
+/// Kept small: a store may index millions of chunks.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    bytes: u64,
+    /// (frequency, stamp): only LFU uses the frequency.
+    rank: (u32, u64),
+    bytes: u32,
+    pins: u16,
     ready: bool,
-    pins: u32,
-    rank: (u64, u64),
 }
 
 /// The outcome of reserving space for a chunk.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reserve {
     /// The chunk is already held (or being written); nothing to write.
     Present,
-    /// Space is reserved; these chunks (key, bytes) were evicted for it.
-    Reserved(Vec<(BlockHash, u64)>),
+    /// Space is reserved (chunks evicted for it were appended to the caller's list).
+    Reserved,
     /// There is no room even after evicting everything evictable.
     NoRoom,
 }
@@ -63,8 +66,9 @@ pub struct ChunkStore {
     policy: EvictionPolicy,
     capacity: u64,
     used: u64,
+    peak: u64,
     map: IntMap<BlockHash, Entry>,
-    order: BTreeSet<(u64, u64, BlockHash)>,
+    order: BTreeSet<(u32, u64, BlockHash)>,
     queue: VecDeque<(u64, BlockHash)>,
     clock: u64,
 }
@@ -76,6 +80,7 @@ impl ChunkStore {
             policy,
             capacity,
             used: 0,
+            peak: 0,
             map: IntMap::default(),
             order: BTreeSet::new(),
             queue: VecDeque::new(),
@@ -88,6 +93,11 @@ impl ChunkStore {
         self.used
     }
 
+    /// Most bytes ever held or reserved.
+    pub fn peak(&self) -> u64 {
+        self.peak
+    }
+
     /// Capacity in bytes.
     pub fn capacity(&self) -> u64 {
         self.capacity
@@ -98,49 +108,31 @@ impl ChunkStore {
         self.map.get(&key).is_some_and(|e| e.ready)
     }
 
-    fn tick(&mut self) -> u64 {
-        self.clock += 1;
-        self.clock
-    }
-
-    fn rerank(&mut self, key: BlockHash, rank: (u64, u64)) {
-        let e = self.map.get_mut(&key).expect("reranked chunk is held");
-        let old = std::mem::replace(&mut e.rank, rank);
-        match self.policy {
-            EvictionPolicy::Lfu => {
-                self.order.remove(&(old.0, old.1, key));
-                self.order.insert((rank.0, rank.1, key));
-            }
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => {
-                self.queue.push_back((rank.1, key));
-                if self.queue.len() > 2 * self.map.len() + 64 {
-                    let map = &self.map;
-                    self.queue.retain(|&(t, k)| map.get(&k).is_some_and(|e| e.rank.1 == t));
-                }
-            }
-        }
-    }
-
-    /// Keys in eviction order (first = evicted first), skipping stale records.
-    fn victims_in_order(&self) -> Box<dyn Iterator<Item = BlockHash> + '_> {
-        match self.policy {
-            EvictionPolicy::Lfu => Box::new(self.order.iter().map(|&(_, _, k)| k)),
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => Box::new(
-                self.queue.iter().filter(|&&(t, k)| self.map.get(&k).is_some_and(|e| e.rank.1 == t)).map(|&(_, k)| k),
-            ),
-        }
+    fn is_current(&self, stamp: u64, key: BlockHash) -> bool {
+        self.map.get(&key).is_some_and(|e| e.rank.1 == stamp)
     }
 
     /// Records a read hit on `key` (recency / frequency).
     pub fn touch(&mut self, key: BlockHash) {
-        let t = self.tick();
-        let Some(e) = self.map.get(&key) else { return };
-        let rank = match self.policy {
-            EvictionPolicy::Lru => (0, t),
-            EvictionPolicy::Lfu => (e.rank.0 + 1, t),
-            EvictionPolicy::Fifo => return,
-        };
-        self.rerank(key, rank);
+        if self.policy == EvictionPolicy::Fifo {
+            return;
+        }
+        self.clock += 1;
+        let t = self.clock;
+        let Some(e) = self.map.get_mut(&key) else { return };
+        let old = e.rank;
+        e.rank = (old.0.saturating_add(u32::from(self.policy == EvictionPolicy::Lfu)), t);
+        let new = e.rank;
+        if self.policy == EvictionPolicy::Lfu {
+            self.order.remove(&(old.0, old.1, key));
+            self.order.insert((new.0, new.1, key));
+        } else {
+            self.queue.push_back((t, key));
+            if self.queue.len() > 2 * self.map.len() + 64 {
+                let map = &self.map;
+                self.queue.retain(|&(s, k)| map.get(&k).is_some_and(|e| e.rank.1 == s));
+            }
+        }
     }
 
     /// Pins `key` against eviction (a read is in flight).
@@ -156,60 +148,83 @@ impl ChunkStore {
     }
 
     /// Reserves `bytes` for `key`, evicting unpinned, readable chunks in
-    /// policy order if needed. The chunk is invisible until [`Self::complete`].
-    pub fn reserve(&mut self, key: BlockHash, bytes: u64) -> Reserve {
-        if self.map.contains_key(&key) {
-            self.touch(key);
-            return Reserve::Present;
+    /// policy order if needed (appended to `evicted` as `(key, bytes)`). The
+    /// chunk is invisible until [`Self::complete`].
+    pub fn reserve(&mut self, key: BlockHash, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> Reserve {
+        if bytes > self.capacity || bytes > u64::from(u32::MAX) {
+            return if self.map.contains_key(&key) { Reserve::Present } else { Reserve::NoRoom };
         }
-        if bytes > self.capacity {
-            return Reserve::NoRoom;
-        }
-        let mut victims = Vec::new();
         if self.used + bytes > self.capacity {
-            let mut freeable = 0;
-            for k in self.victims_in_order() {
-                let e = &self.map[&k];
-                if e.ready && e.pins == 0 {
-                    victims.push((k, e.bytes));
-                    freeable += e.bytes;
-                    if self.used - freeable + bytes <= self.capacity {
-                        break;
-                    }
-                }
+            if self.map.contains_key(&key) {
+                self.touch(key);
+                return Reserve::Present;
             }
-            if self.used - freeable + bytes > self.capacity {
+            if !self.evict_for(bytes, evicted) {
                 return Reserve::NoRoom;
             }
-            for &(k, _) in &victims {
-                let e = self.map.remove(&k).expect("victim is held");
-                if self.policy == EvictionPolicy::Lfu {
-                    self.order.remove(&(e.rank.0, e.rank.1, k));
-                }
-                self.used -= e.bytes;
+        }
+        let rank = (u32::from(self.policy == EvictionPolicy::Lfu), self.clock + 1);
+        match self.map.entry(key) {
+            MapEntry::Occupied(_) => {
+                self.touch(key);
+                return Reserve::Present;
             }
-            // Drop the stale records the victims left at the front.
-            while let Some(&(t, k)) = self.queue.front() {
-                if self.map.get(&k).is_some_and(|e| e.rank.1 == t) {
-                    break;
-                }
-                self.queue.pop_front();
+            MapEntry::Vacant(v) => {
+                v.insert(Entry { rank, bytes: bytes as u32, pins: 0, ready: false });
             }
         }
-        let t = self.tick();
-        let rank = match self.policy {
-            EvictionPolicy::Lfu => (1, t),
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => (0, t),
-        };
-        self.map.insert(key, Entry { bytes, ready: false, pins: 0, rank });
+        self.clock = rank.1;
         match self.policy {
             EvictionPolicy::Lfu => {
                 self.order.insert((rank.0, rank.1, key));
             }
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => self.queue.push_back((t, key)),
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => self.queue.push_back((rank.1, key)),
         }
         self.used += bytes;
-        Reserve::Reserved(victims)
+        self.peak = self.peak.max(self.used);
+        debug_assert!(self.used <= self.capacity, "a store holds more than its capacity");
+        Reserve::Reserved
+    }
+
+    /// Evicts readable, unpinned chunks in policy order until `bytes` fit;
+    /// false (and nothing evicted) if they cannot.
+    fn evict_for(&mut self, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> bool {
+        let first = evicted.len();
+        let mut freeable = 0;
+        let mut choose = |k: BlockHash, e: &Entry| {
+            if e.ready && e.pins == 0 {
+                evicted.push((k, u64::from(e.bytes)));
+                freeable += u64::from(e.bytes);
+            }
+            self.used - freeable + bytes <= self.capacity
+        };
+        let enough = match self.policy {
+            EvictionPolicy::Lfu => self.order.iter().any(|&(_, _, k)| choose(k, &self.map[&k])),
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => self
+                .queue
+                .iter()
+                .filter(|&&(s, k)| self.map.get(&k).is_some_and(|e| e.rank.1 == s))
+                .any(|&(_, k)| choose(k, &self.map[&k])),
+        };
+        if !enough {
+            evicted.truncate(first);
+            return false;
+        }
+        for &(k, _) in &evicted[first..] {
+            let e = self.map.remove(&k).expect("victim is held");
+            if self.policy == EvictionPolicy::Lfu {
+                self.order.remove(&(e.rank.0, e.rank.1, k));
+            }
+            self.used -= u64::from(e.bytes);
+        }
+        // Drop the stale records the victims left at the front.
+        while let Some(&(s, k)) = self.queue.front() {
+            if self.is_current(s, k) {
+                break;
+            }
+            self.queue.pop_front();
+        }
+        true
     }
 
     /// The write of `key` finished: it becomes readable. Returns false if it
@@ -233,11 +248,18 @@ mod tests {
         BlockHash(x)
     }
 
+    /// Reserves and returns the outcome with the evicted chunks.
+    fn reserve(s: &mut ChunkStore, x: u64, bytes: u64) -> (Reserve, Vec<(BlockHash, u64)>) {
+        let mut ev = Vec::new();
+        let r = s.reserve(k(x), bytes, &mut ev);
+        (r, ev)
+    }
+
     fn filled(policy: EvictionPolicy) -> ChunkStore {
         // Capacity for three 10-byte chunks, written 1, 2, 3.
         let mut s = ChunkStore::new(30, policy);
         for x in 1..=3 {
-            assert_eq!(s.reserve(k(x), 10), Reserve::Reserved(vec![]));
+            assert_eq!(reserve(&mut s, x, 10), (Reserve::Reserved, vec![]));
             assert!(s.complete(k(x)));
         }
         s
@@ -247,18 +269,18 @@ mod tests {
     fn lru_evicts_the_least_recently_used() {
         let mut s = filled(EvictionPolicy::Lru);
         s.touch(k(1));
-        assert_eq!(s.reserve(k(4), 10), Reserve::Reserved(vec![(k(2), 10)]));
+        assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(2), 10)]));
         assert!(!s.contains(k(4)), "invisible until written");
         s.complete(k(4));
         assert!(s.contains(k(4)) && s.contains(k(1)) && !s.contains(k(2)));
-        assert_eq!(s.used(), 30);
+        assert_eq!((s.used(), s.peak()), (30, 30));
     }
 
     #[test]
     fn fifo_ignores_reads() {
         let mut s = filled(EvictionPolicy::Fifo);
         s.touch(k(1));
-        assert_eq!(s.reserve(k(4), 10), Reserve::Reserved(vec![(k(1), 10)]));
+        assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(1), 10)]));
     }
 
     #[test]
@@ -268,7 +290,7 @@ mod tests {
         s.touch(k(1));
         s.touch(k(3));
         // Frequencies: 1 → 3, 2 → 1, 3 → 2.
-        assert_eq!(s.reserve(k(4), 10), Reserve::Reserved(vec![(k(2), 10)]));
+        assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(2), 10)]));
     }
 
     #[test]
@@ -278,7 +300,7 @@ mod tests {
             s.touch(k(2));
         }
         assert!(s.queue.len() <= 2 * 3 + 64 + 1, "stale records are compacted: {}", s.queue.len());
-        assert_eq!(s.reserve(k(4), 10), Reserve::Reserved(vec![(k(1), 10)]));
+        assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(1), 10)]));
     }
 
     #[test]
@@ -286,13 +308,14 @@ mod tests {
         let mut s = filled(EvictionPolicy::Lru);
         s.pin(k(1));
         s.pin(k(2));
-        assert_eq!(s.reserve(k(4), 20), Reserve::NoRoom, "only chunk 3 is evictable");
-        assert_eq!(s.reserve(k(4), 10), Reserve::Reserved(vec![(k(3), 10)]));
-        assert_eq!(s.reserve(k(5), 10), Reserve::NoRoom, "chunk 4 is still being written");
+        assert_eq!(reserve(&mut s, 4, 20).0, Reserve::NoRoom, "only chunk 3 is evictable");
+        assert!(s.contains(k(3)), "a failed reservation evicts nothing");
+        assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(3), 10)]));
+        assert_eq!(reserve(&mut s, 5, 10).0, Reserve::NoRoom, "chunk 4 is still being written");
         s.unpin(k(1));
-        assert_eq!(s.reserve(k(5), 10), Reserve::Reserved(vec![(k(1), 10)]));
+        assert_eq!(reserve(&mut s, 5, 10), (Reserve::Reserved, vec![(k(1), 10)]));
         assert!(s.used() <= s.capacity());
-        assert_eq!(s.reserve(k(2), 10), Reserve::Present);
-        assert_eq!(s.reserve(k(6), 31), Reserve::NoRoom);
+        assert_eq!(reserve(&mut s, 2, 10).0, Reserve::Present);
+        assert_eq!(reserve(&mut s, 6, 31).0, Reserve::NoRoom);
     }
 }

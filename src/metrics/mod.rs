@@ -231,6 +231,8 @@ pub struct TierSummary {
     pub device_busy_s: [f64; 4],
     /// Busy fraction of each tier's devices (mean over instances).
     pub device_utilization: [f64; 4],
+    /// Highest occupancy of any instance of each tier, as a fraction of its capacity.
+    pub occupancy_peak: [f64; 4],
 }
 
 impl TierSummary {
@@ -298,6 +300,8 @@ pub struct RunSummary {
     pub tiers: TierSummary,
     /// KV events (stored/removed) the workers published.
     pub kv_events: u64,
+    /// Batches they were sent in (one per worker per coalescing window with events).
+    pub kv_event_batches: u64,
     /// Malformed trace lines skipped.
     pub trace_lines_skipped: u64,
 }
@@ -342,6 +346,7 @@ impl Default for RunSummary {
             workers: 0,
             tiers: TierSummary::default(),
             kv_events: 0,
+            kv_event_batches: 0,
             trace_lines_skipped: 0,
         }
     }
@@ -395,8 +400,10 @@ impl RunSummary {
             c.push((format!("bytes_read_{}", t.short()), Count(self.tiers.bytes_read[i])));
             c.push((format!("bytes_written_{}", t.short()), Count(self.tiers.bytes_written[i])));
             c.push((format!("device_utilization_{}", t.short()), Real(self.tiers.device_utilization[i])));
+            c.push((format!("occupancy_peak_{}", t.short()), Real(self.tiers.occupancy_peak[i])));
         }
         c.push(("kv_events".into(), Count(self.kv_events)));
+        c.push(("kv_event_batches".into(), Count(self.kv_event_batches)));
         c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
         c
     }

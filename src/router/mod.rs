@@ -47,6 +47,13 @@ impl PolicyKind {
     /// Every policy name, as written in configs.
     pub const NAMES: &'static [&'static str] = &["RoundRobin", "Random", "LeastLoaded"];
 
+    /// Whether the policy reads the KV index (so workers must publish KV events).
+    pub fn reads_kv_events(self) -> bool {
+        match self {
+            PolicyKind::RoundRobin | PolicyKind::Random | PolicyKind::LeastLoaded => false,
+        }
+    }
+
     /// Parses a policy name, case-insensitively.
     pub fn from_name(name: &str) -> Option<PolicyKind> {
         Some(match name.to_ascii_lowercase().as_str() {

@@ -14,7 +14,8 @@
 
 use crate::engine::Version;
 use crate::time::{SimDuration, SimTime};
-use std::collections::{HashMap, VecDeque};
+use nohash_hasher::IntMap;
+use std::collections::VecDeque;
 
 /// An operation, numbered by the caller (unique among the device's live ops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -122,7 +123,7 @@ pub struct Device {
     bw: f64,
     cap: Option<f64>,
     waiting: VecDeque<Op>,
-    in_latency: HashMap<OpId, Op>,
+    in_latency: IntMap<u32, Op>,
     active: Vec<Transfer>,
     /// Time up to which `active[..].remaining` is accounted.
     last: SimTime,
@@ -140,7 +141,7 @@ impl Device {
             cap: cfg.client_bandwidth_bps.map(|c| c / 1e9),
             cfg,
             waiting: VecDeque::new(),
-            in_latency: HashMap::new(),
+            in_latency: IntMap::default(),
             active: Vec::new(),
             last: SimTime::ZERO,
             version: Version::default(),
@@ -197,7 +198,7 @@ impl Device {
     pub fn on_timer(&mut self, now: SimTime, timer: DeviceTimer, out: &mut DeviceOutput) {
         match timer {
             DeviceTimer::LatencyDone(id) => {
-                let op = self.in_latency.remove(&id).expect("latency timer for an operation in latency");
+                let op = self.in_latency.remove(&id.0).expect("latency timer for an operation in latency");
                 self.begin_transfer(now, op, out);
             }
             DeviceTimer::Transfer(v) => {
@@ -232,7 +233,7 @@ impl Device {
         if self.cfg.latency.0 == 0 {
             self.begin_transfer(now, op, out);
         } else {
-            self.in_latency.insert(op.id, op);
+            self.in_latency.insert(op.id.0, op);
             out.timers.push((now + self.cfg.latency, DeviceTimer::LatencyDone(op.id)));
             self.set_busy(now);
         }

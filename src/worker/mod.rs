@@ -24,17 +24,20 @@
 //! soon as their prefill chunk ends, output blocks when the request finishes;
 //! a finished or preempted request's blocks stay cached and evictable.
 //!
-//! Slots (Opal's I/O and GPU slots): a request needs an I/O slot to move from
-//! the worker's intake queue to the ready queue (its KV fetch from the tiers
-//! below the GPU, run by the cluster, happens under that slot). In
-//! `pipelined` mode it returns the slot when the fetch ends; in
-//! `single_stage` mode it keeps it until it finishes, so at most
-//! `min(io_slots, gpu_slots)` requests are in processing.
+//! KV fetches (run by the cluster) start only for requests within the first
+//! `io_slots` places of the waiting queue, each under an I/O slot (Opal's
+//! I/O slots / `max_kvc_ready_requests`): loading the next requests overlaps
+//! computing the current ones, and the GPU memory that loaded-but-waiting
+//! requests hold stays bounded. A request being fetched is skipped by
+//! admission; once loaded it holds its blocks until admitted. In `pipelined`
+//! mode the slot is returned when the fetch ends; in `single_stage` mode
+//! every request takes a slot (at its fetch, or at admission) and keeps it
+//! until it finishes, so at most `min(io_slots, gpu_slots)` requests are in
+//! processing.
 //!
-//! Liveness: when nothing is running, a request that already holds its
-//! fetched blocks may be admitted ahead of a head of queue that does not fit,
-//! and the cache's TTL protection yields, so a worker never stalls on memory
-//! it could free.
+//! Liveness: when nothing is running the cache's TTL protection yields, and
+//! a request holding loaded blocks may go ahead of a head that does not fit,
+//! so a worker never stalls on memory it could free.
 
 pub mod perf;
 pub mod presets;
@@ -84,6 +87,8 @@ pub struct WorkerConfig {
     pub event_stride: u32,
     /// Report evicted chunk-ending blocks (for write-back to the tiers).
     pub report_evictions: bool,
+    /// Publish KV events (for a KV-aware router).
+    pub publish_events: bool,
     /// Step-time model.
     pub perf: PerfModel,
 }
@@ -145,9 +150,7 @@ struct Step {
 #[derive(Debug)]
 pub struct Worker {
     id: WorkerId,
-    /// Arrived, waiting for an I/O slot.
-    intake: VecDeque<RequestId>,
-    /// KV ready, waiting for the scheduler (vLLM's waiting queue).
+    /// Waiting for the scheduler (vLLM's waiting queue), FIFO.
     ready: VecDeque<RequestId>,
     /// Running requests still prefilling, in admission order.
     prefilling: Vec<RequestId>,
@@ -172,10 +175,9 @@ impl Worker {
     /// An idle worker with an empty block pool.
     pub fn new(id: WorkerId, cfg: &WorkerConfig) -> Worker {
         let mut cache = PrefixCache::new(cfg.total_blocks, cfg.prefix_caching, cfg.apc_ttl);
-        cache.record(true, cfg.report_evictions, cfg.event_stride);
+        cache.record(cfg.publish_events, cfg.report_evictions, cfg.event_stride);
         Worker {
             id,
-            intake: VecDeque::new(),
             ready: VecDeque::new(),
             prefilling: Vec::new(),
             decode: DecodeGroup::new(cfg.block_size),
@@ -199,9 +201,9 @@ impl Worker {
         self.id
     }
 
-    /// Requests waiting (intake and ready queues), not yet running.
+    /// Requests waiting (including those being fetched), not yet running.
     pub fn waiting(&self) -> usize {
-        self.intake.len() + self.ready.len()
+        self.ready.len()
     }
 
     /// Requests in the running batch.
@@ -239,39 +241,54 @@ impl Worker {
         self.preemptions
     }
 
-    /// Accepts a routed request into the intake queue.
+    /// Accepts a routed request into the waiting queue.
     pub fn enqueue(&mut self, id: RequestId) {
-        self.intake.push_back(id);
-    }
-
-    /// The request waiting longest for an I/O slot, if a slot is free.
-    pub fn next_for_io(&self, cfg: &WorkerConfig) -> Option<RequestId> {
-        if self.io_in_use < cfg.io_slots { self.intake.front().copied() } else { None }
-    }
-
-    /// Gives the intake head (`id`) an I/O slot; call [`Self::io_done`] when its fetch (if any) ends.
-    pub fn begin_io(&mut self, id: RequestId, reqs: &mut [Request]) {
-        let head = self.intake.pop_front();
-        debug_assert_eq!(head, Some(id), "I/O starts for the intake head");
-        self.io_in_use += 1;
-        reqs[id.index()].seq.holds_io_slot = true;
-    }
-
-    /// The request's KV is in GPU memory: it joins the ready queue (and, in
-    /// pipelined mode, returns its I/O slot).
-    pub fn io_done(&mut self, id: RequestId, reqs: &mut [Request], cfg: &WorkerConfig) {
-        if cfg.slot_mode == SlotMode::Pipelined {
-            self.release_io_slot(id, reqs);
-        }
         self.ready.push_back(id);
     }
 
-    /// The request's KV fetch finished (its blocks were allocated and its
-    /// `computed` set when it started): the fetched blocks join the prefix
-    /// cache and the request becomes ready.
+    /// Waiting requests whose prefix should be searched in the tiers now:
+    /// within the first `io_slots` places of the queue, not searched yet,
+    /// holding no blocks — and none at all when every I/O slot is taken.
+    pub fn fetch_candidates(&self, reqs: &[Request], cfg: &WorkerConfig) -> Vec<RequestId> {
+        if self.io_in_use >= cfg.io_slots {
+            return Vec::new();
+        }
+        self.ready
+            .iter()
+            .take(cfg.io_slots as usize)
+            .copied()
+            .filter(|id| {
+                let seq = &reqs[id.index()].seq;
+                !seq.tiers_checked && !seq.fetching && seq.computed == 0
+            })
+            .collect()
+    }
+
+    /// A fetch starts for waiting request `id` (its blocks already allocated
+    /// and `computed` set): it takes an I/O slot.
+    pub fn begin_fetch(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let seq = &mut reqs[id.index()].seq;
+        seq.fetching = true;
+        if !seq.holds_io_slot {
+            seq.holds_io_slot = true;
+            self.io_in_use += 1;
+        }
+    }
+
+    /// Whether another fetch may start.
+    pub fn io_slot_free(&self, cfg: &WorkerConfig) -> bool {
+        self.io_in_use < cfg.io_slots
+    }
+
+    /// The request's KV fetch finished: the loaded blocks join the prefix
+    /// cache (still held by the request, which stays in the waiting queue
+    /// until admitted); in pipelined mode it returns its I/O slot.
     pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        reqs[id.index()].seq.fetching = false;
         self.register_blocks(id, now, reqs, cfg);
-        self.io_done(id, reqs, cfg);
+        if cfg.slot_mode == SlotMode::Pipelined {
+            self.release_io_slot(id, reqs);
+        }
     }
 
     fn release_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
@@ -287,8 +304,9 @@ impl Worker {
         if self.step.is_some() { None } else { self.plan_step(now, reqs, cfg) }
     }
 
-    /// Ends the step stamped `version` at `now`, fills `out` with what it
-    /// produced, and plans the next step (its end and stamp, if any).
+    /// Ends the step stamped `version` at `now` and fills `out` with what it
+    /// produced. The worker is then idle: the caller starts KV fetches for
+    /// the head of the queue and then plans the next step ([`Self::try_start`]).
     pub fn finish_step(
         &mut self,
         now: SimTime,
@@ -296,7 +314,7 @@ impl Worker {
         reqs: &mut [Request],
         cfg: &WorkerConfig,
         out: &mut StepOutcome,
-    ) -> Result<Option<(SimTime, u32)>, StaleStep> {
+    ) -> Result<(), StaleStep> {
         if !self.version.is_current(version) || self.step.as_ref().is_none_or(|s| s.end != now) {
             return Err(StaleStep);
         }
@@ -352,7 +370,7 @@ impl Worker {
         chunks.clear();
         self.chunks = chunks;
         self.step_index += 1;
-        Ok(self.plan_step(now, reqs, cfg))
+        Ok(())
     }
 
     /// Registers the request's newly computed full blocks in the prefix cache.
@@ -432,8 +450,10 @@ impl Worker {
         }
 
         // 3. Admit waiting requests in FIFO order — unless this step preempted
-        //    someone (vLLM v1 does not admit in a step that had to preempt).
-        if self.preemptions == preempted_before {
+        //    someone and still has work (vLLM v1 does not admit in a step that
+        //    had to preempt; a step left empty by preemption admits, or the
+        //    worker would idle with work queued).
+        if self.preemptions == preempted_before || (decodes == 0 && self.chunks.is_empty()) {
             self.admit(now, &mut budget, reqs, cfg);
         }
 
@@ -449,13 +469,14 @@ impl Worker {
         Some((end, self.version.bump()))
     }
 
-    /// Admits ready requests while sequences, budget and blocks last. A
-    /// request admitted without fetched KV first takes its longest cached
-    /// prefix. The queue is FIFO; only when nothing runs may requests that
-    /// already hold their blocks overtake a head that does not fit.
+    /// Admits ready requests in FIFO order while sequences, budget and
+    /// blocks last. A request first takes its longest cached prefix; at its
+    /// first admission those hits are attributed to the tiers its fetch read
+    /// them from (what was fetched but evicted since is recomputed, and not
+    /// counted as a hit).
     fn admit(&mut self, now: SimTime, budget: &mut u64, reqs: &mut [Request], cfg: &WorkerConfig) {
+        // When nothing runs, the TTL yields so the worker cannot stall.
         let idle = self.running() == 0;
-        let mut pos = 0;
         if !idle
             && let (Some(&head), Some((blocked, epoch))) = (self.ready.front(), self.blocked_head)
             && head == blocked
@@ -464,44 +485,59 @@ impl Worker {
         {
             return; // nothing was freed since the head last failed to fit
         }
+        let mut pos = 0;
         while self.running() < cfg.max_running as usize && *budget > 0 && pos < self.ready.len() {
             let id = self.ready[pos];
             let r = &mut reqs[id.index()];
-            let mut hit = 0;
-            if r.seq.computed == 0 && r.seq.registered == 0 {
-                let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
-                hit = self.cache.lookup(&r.blocks[..max]);
-                // Taking the hit blocks can only shrink what is allocatable, so
-                // a request that does not fit now is not worth taking them for.
-                let c = hit as u64 * cfg.block_size;
-                let chunk = (r.seq.num_tokens - c).min(*budget);
-                if !self.cache.can_allocate(cfg.blocks_for(c + chunk) - hit as u64, now, idle) {
-                    if !idle {
-                        self.blocked_head = Some((id, self.cache.epoch()));
-                        break;
-                    }
-                    pos += 1;
-                    continue;
+            if r.seq.fetching {
+                pos += 1; // not loaded yet; later requests may go ahead
+                continue;
+            }
+            if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot {
+                if self.io_in_use >= cfg.io_slots {
+                    break;
                 }
+                r.seq.holds_io_slot = true;
+                self.io_in_use += 1;
+            }
+            // A request holding loaded blocks brings them.
+            let holding = r.seq.computed > 0;
+            let hit = if holding {
+                (r.seq.computed / cfg.block_size) as usize
+            } else {
+                let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
+                self.cache.lookup(&r.blocks[..max])
+            };
+            let c = if holding { r.seq.computed } else { hit as u64 * cfg.block_size };
+            let remaining = r.seq.num_tokens - c;
+            let chunk = remaining.min(*budget);
+            let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
+            // Taking the hit blocks can only shrink what is allocatable, so a
+            // request that does not fit now is not worth taking them for.
+            let mut fits = (cfg.chunked_prefill || chunk == remaining) && self.cache.can_allocate(need, now, idle);
+            if fits && !holding {
                 r.seq.path = self.cache.acquire(&r.blocks, hit, now);
                 r.seq.registered = hit as u64;
                 r.seq.computed = c;
-            }
-            let seq = r.seq;
-            let remaining = seq.num_tokens - seq.computed;
-            let chunk = remaining.min(*budget);
-            let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
-            let fits = (cfg.chunked_prefill || chunk == remaining) && self.cache.can_allocate(need, now, idle);
-            if !fits {
-                if hit > 0 {
+                fits = self.cache.can_allocate(need, now, idle);
+                if !fits {
                     self.release_blocks(id, now, reqs, cfg);
                     reqs[id.index()].seq.computed = 0;
                 }
-                if !idle {
-                    self.blocked_head = Some((id, self.cache.epoch()));
-                    break;
+            }
+            if !fits {
+                if cfg.slot_mode == SlotMode::SingleStage && !holding {
+                    self.release_io_slot(id, reqs);
                 }
-                pos += 1; // nothing runs: let a request that holds its blocks go first
+                if pos == 0 {
+                    self.blocked_head = Some((id, self.cache.epoch()));
+                }
+                // Requests that hold loaded blocks may go ahead of a request
+                // that does not fit: they need least and free most.
+                pos += 1;
+                while pos < self.ready.len() && reqs[self.ready[pos].index()].seq.computed == 0 {
+                    pos += 1;
+                }
                 continue;
             }
             self.ready.remove(pos);
@@ -511,10 +547,10 @@ impl Worker {
             self.admit_counter += 1;
             if r.first_scheduled.is_none() {
                 r.first_scheduled = Some(now);
-                r.hit_tokens[Tier::Gpu.index()] += hit as u64 * cfg.block_size;
+                attribute_hits(r, hit as u64, cfg.block_size);
             }
             self.prefilling.push(id);
-            self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
+            self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
             *budget -= chunk;
         }
     }
@@ -550,10 +586,31 @@ impl Worker {
         self.release_blocks(id, now, reqs, cfg);
         let r = &mut reqs[id.index()];
         r.seq.computed = 0;
+        r.seq.tiers_checked = false;
         r.preemptions += 1;
         self.preemptions += 1;
         self.ready.push_front(id);
     }
+}
+
+/// Credits a request's first `hit` cached blocks to tiers: blocks before its
+/// fetch's start were already in the GPU; the fetched ones to the tiers they
+/// came from, in order; any beyond (computed meanwhile by others) to the GPU.
+fn attribute_hits(r: &mut Request, hit: u64, block_size: u64) {
+    let mut left = hit;
+    let (start, runs) = match &r.fetched {
+        Some((start, runs)) => (*start, runs.as_slice()),
+        None => (hit, &[][..]),
+    };
+    let gpu_before = left.min(start);
+    r.hit_tokens[Tier::Gpu.index()] += gpu_before * block_size;
+    left -= gpu_before;
+    for &(tier, n) in runs {
+        let k = left.min(n);
+        r.hit_tokens[tier.index()] += k * block_size;
+        left -= k;
+    }
+    r.hit_tokens[Tier::Gpu.index()] += left * block_size;
 }
 
 /// Returned by [`Worker::finish_step`] for a step event superseded by a re-plan.
@@ -709,6 +766,7 @@ mod tests {
             apc_ttl: SimDuration::ZERO,
             event_stride: 16,
             report_evictions: false,
+            publish_events: false,
             perf: PerfModel {
                 model: StepModel::Roofline(Roofline {
                     layers: 1.0,
@@ -744,14 +802,7 @@ mod tests {
         arena_keyed(specs, |i| i as u64)
     }
 
-    /// What the cluster does without tiers: I/O slots are instantaneous.
-    fn pump(w: &mut Worker, reqs: &mut [Request], cfg: &WorkerConfig) {
-        while let Some(id) = w.next_for_io(cfg) {
-            w.begin_io(id, reqs);
-            w.io_done(id, reqs, cfg);
-        }
-    }
-
+    /// What the cluster does without tiers: enqueue, then plan if idle.
     fn submit(
         w: &mut Worker,
         now: SimTime,
@@ -760,7 +811,6 @@ mod tests {
         cfg: &WorkerConfig,
     ) -> Option<(SimTime, u32)> {
         w.enqueue(RequestId(id));
-        pump(w, reqs, cfg);
         w.try_start(now, reqs, cfg)
     }
 
@@ -774,12 +824,9 @@ mod tests {
         let mut out = StepOutcome::default();
         let mut log = Vec::new();
         while let Some((t, v)) = next {
-            next = w.finish_step(t, v, reqs, cfg, &mut out).expect("current step");
+            w.finish_step(t, v, reqs, cfg, &mut out).expect("current step");
             log.push((t, out.decodes));
-            pump(w, reqs, cfg);
-            if next.is_none() {
-                next = w.try_start(t, reqs, cfg);
-            }
+            next = w.try_start(t, reqs, cfg);
         }
         log
     }
@@ -865,6 +912,7 @@ mod tests {
         assert_eq!(reqs[0].prefill_tokens_computed, 100);
         assert_eq!(reqs[1].prefill_tokens_computed, 4);
         assert_eq!(reqs[1].hit_tokens[Tier::Gpu.index()], 96);
+        assert_eq!(reqs[1].hit_tokens.iter().sum::<u64>(), 96);
         // Its prefill step: 4 tokens × 100 µs = 0.4 ms < 1 ms of weights → 1 ms.
         assert_eq!(reqs[1].first_token.unwrap() - t, SimDuration(1_000_000));
     }
@@ -881,6 +929,16 @@ mod tests {
         drain(&mut w, second, &mut reqs, &cfg);
         assert_eq!(reqs[1].hit_tokens[Tier::Gpu.index()], 48);
         assert_eq!(reqs[1].prefill_tokens_computed, 16);
+    }
+
+    #[test]
+    fn hits_are_credited_to_the_tier_each_block_was_fetched_from() {
+        let mut r = arena(&[(1000, 1)]).remove(0);
+        // 10 blocks were already in the GPU; the fetch read 5 from CPU memory and 3 from the DFS.
+        r.fetched = Some((10, vec![(Tier::Cpu, 5), (Tier::Dfs, 3)]));
+        attribute_hits(&mut r, 16, 16);
+        // 16 hit blocks: 10 GPU, 5 CPU, 1 DFS (two DFS blocks were evicted before admission).
+        assert_eq!(r.hit_tokens, [160, 80, 0, 16]);
     }
 
     #[test]
@@ -909,10 +967,11 @@ mod tests {
         for i in 1..4 {
             submit(&mut w, SimTime::ZERO, i, &mut reqs, &cfg);
         }
-        // After the first step both slot holders run; the others wait in intake.
+        // After the first step both slot holders run; the others wait for a slot.
         let mut out = StepOutcome::default();
         let (t, v) = first.unwrap();
-        let next = w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        let next = w.try_start(t, &mut reqs, &cfg);
         assert_eq!((w.running(), w.waiting()), (2, 2));
         drain(&mut w, next, &mut reqs, &cfg);
         // Requests 2 and 3 start only after 0 and 1 finish.

@@ -18,7 +18,7 @@
 
 mod trace;
 
-pub use trace::{TraceReader, TraceRequest, TraceStage, sequential_hits};
+pub use trace::{TraceReader, TraceRequest, TraceStage};
 
 use crate::ids::StageId;
 use crate::kvcache::{Content, content_id};

@@ -153,42 +153,6 @@ impl TraceReader {
     }
 }
 
-/// Reference hit computation for tests and tools: given trace rows
-/// `(input_length, hash_ids)` replayed one after another into an unbounded
-/// prefix cache with `block_size`-token blocks, the prompt tokens each one
-/// finds cached. A chunk of a later request matches as many tokens as the
-/// longest earlier occurrence of the same hash id at the same position had
-/// (only full blocks count, and at least one prompt token is computed).
-pub fn sequential_hits(rows: &[(u64, Vec<u64>)], chunk_size: u64, block_size: u64) -> Vec<u64> {
-    let mut seen: std::collections::HashMap<(usize, u64), u64> = std::collections::HashMap::new();
-    rows.iter()
-        .map(|(input, ids)| {
-            let mut matched = 0;
-            for (j, h) in ids.iter().enumerate() {
-                let len = chunk_size.min(input.saturating_sub(j as u64 * chunk_size));
-                if len == 0 {
-                    break;
-                }
-                let prev = seen.get(&(j, *h)).copied().unwrap_or(0);
-                matched += len.min(prev);
-                if prev < len {
-                    break;
-                }
-            }
-            for (j, h) in ids.iter().enumerate() {
-                let len = chunk_size.min(input.saturating_sub(j as u64 * chunk_size));
-                if len == 0 {
-                    break;
-                }
-                let e = seen.entry((j, *h)).or_insert(0);
-                *e = (*e).max(len);
-            }
-            let blocks = (matched / block_size).min((input - 1) / block_size);
-            blocks * block_size
-        })
-        .collect()
-}
-
 /// When the trace's next request is due.
 pub fn due(stage_start: SimTime, r: &TraceRequest) -> SimTime {
     stage_start + r.offset
@@ -261,14 +225,5 @@ mod tests {
         cfg.total = Some(3);
         let mut r = TraceReader::open(&cfg).unwrap();
         assert_eq!(std::iter::from_fn(|| r.next_request(0).unwrap()).count(), 3);
-    }
-
-    #[test]
-    fn sequential_hits_follow_the_prefix_property() {
-        let rows = vec![(1100, vec![1, 2, 3]), (1024, vec![1, 2]), (700, vec![1, 9]), (600, vec![1, 2])];
-        // 1: nothing seen. 2: chunks 1, 2 seen (512 each), capped at T − 1 = 1023 → 63 blocks = 1008.
-        // 3: chunk 1 (512), then 9 unseen → 512. 4: chunk 1 (512) + chunk 2 (min(88, 512) = 88) = 600,
-        //    capped at 599 → 37 blocks = 592.
-        assert_eq!(sequential_hits(&rows, 512, 16), vec![0, 1008, 512, 592]);
     }
 }
