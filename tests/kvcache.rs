@@ -274,3 +274,65 @@ fn spill_moves_what_the_first_tier_evicts_down_instead_of_writing_everything_twi
     let still_in_cpu = w(&spill, 1) - w(&spill, 2);
     assert!(still_in_cpu <= 1 << 30 && still_in_cpu > (1 << 30) * 9 / 10, "{still_in_cpu} bytes left in CPU memory");
 }
+
+/// Requests that each bring a new 1,600-token context to one worker whose GPU
+/// holds about 2,580 blocks, so earlier contexts are evicted from the GPU.
+fn churn(extra: &str) -> opal::Scenario {
+    scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [worker.vllm_params]
+        gpu_memory_utilization = 0.25
+        max_model_len = 32768
+        [kvc]
+        kvc_tiers = ["CPUMemory"]
+        {extra}
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 2.0
+        total_requests = 100
+        prompt_size_min = 1600
+        prompt_size_max = 1600
+        default_prefix_length = 0
+        output_tokens_min = 2
+        output_tokens_max = 2
+        "#
+    ))
+}
+
+#[test]
+fn gpu_evictions_are_written_back_to_the_first_tier_when_asked() {
+    let written = |extra: &str| run(&churn(extra)).summary.tiers.bytes_written[1];
+    // A CPU tier big enough to keep every chunk already holds what the GPU evicts:
+    // writing it back adds nothing.
+    let big = "[kvc.CPUMemory]\ncapacity_GB = 1000";
+    assert_eq!(written(&format!("store_on_gpu_eviction = true\n{big}")), written(big));
+    // An 8 GiB tier has dropped many of them by then: they are written again.
+    assert!(written("store_on_gpu_eviction = true") > written(""));
+}
+
+#[test]
+fn kv_events_are_coalesced_per_worker_window() {
+    let with = |coalesce_s: u64| {
+        let mut s = churn("");
+        s.kvc.publish_events = true;
+        s.worker.publish_events = true;
+        s.kvc.event_coalesce = opal::time::SimDuration::from_secs(coalesce_s);
+        run(&s)
+    };
+    let (often, rarely) = (with(0), with(10));
+    // The same events are published; the window only batches them.
+    assert!(often.summary.kv_events > 0);
+    assert_eq!(often.summary.kv_events, rarely.summary.kv_events);
+    // With a 10 s window one worker sends at most one batch per 10 s of activity.
+    let windows = (rarely.summary.sim_time_s / 10.0).ceil() as u64 + 1;
+    assert!(
+        rarely.summary.kv_event_batches <= windows,
+        "{} batches in {} s",
+        rarely.summary.kv_event_batches,
+        rarely.summary.sim_time_s
+    );
+    assert!(often.summary.kv_event_batches > 10 * rarely.summary.kv_event_batches);
+}
