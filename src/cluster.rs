@@ -19,14 +19,18 @@ use crate::kvcache::{
 };
 use crate::metrics::{
     Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, TierSummary, TimeSeries,
+    WorkerRow,
 };
 use crate::request::Request;
 use crate::rng::{SeedTree, StreamRng};
-use crate::router::{Policy, RoutingPolicy, WorkerLoad};
+use crate::router::{
+    Autoscaler, KvIndex, Match, Policy, RouteContext, RoutingPolicy, SystemEvent, WorkerLoad, autoscale::ScaleAction,
+};
 use crate::storage::{Device, DeviceOutput, DeviceTimer, OpId, OpKind};
 use crate::time::{SimDuration, SimTime};
 use crate::worker::{StepOutcome, Worker};
 use crate::workload::{NewRequest, Workload};
+use std::collections::VecDeque;
 
 /// Everything that happens in a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,6 +53,36 @@ pub enum Event {
     },
     /// A worker sends the KV events it gathered.
     KvFlush(WorkerId),
+    /// The router applies queued events (periodic when its queue is empty,
+    /// or the next batch of a drain).
+    RouterCollect {
+        /// A periodic collection (schedules the next one).
+        periodic: bool,
+    },
+    /// Every worker reports its load to the router.
+    SystemReport,
+    /// The autoscaler looks at the queues.
+    ScaleCheck,
+    /// A provisioned worker joins.
+    ScaleUp,
+}
+
+/// A message in the router's event queue.
+#[derive(Clone, Copy, Debug)]
+enum RouterMsg {
+    Kv(KvEvent),
+    /// A worker's load report.
+    System(SystemEvent),
+}
+
+/// Per-worker counters for the workers table.
+#[derive(Clone, Copy, Debug, Default)]
+struct WorkerStats {
+    started: SimTime,
+    routed: u64,
+    completed: u64,
+    prompt_tokens: u64,
+    hit_tokens: u64,
 }
 
 /// The results of one run.
@@ -62,8 +96,12 @@ pub struct RunOutput {
     pub series: Vec<IntervalRow>,
     /// One record per generated request, in id order (empty unless asked for).
     pub requests: Vec<RequestRecord>,
+    /// One row per worker (including those added by autoscaling).
+    pub workers: Vec<WorkerRow>,
     /// Digest of the event sequence (equal digests: identical runs).
     pub event_digest: u64,
+    /// Wall seconds spent routing and applying router events (when profiled).
+    pub routing_wall_s: Option<f64>,
 }
 
 /// One tier's store and device (per worker for CPU/NVMe, one for the DFS).
@@ -92,6 +130,17 @@ pub struct Cluster<'a> {
     loads: Vec<WorkerLoad>,
     policy: RoutingPolicy,
     router_rng: StreamRng,
+    index: KvIndex,
+    inbox: VecDeque<(WorkerId, SimTime, RouterMsg)>,
+    draining: bool,
+    /// The router's view of each worker (its last system event).
+    system: Vec<SystemEvent>,
+    /// Each worker's busy time at its last system event.
+    reported_busy: Vec<SimDuration>,
+    scores: Vec<Match>,
+    keys: Vec<BlockHash>,
+    autoscaler: Option<Autoscaler>,
+    worker_stats: Vec<WorkerStats>,
     workload: Workload,
     new_requests: Vec<NewRequest>,
     outcome: StepOutcome,
@@ -101,7 +150,7 @@ pub struct Cluster<'a> {
     ops: Vec<Option<IoOp>>,
     free_ops: Vec<u32>,
     dev_out: DeviceOutput,
-    kv_pending: Vec<Vec<KvEvent>>,
+    kv_pending: Vec<Vec<(SimTime, KvEvent)>>,
     kv_events: u64,
     kv_batches: u64,
     latencies: Latencies,
@@ -112,6 +161,8 @@ pub struct Cluster<'a> {
     completed_prompt_tokens: u64,
     completed_output_tokens: u64,
     fatal: Option<String>,
+    /// Wall time spent routing, when profiling (never read by the simulation).
+    routing_wall: Option<std::time::Duration>,
 }
 
 impl<'a> Cluster<'a> {
@@ -124,8 +175,17 @@ impl<'a> Cluster<'a> {
             workers: Vec::new(),
             outstanding: Vec::new(),
             loads: Vec::new(),
-            policy: RoutingPolicy::from_config(scenario.policy),
+            policy: RoutingPolicy::from_config(&scenario.router),
             router_rng: seeds.stream("router"),
+            index: KvIndex::default(),
+            inbox: VecDeque::new(),
+            draining: false,
+            system: Vec::new(),
+            reported_busy: Vec::new(),
+            scores: Vec::new(),
+            keys: Vec::new(),
+            autoscaler: scenario.router.autoscale.map(Autoscaler::new),
+            worker_stats: Vec::new(),
             workload: Workload::new(scenario.stages.clone(), &seeds),
             new_requests: Vec::new(),
             outcome: StepOutcome::default(),
@@ -145,9 +205,10 @@ impl<'a> Cluster<'a> {
             completed_prompt_tokens: 0,
             completed_output_tokens: 0,
             fatal: None,
+            routing_wall: None,
         };
         for _ in 0..scenario.num_workers {
-            c.add_worker();
+            c.add_worker(SimTime::ZERO);
         }
         c
     }
@@ -161,12 +222,15 @@ impl<'a> Cluster<'a> {
         (self.instances.len() - 1) as u32
     }
 
-    /// Adds a worker with cold caches (and its per-worker tiers).
-    fn add_worker(&mut self) -> WorkerId {
+    /// Adds a worker with cold caches (and its per-worker tiers) at `now`.
+    fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
         self.workers.push(Worker::new(id, &self.scenario.worker));
         self.outstanding.push(0);
         self.kv_pending.push(Vec::new());
+        self.system.push(SystemEvent::default());
+        self.reported_busy.push(SimDuration(0));
+        self.worker_stats.push(WorkerStats { started: now, ..WorkerStats::default() });
         let mut tiers = Vec::new();
         for t in &self.scenario.kvc.tiers {
             let shared = t.tier == Tier::Dfs;
@@ -226,19 +290,56 @@ impl<'a> Cluster<'a> {
     }
 
     fn route(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
-        self.loads.clear();
-        self.loads.extend(
-            self.workers.iter().map(|w| WorkerLoad { id: w.id(), outstanding: self.outstanding[w.id().index()] }),
-        );
-        let w = self.policy.choose(&self.loads, &mut self.router_rng);
-        self.outstanding[w.index()] += 1;
+        // The block hashes are the request's, needed by any worker whatever the policy.
         let r = &mut self.requests[id.index()];
-        r.worker = Some(w);
         let content = r.full_content();
         block_hashes(&content, self.scenario.worker.block_size as u32, usize::MAX, &mut r.blocks);
+        let started = self.routing_wall.map(|_| std::time::Instant::now());
+        let w = self.choose_worker(id);
+        if let (Some(t), Some(acc)) = (started, self.routing_wall.as_mut()) {
+            *acc += t.elapsed();
+        }
         self.workers[w.index()].enqueue(id);
         self.pump(now, w, sched);
         self.kick(now, w, sched);
+    }
+
+    /// The routing decision (and its bookkeeping) for request `id`.
+    fn choose_worker(&mut self, id: RequestId) -> WorkerId {
+        self.loads.clear();
+        self.loads.extend(self.workers.iter().map(|w| WorkerLoad {
+            id: w.id(),
+            outstanding: self.outstanding[w.id().index()],
+            system: self.system[w.id().index()],
+        }));
+        let mut chunks = 0;
+        if self.scenario.router.policy.reads_kv_events() {
+            let r = &self.requests[id.index()];
+            let limit = self.scenario.worker.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len()) as u64;
+            self.keys.clear();
+            let mut j = 0;
+            while let Some((key, _, _)) = self.chunk(&r.blocks, j, limit) {
+                self.keys.push(key);
+                j += 1;
+            }
+            chunks = self.keys.len() as u32;
+            self.index.score(&self.keys, self.workers.len(), &self.scenario.router.tier_weights, &mut self.scores);
+        } else {
+            self.scores.clear();
+        }
+        let ctx = RouteContext { workers: &self.loads, prefix: &self.scores, chunks };
+        let w = self.policy.choose(&ctx, &mut self.router_rng);
+        self.outstanding[w.index()] += 1;
+        self.worker_stats[w.index()].routed += 1;
+        let r = &mut self.requests[id.index()];
+        r.worker = Some(w);
+        if chunks > 0 || self.scenario.router.policy.reads_kv_events() {
+            let matched = self.scores.get(w.index()).map_or(0, |m| u64::from(m.chunks));
+            let cfg = &self.scenario.worker;
+            let max_hit = cfg.max_hit_blocks(r.seq.num_tokens) as u64 * cfg.block_size;
+            r.predicted_hit_tokens = Some((matched * self.scenario.kvc.chunk_blocks * cfg.block_size).min(max_hit));
+        }
+        w
     }
 
     /// Starts a step on `w` if it is idle and has work.
@@ -432,7 +533,7 @@ impl<'a> Cluster<'a> {
         if pending.is_empty() {
             sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
         }
-        pending.push(e);
+        pending.push((now, e));
     }
 
     /// Moves the worker's prefix-cache events to its pending KV events and
@@ -448,7 +549,7 @@ impl<'a> Cluster<'a> {
         if pending.is_empty() && !events.is_empty() {
             sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
         }
-        pending.append(&mut events);
+        pending.extend(events.drain(..).map(|e| (now, e)));
         if !evicted.is_empty() {
             // Only reported when write-back on eviction is on (and there is a tier).
             let first = self.worker_tiers[w.index()][0];
@@ -579,6 +680,10 @@ impl<'a> Cluster<'a> {
         self.completed_output_tokens += u64::from(r.output_tokens);
         let stage = r.stage;
         let w = r.worker.expect("routed");
+        let stats = &mut self.worker_stats[w.index()];
+        stats.completed += 1;
+        stats.prompt_tokens += u64::from(r.prompt_tokens);
+        stats.hit_tokens += r.hit_tokens.iter().sum::<u64>();
         self.outstanding[w.index()] -= 1;
         self.in_system.change(now, -1);
         self.series.on_completion(now);
@@ -586,9 +691,72 @@ impl<'a> Cluster<'a> {
         self.schedule_arrival(step, sched);
     }
 
+    /// Applies the router's queued events in batches of at most
+    /// `max_event_batch_size`; with a per-batch time the next batch is a
+    /// later event.
+    fn drain(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
+        let started = self.routing_wall.map(|_| std::time::Instant::now());
+        self.drain_batches(now, sched);
+        if let (Some(t), Some(acc)) = (started, self.routing_wall.as_mut()) {
+            *acc += t.elapsed();
+        }
+    }
+
+    fn drain_batches(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
+        let cfg = &self.scenario.router;
+        while !self.inbox.is_empty() {
+            if self.draining {
+                return; // a batch is being applied; the rest follows it
+            }
+            let n = cfg.max_event_batch.min(self.inbox.len() as u32);
+            self.index.warm(self.inbox.range(..n as usize).filter_map(|(_, _, m)| match m {
+                RouterMsg::Kv(e) => Some(e.hash),
+                RouterMsg::System(_) => None,
+            }));
+            // Events of one flush share their age: record runs of equal ages at once.
+            let mut run = (SimDuration(0), 0);
+            for _ in 0..n {
+                let (w, at, msg) = self.inbox.pop_front().expect("checked non-empty");
+                match msg {
+                    RouterMsg::Kv(e) => {
+                        self.index.apply(w, &e);
+                        let age = now - at;
+                        if age != run.0 && run.1 > 0 {
+                            self.latencies.get_mut(LatencyMetric::KvStaleness).record_n(run.0, run.1);
+                            run.1 = 0;
+                        }
+                        run = (age, run.1 + 1);
+                    }
+                    RouterMsg::System(e) => self.system[w.index()] = e,
+                }
+            }
+            if run.1 > 0 {
+                self.latencies.get_mut(LatencyMetric::KvStaleness).record_n(run.0, run.1);
+            }
+            if cfg.batch_time.0 > 0 && !self.inbox.is_empty() {
+                self.draining = true;
+                sched.after(cfg.batch_time, Event::RouterCollect { periodic: false });
+                return;
+            }
+        }
+    }
+
     /// Runs to the end and reports.
     pub fn run(mut self, opts: &crate::RunOptions) -> Result<RunOutput, String> {
+        if opts.profile_routing {
+            self.routing_wall = Some(std::time::Duration::ZERO);
+        }
         let mut queue = EventQueue::new();
+        let r = &self.scenario.router;
+        if r.policy.reads_kv_events() && r.collection_interval.0 > 0 {
+            queue.push(SimTime::ZERO + r.collection_interval, Event::RouterCollect { periodic: true });
+        }
+        if r.policy == crate::router::PolicyKind::Balanced {
+            queue.push(SimTime::ZERO, Event::SystemReport);
+        }
+        if self.autoscaler.is_some() {
+            queue.push(Autoscaler::first_check(), Event::ScaleCheck);
+        }
         match self.workload.start(SimTime::ZERO) {
             Ok(Some((s, t))) => queue.push(t, Event::Arrival(s)),
             Ok(None) => {}
@@ -615,7 +783,7 @@ impl<'a> Cluster<'a> {
                 busy += (end - start).0;
             }
         }
-        let worker_time = end.0 as f64 * self.workers.len() as f64;
+        let worker_time: f64 = self.worker_stats.iter().map(|st| end.saturating_since(st.started).0 as f64).sum();
         let mut tiers = TierSummary::default();
         let mut prompt = 0u64;
         for r in self.requests.iter().filter(|r| r.first_scheduled.is_some()) {
@@ -667,15 +835,53 @@ impl<'a> Cluster<'a> {
             tiers,
             kv_events: self.kv_events + self.kv_pending.iter().map(|p| p.len() as u64).sum::<u64>(),
             kv_event_batches: self.kv_batches,
+            kv_staleness_ms: self.latencies.get(LatencyMetric::KvStaleness).stats(),
+            routing_mispredictions: {
+                let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+                let (mut n, mut wrong) = (0u64, 0u64);
+                for r in self.requests.iter().filter(|r| r.first_scheduled.is_some()) {
+                    if let Some(p) = r.predicted_hit_tokens {
+                        n += 1;
+                        wrong += u64::from(p.abs_diff(r.hit_tokens.iter().sum()) >= chunk_tokens);
+                    }
+                }
+                if n > 0 { wrong as f64 / n as f64 } else { 0.0 }
+            },
             trace_lines_skipped: self.workload.skipped_lines(),
         };
         let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
+        let workers = self
+            .workers
+            .iter()
+            .zip(&self.worker_stats)
+            .map(|(w, st)| {
+                let alive = end.saturating_since(st.started).as_secs_f64();
+                let busy = w.busy_at(end).as_secs_f64();
+                WorkerRow {
+                    worker: w.id().0,
+                    started_s: st.started.as_secs_f64(),
+                    requests_routed: st.routed,
+                    requests_completed: st.completed,
+                    prefix_hit_ratio: if st.prompt_tokens > 0 {
+                        st.hit_tokens as f64 / st.prompt_tokens as f64
+                    } else {
+                        0.0
+                    },
+                    busy_s: busy,
+                    utilization: if alive > 0.0 { busy / alive } else { 0.0 },
+                    preemptions: w.preemptions(),
+                    chunks_indexed: self.index.held_by(w.id()),
+                }
+            })
+            .collect();
         RunOutput {
             summary,
             latencies: self.latencies,
             series: self.series.finish(end, gauges),
             requests,
+            workers,
             event_digest: stats.digest,
+            routing_wall_s: self.routing_wall.map(|d| d.as_secs_f64()),
         }
     }
 }
@@ -720,11 +926,56 @@ impl Model for Cluster<'_> {
                 self.dev_out = out;
             }
             Event::KvFlush(w) => {
-                // The router consumes these in the KV-aware routing work; here they are counted.
-                let batch = &mut self.kv_pending[w.index()];
+                let batch = std::mem::take(&mut self.kv_pending[w.index()]);
                 self.kv_events += batch.len() as u64;
                 self.kv_batches += 1;
-                batch.clear();
+                self.inbox.extend(batch.iter().map(|&(t, e)| (w, t, RouterMsg::Kv(e))));
+                self.kv_pending[w.index()] = batch;
+                self.kv_pending[w.index()].clear();
+                if self.scenario.router.collection_interval.0 == 0 {
+                    self.drain(now, sched);
+                }
+            }
+            Event::RouterCollect { periodic } => {
+                if !periodic {
+                    self.draining = false;
+                }
+                self.drain(now, sched);
+                if periodic {
+                    sched.after(self.scenario.router.collection_interval, Event::RouterCollect { periodic: true });
+                }
+            }
+            Event::SystemReport => {
+                let interval = self.scenario.router.system_interval.as_secs_f64();
+                for (i, w) in self.workers.iter().enumerate() {
+                    let busy = w.busy_at(now);
+                    let since = SimDuration(busy.0 - self.reported_busy[i].0).as_secs_f64();
+                    self.reported_busy[i] = busy;
+                    let e = SystemEvent {
+                        running: w.running() as u32,
+                        waiting: w.waiting() as u32,
+                        kv_usage: w.used_blocks() as f64 / self.scenario.worker.total_blocks as f64,
+                        gpu_utilization: if interval > 0.0 { (since / interval).min(1.0) } else { 0.0 },
+                    };
+                    self.inbox.push_back((WorkerId(i as u32), now, RouterMsg::System(e)));
+                }
+                sched.after(self.scenario.router.system_interval, Event::SystemReport);
+                if self.scenario.router.collection_interval.0 == 0 {
+                    self.drain(now, sched);
+                }
+            }
+            Event::ScaleCheck => {
+                let a = self.autoscaler.expect("checks are scheduled only with autoscaling");
+                let max = self.outstanding.iter().copied().max().unwrap_or(0);
+                match a.check(now, max, self.workers.len() as u32) {
+                    ScaleAction::CheckAt(t) => sched.at(t, Event::ScaleCheck),
+                    ScaleAction::AddAt(t) => sched.at(t, Event::ScaleUp),
+                }
+            }
+            Event::ScaleUp => {
+                self.add_worker(now);
+                let a = self.autoscaler.expect("scale-ups are scheduled only with autoscaling");
+                sched.at(a.joined(now), Event::ScaleCheck);
             }
         }
     }

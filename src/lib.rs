@@ -48,11 +48,14 @@ pub use config::Scenario;
 pub struct RunOptions {
     /// Build one record per request (memory grows with the request count).
     pub request_records: bool,
+    /// Measure the wall time spent routing and maintaining the router's KV
+    /// index (for benchmarks; it never influences the simulation).
+    pub profile_routing: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { request_records: true }
+        RunOptions { request_records: true, profile_routing: false }
     }
 }
 

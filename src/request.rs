@@ -53,6 +53,8 @@ pub struct Request {
     pub fetch_time: Option<SimDuration>,
     /// Chunk writes a synchronous store still waits for.
     pub pending_writes: u32,
+    /// Prompt tokens the router expected to find cached on the worker it chose.
+    pub predicted_hit_tokens: Option<u64>,
 }
 
 impl Request {
@@ -89,6 +91,7 @@ impl Request {
             fetched: None,
             fetch_time: None,
             pending_writes: 0,
+            predicted_hit_tokens: None,
         }
     }
 

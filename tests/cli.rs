@@ -93,3 +93,18 @@ fn help_explains_the_command() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Usage: opal-sweep") && out.contains("--output") && out.contains("Exit codes"), "{out}");
 }
+
+#[test]
+fn every_shipped_sweep_expands() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut seen = 0;
+    for entry in std::fs::read_dir(root.join("sweeps")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let o = opal_sweep(&[path.to_str().unwrap(), "--dry-run"], root);
+            assert!(o.status.success(), "{}: {}", path.display(), stderr(&o));
+            seen += 1;
+        }
+    }
+    assert!(seen >= 5, "only {seen} sweeps found");
+}

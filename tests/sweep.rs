@@ -124,7 +124,7 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
     let seeds = opal::output::f64_column(&runs, "seed").unwrap();
     assert_eq!(seeds[..4], [Some(7.0), Some(8.0), Some(7.0), Some(8.0)], "seed = base_seed + replicate");
     // Five histograms per run; 60 requests per run; the time series covers each run.
-    assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 5);
+    assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 7, "seven latency metrics per run");
     assert_eq!(read(&out.join("requests.parquet")).num_rows(), 12 * 60);
     assert!(read(&out.join("timeseries.parquet")).num_rows() >= 12);
     let manifest: serde_json::Value =
@@ -264,7 +264,7 @@ fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
             assert_eq!(status.value(i), "ok");
         }
     }
-    assert_eq!(read(&dir.join("out/histograms.parquet")).num_rows(), 4 * 5, "only successful runs have histograms");
+    assert_eq!(read(&dir.join("out/histograms.parquet")).num_rows(), 4 * 7, "only successful runs have histograms");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use super::error::{ConfigError, closest};
 use super::schema::{InferenceParams, KvcSection, NumberOrString, RateParams, SpecFile, TierParams, TraceParams};
 use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
-use crate::router::PolicyKind;
+use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
 use crate::time::{SimDuration, SimTime};
 use crate::worker::perf::{LatencyTable, MixRule, PerfModel, Roofline, StepModel};
@@ -33,8 +33,8 @@ pub struct Scenario {
     pub tp: u32,
     /// Worker settings.
     pub worker: WorkerConfig,
-    /// Routing policy.
-    pub policy: PolicyKind,
+    /// The router.
+    pub router: RouterConfig,
     /// Workload stages.
     pub stages: Vec<StageConfig>,
     /// KV-cache tiers.
@@ -109,10 +109,103 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
     let mut kvc = resolve_kvc(&cx, file, &worker, &model)?;
     kvc.publish_events = policy.reads_kv_events();
+    let router = resolve_router(&cx, file, policy, num_workers)?;
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
-    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, policy, stages, kvc })
+    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, router, stages, kvc })
+}
+
+fn resolve_router(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    policy: PolicyKind,
+    num_workers: u32,
+) -> Result<RouterConfig, ConfigError> {
+    let p = &file.router.router_params;
+    let key = |k: &str| format!("router.router_params.{k}");
+    let secs0 = |k: &str, v: f64| -> Result<SimDuration, ConfigError> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(SimDuration::from_secs_f64(v))
+        } else {
+            Err(cx.err(k, format!("must be ≥ 0 seconds, got {v}"), "use 0 for no delay"))
+        }
+    };
+    let w = &p.tier_weights;
+    let mut tier_weights = [0.0; 4];
+    for (i, (name, v)) in
+        [("GPU", w.GPU), ("CPUMemory", w.CPUMemory), ("LocalNVMe", w.LocalNVMe), ("DistributedFS", w.DistributedFS)]
+            .into_iter()
+            .enumerate()
+    {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(cx.err(
+                &key(&format!("tier_weights.{name}")),
+                format!("must be ≥ 0, got {v}"),
+                "weights are relative; GPU = 1 is natural",
+            ));
+        }
+        tier_weights[i] = v;
+    }
+    for (k, v) in [
+        ("balanced_prefix_weight", p.balanced_prefix_weight),
+        ("balanced_load_weight", p.balanced_load_weight),
+        ("balance_abs_threshold", p.balance_abs_threshold),
+        ("balance_rel_threshold", p.balance_rel_threshold),
+    ] {
+        if !(v.is_finite() && v >= 0.0) {
+            return Err(cx.err(
+                &key(k),
+                format!("must be ≥ 0, got {v}"),
+                "see the Balanced policy's defaults in the README",
+            ));
+        }
+    }
+    if p.max_event_batch_size == 0 {
+        return Err(cx.err(&key("max_event_batch_size"), "must be at least 1", "Opal's default is 64"));
+    }
+    let autoscale = if p.enable_scaling {
+        if p.max_workers < num_workers {
+            return Err(cx.err(
+                &key("max_workers"),
+                format!("max_workers ({}) is below simulation.num_workers ({num_workers})", p.max_workers),
+                "raise max_workers or start with fewer workers",
+            ));
+        }
+        Some(AutoscaleConfig {
+            max_queue_threshold: p.max_queue_threshold,
+            scale_latency: secs0(&key("scale_latency"), p.scale_latency)?,
+            max_workers: p.max_workers,
+        })
+    } else {
+        None
+    };
+    let system = file.worker.worker_params.periodic_infra_update_time;
+    if !(system.is_finite() && system > 0.0) {
+        return Err(cx.err(
+            "worker.worker_params.periodic_infra_update_time",
+            format!("must be a positive number of seconds, got {system}"),
+            "Opal's default is 5",
+        ));
+    }
+    Ok(RouterConfig {
+        policy,
+        collection_interval: secs0(
+            &key("periodic_infra_update_collection_time"),
+            p.periodic_infra_update_collection_time,
+        )?,
+        max_event_batch: p.max_event_batch_size,
+        batch_time: secs0(&key("event_batch_time"), p.event_batch_time)?,
+        system_interval: SimDuration::from_secs_f64(system),
+        tier_weights,
+        balanced: BalancedParams {
+            prefix_weight: p.balanced_prefix_weight,
+            load_weight: p.balanced_load_weight,
+            abs_threshold: p.balance_abs_threshold,
+            rel_threshold: p.balance_rel_threshold,
+        },
+        autoscale,
+    })
 }
 
 fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<ModelArch, ConfigError> {
@@ -627,6 +720,9 @@ mod tests {
         assert_eq!(s.worker.max_running, 256);
         assert_eq!(s.worker.token_budget, 8192);
         assert_eq!(s.worker.io_slots, 8);
+        assert_eq!(s.router.policy, PolicyKind::MaxPrefix, "Opal's default policy");
+        assert_eq!(s.router.collection_interval, SimDuration::from_secs(30));
+        assert!(s.kvc.publish_events, "MaxPrefix reads the KV index");
         let StageKind::Rate(st) = &s.stages[0].kind else { panic!("rate stage expected") };
         assert_eq!((st.rate, st.total, st.prompt, st.output), (2.0, Some(100), (32, 16384), (32, 128)));
         // Opal's kvc defaults: one CPU tier of 8 GiB at 50 GB/s, 256-token chunks.

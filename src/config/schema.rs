@@ -57,8 +57,8 @@ pub struct SweepSection {
     pub replicates: Option<u32>,
     /// Seed of replicate 0; replicate r runs with `base_seed + r` (default `simulation.seed`).
     pub base_seed: Option<u64>,
-    /// Tables to write: `runs` (always), `histograms`, `timeseries`, `requests`
-    /// (default: runs, histograms, timeseries).
+    /// Tables to write: `runs` (always), `histograms`, `timeseries`, `workers`,
+    /// `requests` (default: all but requests).
     pub tables: Option<Vec<String>>,
     /// Time-series interval for every run, seconds (overrides `simulation.time_series_interval_sec`).
     pub time_series_interval_sec: Option<f64>,
@@ -128,13 +128,73 @@ pub struct RouterSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RouterParams {
-    /// Routing policy, case-insensitive: RoundRobin, Random, LeastLoaded.
+    /// Routing policy, case-insensitive: RoundRobin, Random, LeastLoaded,
+    /// MaxPrefix, TieredPrefix, Balanced, PowerOfTwo.
     pub policy: String,
+    /// Add workers when queues grow.
+    pub enable_scaling: bool,
+    /// Outstanding requests on one worker above which a worker is added.
+    pub max_queue_threshold: u32,
+    /// Seconds from the decision to add a worker until it accepts requests.
+    pub scale_latency: f64,
+    /// Most workers.
+    pub max_workers: u32,
+    /// Seconds between the router's event collections when its queue is empty (0: as events arrive).
+    pub periodic_infra_update_collection_time: f64,
+    /// Most events applied per batch.
+    pub max_event_batch_size: u32,
+    /// Seconds one event batch takes to apply (0: instantly, as Opal).
+    pub event_batch_time: f64,
+    /// TieredPrefix: weight of a chunk found in each tier.
+    pub tier_weights: TierWeights,
+    /// Balanced: weight of the cached-prefix fraction.
+    pub balanced_prefix_weight: f64,
+    /// Balanced: weight of the load term.
+    pub balanced_load_weight: f64,
+    /// Balanced: outstanding-request gap (max − min) beyond which the least loaded worker is used…
+    pub balance_abs_threshold: f64,
+    /// …when also max > balance_rel_threshold × min.
+    pub balance_rel_threshold: f64,
 }
 
 impl Default for RouterParams {
     fn default() -> Self {
-        RouterParams { policy: "LeastLoaded".into() }
+        RouterParams {
+            policy: "MaxPrefix".into(),
+            enable_scaling: false,
+            max_queue_threshold: 4,
+            scale_latency: 40.0,
+            max_workers: 50,
+            periodic_infra_update_collection_time: 30.0,
+            max_event_batch_size: 64,
+            event_batch_time: 0.0,
+            tier_weights: TierWeights::default(),
+            balanced_prefix_weight: 1.0,
+            balanced_load_weight: 0.5,
+            balance_abs_threshold: 32.0,
+            balance_rel_threshold: 1.5,
+        }
+    }
+}
+
+/// `[router.router_params.tier_weights]`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(non_snake_case)]
+pub struct TierWeights {
+    /// A chunk in the worker's GPU.
+    pub GPU: f64,
+    /// In its CPU memory.
+    pub CPUMemory: f64,
+    /// On its local NVMe.
+    pub LocalNVMe: f64,
+    /// On the distributed file system.
+    pub DistributedFS: f64,
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        TierWeights { GPU: 1.0, CPUMemory: 0.8, LocalNVMe: 0.5, DistributedFS: 0.3 }
     }
 }
 
@@ -338,11 +398,13 @@ pub struct WorkerSection {
 pub struct WorkerParams {
     /// Seconds a worker gathers KV events before sending them to the router.
     pub kvcevent_coalesce_time: f64,
+    /// Seconds between a worker's load reports (system events) to the router.
+    pub periodic_infra_update_time: f64,
 }
 
 impl Default for WorkerParams {
     fn default() -> Self {
-        WorkerParams { kvcevent_coalesce_time: 30.0 }
+        WorkerParams { kvcevent_coalesce_time: 30.0, periodic_infra_update_time: 5.0 }
     }
 }
 

@@ -141,12 +141,21 @@ pub enum LatencyMetric {
     QueueWait,
     /// Duration of a KV fetch from the tiers below the GPU (requests that had one).
     KvFetch,
+    /// Time from a KV change on a worker to the router applying its event.
+    KvStaleness,
 }
 
 impl LatencyMetric {
     /// All metrics in output order.
-    pub const ALL: [LatencyMetric; 5] =
-        [LatencyMetric::Ttft, LatencyMetric::Tpot, LatencyMetric::Itl, LatencyMetric::E2e, LatencyMetric::QueueWait];
+    pub const ALL: [LatencyMetric; 7] = [
+        LatencyMetric::Ttft,
+        LatencyMetric::Tpot,
+        LatencyMetric::Itl,
+        LatencyMetric::E2e,
+        LatencyMetric::QueueWait,
+        LatencyMetric::KvFetch,
+        LatencyMetric::KvStaleness,
+    ];
 
     /// The column-name stem.
     pub fn name(self) -> &'static str {
@@ -157,6 +166,7 @@ impl LatencyMetric {
             LatencyMetric::E2e => "e2e",
             LatencyMetric::QueueWait => "queue_wait",
             LatencyMetric::KvFetch => "kv_fetch",
+            LatencyMetric::KvStaleness => "kv_staleness",
         }
     }
 }
@@ -164,7 +174,7 @@ impl LatencyMetric {
 /// The latency histograms of a run, indexed by [`LatencyMetric`].
 #[derive(Clone, Debug, Default)]
 pub struct Latencies {
-    hists: [LatencyHistogram; 6],
+    hists: [LatencyHistogram; 7],
 }
 
 impl Latencies {
@@ -214,6 +224,29 @@ pub struct RequestRecord {
     pub read_bytes: [u64; 4],
     /// Duration of its KV fetch, seconds.
     pub kv_fetch_s: Option<f64>,
+}
+
+/// One worker over a run (a row of the workers table).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkerRow {
+    /// Worker id.
+    pub worker: u32,
+    /// When it started accepting requests, seconds (later than 0 if added by autoscaling).
+    pub started_s: f64,
+    /// Requests the router sent it.
+    pub requests_routed: u64,
+    /// Of those, completed.
+    pub requests_completed: u64,
+    /// Prompt tokens its completed requests found cached (any tier) / their prompt tokens.
+    pub prefix_hit_ratio: f64,
+    /// Seconds spent computing steps.
+    pub busy_s: f64,
+    /// Busy fraction since it started.
+    pub utilization: f64,
+    /// Preemptions.
+    pub preemptions: u64,
+    /// Chunks the router's index says it holds at the end.
+    pub chunks_indexed: u64,
 }
 
 /// KV-cache tiers over a run, indexed by `Tier::index` (gpu, cpu, nvme, dfs).
@@ -302,6 +335,11 @@ pub struct RunSummary {
     pub kv_events: u64,
     /// Batches they were sent in (one per worker per coalescing window with events).
     pub kv_event_batches: u64,
+    /// Time from a KV change on a worker to the router seeing it, ms.
+    pub kv_staleness_ms: LatencyStats,
+    /// Fraction of KV-aware routing decisions whose predicted prefix hit was
+    /// off by a chunk or more from what the request found on admission.
+    pub routing_mispredictions: f64,
     /// Malformed trace lines skipped.
     pub trace_lines_skipped: u64,
 }
@@ -347,6 +385,8 @@ impl Default for RunSummary {
             tiers: TierSummary::default(),
             kv_events: 0,
             kv_event_batches: 0,
+            kv_staleness_ms: none,
+            routing_mispredictions: 0.0,
             trace_lines_skipped: 0,
         }
     }
@@ -380,6 +420,7 @@ impl RunSummary {
             ("e2e", &self.e2e_ms),
             ("queue_wait", &self.queue_wait_ms),
             ("kv_fetch", &self.kv_fetch_ms),
+            ("kv_staleness", &self.kv_staleness_ms),
         ] {
             c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
         }
@@ -404,6 +445,7 @@ impl RunSummary {
         }
         c.push(("kv_events".into(), Count(self.kv_events)));
         c.push(("kv_event_batches".into(), Count(self.kv_event_batches)));
+        c.push(("routing_mispredictions".into(), Real(self.routing_mispredictions)));
         c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
         c
     }

@@ -23,7 +23,7 @@ pub mod table;
 
 use crate::cluster::RunOutput;
 use crate::kvcache::Tier;
-use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, SummaryValue};
+use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, SummaryValue, WorkerRow};
 use arrow_array::{Array, RecordBatch, RecordBatchReader, UInt32Array};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
@@ -46,6 +46,8 @@ pub enum TableKind {
     Timeseries,
     /// One row per request.
     Requests,
+    /// One row per worker.
+    Workers,
 }
 
 impl TableKind {
@@ -60,6 +62,7 @@ impl TableKind {
             TableKind::Histograms => "histograms",
             TableKind::Timeseries => "timeseries",
             TableKind::Requests => "requests",
+            TableKind::Workers => "workers",
         }
     }
 
@@ -200,6 +203,18 @@ impl TableSet {
             .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
             .chain(Tier::ALL[1..].iter().map(|t| (format!("bytes_{}", t.short()), ColType::U64)))
             .collect(),
+            TableKind::Workers => vec![
+                c("run_id", ColType::U32),
+                c("worker", ColType::U32),
+                c("started_s", ColType::F64),
+                c("requests_routed", ColType::U64),
+                c("requests_completed", ColType::U64),
+                c("prefix_hit_ratio", ColType::F64),
+                c("busy_s", ColType::F64),
+                c("utilization", ColType::F64),
+                c("preemptions", ColType::U64),
+                c("chunks_indexed", ColType::U64),
+            ],
             TableKind::Requests => vec![
                 c("run_id", ColType::U32),
                 c("request_id", ColType::U32),
@@ -289,6 +304,34 @@ impl TableSet {
                     cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
                     cells.extend(tier_bytes[1..].iter().map(|&b| Cell::U64(b)));
                     b.push(&cells);
+                }
+            }
+            TableKind::Workers => {
+                let Ok(out) = &r.outcome else { return };
+                for w in &out.workers {
+                    let WorkerRow {
+                        worker,
+                        started_s,
+                        requests_routed,
+                        requests_completed,
+                        prefix_hit_ratio,
+                        busy_s,
+                        utilization,
+                        preemptions,
+                        chunks_indexed,
+                    } = w;
+                    b.push(&[
+                        id,
+                        Cell::U32(*worker),
+                        Cell::F64(*started_s),
+                        Cell::U64(*requests_routed),
+                        Cell::U64(*requests_completed),
+                        Cell::F64(*prefix_hit_ratio),
+                        Cell::F64(*busy_s),
+                        Cell::F64(*utilization),
+                        Cell::U64(*preemptions),
+                        Cell::U64(*chunks_indexed),
+                    ]);
                 }
             }
             TableKind::Requests => {

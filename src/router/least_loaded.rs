@@ -1,7 +1,7 @@
 //! Least loaded: the worker with the fewest outstanding requests (routed and
 //! not yet completed, as the router counts them); ties go to the lowest id.
 
-use super::{Policy, WorkerLoad};
+use super::{Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -10,8 +10,8 @@ use crate::rng::StreamRng;
 pub struct LeastLoaded;
 
 impl Policy for LeastLoaded {
-    fn choose(&mut self, workers: &[WorkerLoad], _rng: &mut StreamRng) -> WorkerId {
-        workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
+    fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
+        ctx.workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
     }
 }
 
@@ -23,8 +23,11 @@ mod tests {
     #[test]
     fn picks_fewest_outstanding_and_lowest_id_on_ties() {
         let mut rng = SeedTree::new(1).stream("router");
-        assert_eq!(LeastLoaded.choose(&super::super::loads(&[3, 1, 2]), &mut rng), WorkerId(1));
-        assert_eq!(LeastLoaded.choose(&super::super::loads(&[2, 1, 1]), &mut rng), WorkerId(1));
-        assert_eq!(LeastLoaded.choose(&super::super::loads(&[0, 0]), &mut rng), WorkerId(0));
+        let pick = |o: &[u32], rng: &mut StreamRng| {
+            LeastLoaded.choose(&super::super::ctx(&super::super::loads(o), &[], 0), rng)
+        };
+        assert_eq!(pick(&[3, 1, 2], &mut rng), WorkerId(1));
+        assert_eq!(pick(&[2, 1, 1], &mut rng), WorkerId(1));
+        assert_eq!(pick(&[0, 0], &mut rng), WorkerId(0));
     }
 }

@@ -3,33 +3,121 @@
 //!
 //! Policies follow the house pattern: the [`Policy`] trait is the contract,
 //! [`RoutingPolicy`] the closed enum the router dispatches on, one file per
-//! policy. Names are case-insensitive, as in Opal.
+//! policy. Names are case-insensitive, as in Opal. KV-aware policies see the
+//! router's [`KvIndex`], which workers feed with stored/removed events:
+//! workers coalesce events for `kvcevent_coalesce_time`; the router collects
+//! them every `periodic_infra_update_collection_time` (immediately when 0),
+//! in batches of at most `max_event_batch_size`, each taking
+//! `event_batch_time` — so the index is stale in a controlled way.
 
+pub mod autoscale;
+mod balanced;
+mod index;
 mod least_loaded;
+mod max_prefix;
+mod power_of_two;
 mod random;
 mod round_robin;
+mod tiered_prefix;
 
+pub use autoscale::{AutoscaleConfig, Autoscaler};
+pub use balanced::{Balanced, BalancedParams};
+pub use index::{KvIndex, Match};
 pub use least_loaded::LeastLoaded;
+pub use max_prefix::MaxPrefix;
+pub use power_of_two::PowerOfTwo;
 pub use random::Random;
 pub use round_robin::RoundRobin;
+pub use tiered_prefix::TieredPrefix;
 
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
+use crate::time::SimDuration;
+use rand::RngExt;
 
-/// What a policy may look at: the workers that accept requests, in creation order.
-#[derive(Clone, Copy, Debug)]
+/// A worker's periodic report to the router (Opal's `SystemEvent`), sent
+/// every `periodic_infra_update_time` and seen by the router when it next
+/// collects its queue.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SystemEvent {
+    /// Requests in the running batch.
+    pub running: u32,
+    /// Requests waiting for admission (queue occupancy).
+    pub waiting: u32,
+    /// Fraction of the GPU KV blocks in use (memory use).
+    pub kv_usage: f64,
+    /// Fraction of the time since the previous report spent computing.
+    pub gpu_utilization: f64,
+}
+
+/// What a policy may know about a worker.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkerLoad {
     /// The worker.
     pub id: WorkerId,
-    /// Requests routed to it that have not completed.
+    /// Requests routed to it that have not completed (the router's own count).
     pub outstanding: u32,
+    /// Its last system event (all zero before the first).
+    pub system: SystemEvent,
+}
+
+/// Everything a policy decides on.
+#[derive(Clone, Copy, Debug)]
+pub struct RouteContext<'a> {
+    /// Workers accepting requests, in creation order.
+    pub workers: &'a [WorkerLoad],
+    /// Per worker (by index), what the KV index says it could serve of this
+    /// request (empty for policies that do not read the index).
+    pub prefix: &'a [Match],
+    /// Chunks of this request the index could match.
+    pub chunks: u32,
+}
+
+impl RouteContext<'_> {
+    /// Fraction of the request's chunks worker `i` could serve.
+    pub fn prefix_fraction(&self, i: usize) -> f64 {
+        if self.chunks == 0 {
+            0.0
+        } else {
+            f64::from(self.prefix.get(i).map_or(0, |m| m.chunks)) / f64::from(self.chunks)
+        }
+    }
 }
 
 /// A routing policy.
 pub trait Policy {
-    /// Chooses one of `workers` (never empty). Random choices draw from `rng`
-    /// (the run's `router` stream).
-    fn choose(&mut self, workers: &[WorkerLoad], rng: &mut StreamRng) -> WorkerId;
+    /// Chooses one of `ctx.workers` (never empty). Random choices draw from
+    /// `rng` (the run's `router` stream).
+    fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId;
+}
+
+/// The worker with the highest score; ties broken uniformly at random.
+pub(crate) fn best_with_random_ties(
+    workers: &[WorkerLoad],
+    score: impl Fn(usize) -> f64,
+    rng: &mut StreamRng,
+) -> WorkerId {
+    let mut best = f64::NEG_INFINITY;
+    let mut ties = 0usize;
+    for i in 0..workers.len() {
+        let s = score(i);
+        if s > best {
+            best = s;
+            ties = 1;
+        } else if s == best {
+            ties += 1;
+        }
+    }
+    let mut k = if ties == 1 { 0 } else { rng.random_range(0..ties) };
+    for (i, w) in workers.iter().enumerate() {
+        if score(i) == best {
+            if k == 0 {
+                return w.id;
+            }
+            k -= 1;
+        }
+    }
+    unreachable!("the best score is among the workers")
 }
 
 /// Which policy a scenario uses.
@@ -41,18 +129,20 @@ pub enum PolicyKind {
     Random,
     /// Fewest outstanding requests; ties to the lowest id.
     LeastLoaded,
+    /// Longest cached prefix per the KV index; ties and no hit at random.
+    MaxPrefix,
+    /// MaxPrefix with each chunk weighted by the tier holding it.
+    TieredPrefix,
+    /// Prefix score minus load, with an imbalance fallback to the least loaded.
+    Balanced,
+    /// The less loaded of two workers drawn at random.
+    PowerOfTwo,
 }
 
 impl PolicyKind {
     /// Every policy name, as written in configs.
-    pub const NAMES: &'static [&'static str] = &["RoundRobin", "Random", "LeastLoaded"];
-
-    /// Whether the policy reads the KV index (so workers must publish KV events).
-    pub fn reads_kv_events(self) -> bool {
-        match self {
-            PolicyKind::RoundRobin | PolicyKind::Random | PolicyKind::LeastLoaded => false,
-        }
-    }
+    pub const NAMES: &'static [&'static str] =
+        &["RoundRobin", "Random", "LeastLoaded", "MaxPrefix", "TieredPrefix", "Balanced", "PowerOfTwo"];
 
     /// Parses a policy name, case-insensitively.
     pub fn from_name(name: &str) -> Option<PolicyKind> {
@@ -60,9 +150,39 @@ impl PolicyKind {
             "roundrobin" => PolicyKind::RoundRobin,
             "random" => PolicyKind::Random,
             "leastloaded" => PolicyKind::LeastLoaded,
+            "maxprefix" => PolicyKind::MaxPrefix,
+            "tieredprefix" => PolicyKind::TieredPrefix,
+            "balanced" => PolicyKind::Balanced,
+            "poweroftwo" => PolicyKind::PowerOfTwo,
             _ => return None,
         })
     }
+
+    /// Whether the policy reads the KV index (so workers must publish KV events).
+    pub fn reads_kv_events(self) -> bool {
+        matches!(self, PolicyKind::MaxPrefix | PolicyKind::TieredPrefix | PolicyKind::Balanced)
+    }
+}
+
+/// Resolved router settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// The policy.
+    pub policy: PolicyKind,
+    /// How often the router collects events when its queue is empty (zero: as they arrive).
+    pub collection_interval: SimDuration,
+    /// Most events applied per batch.
+    pub max_event_batch: u32,
+    /// Time one batch takes to apply.
+    pub batch_time: SimDuration,
+    /// How often workers report load (system events).
+    pub system_interval: SimDuration,
+    /// Weight of a chunk found in each tier (gpu, cpu, nvme, dfs) for TieredPrefix.
+    pub tier_weights: [f64; 4],
+    /// Balanced's parameters.
+    pub balanced: BalancedParams,
+    /// Autoscaling, if enabled.
+    pub autoscale: Option<AutoscaleConfig>,
 }
 
 /// A policy instance with its state.
@@ -74,32 +194,57 @@ pub enum RoutingPolicy {
     Random(Random),
     /// See [`LeastLoaded`].
     LeastLoaded(LeastLoaded),
+    /// See [`MaxPrefix`].
+    MaxPrefix(MaxPrefix),
+    /// See [`TieredPrefix`].
+    TieredPrefix(TieredPrefix),
+    /// See [`Balanced`].
+    Balanced(Balanced),
+    /// See [`PowerOfTwo`].
+    PowerOfTwo(PowerOfTwo),
 }
 
 impl RoutingPolicy {
-    /// A fresh instance of `kind`.
-    pub fn from_config(kind: PolicyKind) -> RoutingPolicy {
-        match kind {
+    /// A fresh instance per `cfg`.
+    pub fn from_config(cfg: &RouterConfig) -> RoutingPolicy {
+        match cfg.policy {
             PolicyKind::RoundRobin => RoutingPolicy::RoundRobin(RoundRobin::default()),
             PolicyKind::Random => RoutingPolicy::Random(Random),
             PolicyKind::LeastLoaded => RoutingPolicy::LeastLoaded(LeastLoaded),
+            PolicyKind::MaxPrefix => RoutingPolicy::MaxPrefix(MaxPrefix),
+            PolicyKind::TieredPrefix => RoutingPolicy::TieredPrefix(TieredPrefix),
+            PolicyKind::Balanced => RoutingPolicy::Balanced(Balanced { params: cfg.balanced }),
+            PolicyKind::PowerOfTwo => RoutingPolicy::PowerOfTwo(PowerOfTwo),
         }
     }
 }
 
 impl Policy for RoutingPolicy {
-    fn choose(&mut self, workers: &[WorkerLoad], rng: &mut StreamRng) -> WorkerId {
+    fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         match self {
-            RoutingPolicy::RoundRobin(p) => p.choose(workers, rng),
-            RoutingPolicy::Random(p) => p.choose(workers, rng),
-            RoutingPolicy::LeastLoaded(p) => p.choose(workers, rng),
+            RoutingPolicy::RoundRobin(p) => p.choose(ctx, rng),
+            RoutingPolicy::Random(p) => p.choose(ctx, rng),
+            RoutingPolicy::LeastLoaded(p) => p.choose(ctx, rng),
+            RoutingPolicy::MaxPrefix(p) => p.choose(ctx, rng),
+            RoutingPolicy::TieredPrefix(p) => p.choose(ctx, rng),
+            RoutingPolicy::Balanced(p) => p.choose(ctx, rng),
+            RoutingPolicy::PowerOfTwo(p) => p.choose(ctx, rng),
         }
     }
 }
 
 #[cfg(test)]
 pub(crate) fn loads(outstanding: &[u32]) -> Vec<WorkerLoad> {
-    outstanding.iter().enumerate().map(|(i, &o)| WorkerLoad { id: WorkerId(i as u32), outstanding: o }).collect()
+    outstanding
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| WorkerLoad { id: WorkerId(i as u32), outstanding: o, system: SystemEvent::default() })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) fn ctx<'a>(workers: &'a [WorkerLoad], prefix: &'a [Match], chunks: u32) -> RouteContext<'a> {
+    RouteContext { workers, prefix, chunks }
 }
 
 #[cfg(test)]
@@ -110,7 +255,9 @@ mod tests {
     fn policy_names_are_case_insensitive() {
         assert_eq!(PolicyKind::from_name("roundrobin"), Some(PolicyKind::RoundRobin));
         assert_eq!(PolicyKind::from_name("LEASTLOADED"), Some(PolicyKind::LeastLoaded));
-        assert_eq!(PolicyKind::from_name("Random"), Some(PolicyKind::Random));
+        assert_eq!(PolicyKind::from_name("MaxPrefix"), Some(PolicyKind::MaxPrefix));
+        assert_eq!(PolicyKind::from_name("poweroftwo"), Some(PolicyKind::PowerOfTwo));
         assert_eq!(PolicyKind::from_name("Fastest"), None);
+        assert!(PolicyKind::Balanced.reads_kv_events() && !PolicyKind::LeastLoaded.reads_kv_events());
     }
 }

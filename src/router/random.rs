@@ -1,6 +1,6 @@
 //! Random: each request to a worker chosen uniformly from the `router` stream.
 
-use super::{Policy, WorkerLoad};
+use super::{Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 use rand::RngExt;
@@ -10,8 +10,8 @@ use rand::RngExt;
 pub struct Random;
 
 impl Policy for Random {
-    fn choose(&mut self, workers: &[WorkerLoad], rng: &mut StreamRng) -> WorkerId {
-        workers[rng.random_range(0..workers.len())].id
+    fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
+        ctx.workers[rng.random_range(0..ctx.workers.len())].id
     }
 }
 
@@ -25,7 +25,9 @@ mod tests {
         let workers = super::super::loads(&[0; 4]);
         let draw = |seed| {
             let mut rng = SeedTree::new(seed).stream("router");
-            (0..40_000).map(|_| Random.choose(&workers, &mut rng).index()).collect::<Vec<_>>()
+            (0..40_000)
+                .map(|_| Random.choose(&super::super::ctx(&workers, &[], 0), &mut rng).index())
+                .collect::<Vec<_>>()
         };
         let a = draw(5);
         assert_eq!(a, draw(5));

@@ -1,6 +1,6 @@
 //! Round robin: the first request goes to the first worker, then each next one.
 
-use super::{Policy, WorkerLoad};
+use super::{Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -11,10 +11,10 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
-    fn choose(&mut self, workers: &[WorkerLoad], _rng: &mut StreamRng) -> WorkerId {
-        let i = self.next % workers.len();
+    fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
+        let i = self.next % ctx.workers.len();
         self.next = i + 1;
-        workers[i].id
+        ctx.workers[i].id
     }
 }
 
@@ -28,10 +28,10 @@ mod tests {
         let mut rng = SeedTree::new(1).stream("router");
         let mut p = RoundRobin::default();
         let three = super::super::loads(&[9, 0, 0]);
-        let picks: Vec<u32> = (0..4).map(|_| p.choose(&three, &mut rng).0).collect();
+        let picks: Vec<u32> = (0..4).map(|_| p.choose(&super::super::ctx(&three, &[], 0), &mut rng).0).collect();
         assert_eq!(picks, vec![0, 1, 2, 0]);
         let four = super::super::loads(&[0, 0, 0, 0]);
-        let picks: Vec<u32> = (0..4).map(|_| p.choose(&four, &mut rng).0).collect();
+        let picks: Vec<u32> = (0..4).map(|_| p.choose(&super::super::ctx(&four, &[], 0), &mut rng).0).collect();
         assert_eq!(picks, vec![1, 2, 3, 0]);
     }
 }

@@ -251,7 +251,7 @@ fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigErr
     let mut set = BTreeSet::from([TableKind::Runs]);
     for n in &names {
         let kind = TableKind::from_name(n).ok_or_else(|| {
-            let all = ["runs", "histograms", "timeseries", "requests"];
+            let all = ["runs", "histograms", "timeseries", "workers", "requests"];
             let hint = match closest(n, all) {
                 Some(c) => format!("did you mean `{c}`? tables: {}", all.join(", ")),
                 None => format!("tables: {}", all.join(", ")),

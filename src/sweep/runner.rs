@@ -262,7 +262,8 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         )));
     }
 
-    let run_opts = RunOptions { request_records: plan.tables.tables.contains(&TableKind::Requests) };
+    let run_opts =
+        RunOptions { request_records: plan.tables.tables.contains(&TableKind::Requests), profile_routing: false };
     let shard_tag =
         opts.shard.filter(|_| sharded).map_or_else(|| "all".to_string(), |s| format!("s{}of{}", s.index, s.count));
     let pid = std::process::id();

@@ -231,6 +231,11 @@ impl Worker {
         self.busy
     }
 
+    /// Time spent computing up to `now`, the step in flight included.
+    pub fn busy_at(&self, now: SimTime) -> SimDuration {
+        self.busy + self.step_start().map_or(SimDuration(0), |s| now.saturating_since(s))
+    }
+
     /// Steps run.
     pub fn steps(&self) -> u64 {
         self.steps

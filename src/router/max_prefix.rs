@@ -1,0 +1,53 @@
+//! MaxPrefix (Opal's default): the worker whose cache, per the router's KV
+//! index, holds the longest prefix of the request (as a fraction of its
+//! chunks); ties at random; when nobody holds any of it, a random worker.
+
+use super::{Policy, RouteContext, best_with_random_ties};
+use crate::ids::WorkerId;
+use crate::rng::StreamRng;
+
+/// Longest cached prefix, random among ties.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MaxPrefix;
+
+impl Policy for MaxPrefix {
+    fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
+        best_with_random_ties(ctx.workers, |i| ctx.prefix_fraction(i), rng)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Match, ctx, loads};
+    use super::*;
+    use crate::rng::SeedTree;
+
+    fn m(chunks: u32) -> Match {
+        Match { chunks, weighted: f64::from(chunks) }
+    }
+
+    #[test]
+    fn picks_the_longest_prefix() {
+        let mut rng = SeedTree::new(1).stream("router");
+        let w = loads(&[0, 0, 9]);
+        assert_eq!(MaxPrefix.choose(&ctx(&w, &[m(1), m(3), m(2)], 4), &mut rng), WorkerId(1));
+    }
+
+    #[test]
+    fn ties_and_misses_are_broken_by_the_router_stream() {
+        let w = loads(&[0; 4]);
+        let picks = |seed: u64, prefix: &[Match]| {
+            let mut rng = SeedTree::new(seed).stream("router");
+            (0..200).map(|_| MaxPrefix.choose(&ctx(&w, prefix, 4), &mut rng).0).collect::<Vec<_>>()
+        };
+        // Workers 1 and 3 tie: only they are chosen, both of them, the same way per seed.
+        let tie = [m(0), m(2), m(1), m(2)];
+        let a = picks(7, &tie);
+        assert!(a.iter().all(|&x| x == 1 || x == 3) && a.contains(&1) && a.contains(&3));
+        assert_eq!(a, picks(7, &tie));
+        assert_ne!(a, picks(8, &tie));
+        // Nobody holds anything: every worker can be chosen.
+        let none = picks(7, &[]);
+        assert!((0..4).all(|w| none.contains(&w)));
+    }
+}
