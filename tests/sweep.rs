@@ -37,7 +37,7 @@ const SPEC: &str = r#"
 name = "t"
 replicates = 2
 base_seed = 7
-tables = ["runs", "histograms", "timeseries", "requests"]
+tables = ["runs", "histograms", "timeseries", "workers", "requests"]
 
 [grid]
 "router.router_params.policy" = ["RoundRobin", "Random", "LeastLoaded"]
@@ -75,7 +75,7 @@ fn ok(o: &Output) {
     );
 }
 
-const TABLES: [&str; 4] = ["runs", "histograms", "timeseries", "requests"];
+const TABLES: [&str; 5] = ["runs", "histograms", "timeseries", "workers", "requests"];
 
 fn assert_same_tables(a: &Path, b: &Path) {
     for t in TABLES {
@@ -123,8 +123,12 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
     assert_eq!(ids, (0..12).collect::<Vec<_>>(), "rows sorted by run id");
     let seeds = opal::output::f64_column(&runs, "seed").unwrap();
     assert_eq!(seeds[..4], [Some(7.0), Some(8.0), Some(7.0), Some(8.0)], "seed = base_seed + replicate");
-    // Five histograms per run; 60 requests per run; the time series covers each run.
+    // Seven histograms per run; 60 requests per run; two workers per run; the time series covers each run.
     assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 7, "seven latency metrics per run");
+    let workers = read(&out.join("workers.parquet"));
+    assert_eq!(workers.num_rows(), 12 * 2);
+    let routed = opal::output::f64_column(&workers, "requests_routed").unwrap();
+    assert_eq!(routed.iter().map(|v| v.unwrap()).sum::<f64>(), 12.0 * 60.0, "every request is routed once");
     assert_eq!(read(&out.join("requests.parquet")).num_rows(), 12 * 60);
     assert!(read(&out.join("timeseries.parquet")).num_rows() >= 12);
     let manifest: serde_json::Value =

@@ -52,8 +52,8 @@ pub enum TableKind {
 
 impl TableKind {
     /// Every table, in write order (runs last, so it marks a part complete).
-    pub const WRITE_ORDER: [TableKind; 4] =
-        [TableKind::Histograms, TableKind::Timeseries, TableKind::Requests, TableKind::Runs];
+    pub const WRITE_ORDER: [TableKind; 5] =
+        [TableKind::Histograms, TableKind::Timeseries, TableKind::Workers, TableKind::Requests, TableKind::Runs];
 
     /// The table's name.
     pub fn name(self) -> &'static str {

@@ -246,8 +246,12 @@ fn axes_of(spec: &Spec, source: &str) -> Result<Vec<Axis>, ConfigError> {
 }
 
 fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigError> {
-    let names =
-        spec.file.sweep.tables.clone().unwrap_or_else(|| vec!["runs".into(), "histograms".into(), "timeseries".into()]);
+    let names = spec
+        .file
+        .sweep
+        .tables
+        .clone()
+        .unwrap_or_else(|| ["runs", "histograms", "timeseries", "workers"].map(String::from).to_vec());
     let mut set = BTreeSet::from([TableKind::Runs]);
     for n in &names {
         let kind = TableKind::from_name(n).ok_or_else(|| {
