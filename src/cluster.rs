@@ -18,8 +18,8 @@ use crate::kvcache::{
     BlockHash, ChunkStore, KvEvent, KvEventKind, Reserve, Tier, WriteMode, WritePolicy, block_hashes,
 };
 use crate::metrics::{
-    Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, TierSummary, TimeSeries,
-    WorkerRow,
+    Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, TierSummary,
+    TimeSeries, WorkerRow,
 };
 use crate::request::Request;
 use crate::rng::{SeedTree, StreamRng};
@@ -29,7 +29,7 @@ use crate::router::{
 use crate::storage::{Device, DeviceOutput, DeviceTimer, OpId, OpKind};
 use crate::time::{SimDuration, SimTime};
 use crate::worker::{StepOutcome, Worker};
-use crate::workload::{NewRequest, Workload};
+use crate::workload::{Label, NewRequest, Workload};
 use std::collections::VecDeque;
 
 /// Everything that happens in a run.
@@ -98,6 +98,8 @@ pub struct RunOutput {
     pub requests: Vec<RequestRecord>,
     /// One row per worker (including those added by autoscaling).
     pub workers: Vec<WorkerRow>,
+    /// Cold and warm TTFT per prompt size of `SC25Workload` stages (empty without one).
+    pub sc25: Vec<Sc25Row>,
     /// Digest of the event sequence (equal digests: identical runs).
     pub event_digest: u64,
     /// Wall seconds spent routing and applying router events (when profiled).
@@ -272,14 +274,14 @@ impl<'a> Cluster<'a> {
         self.schedule_arrival(step, sched);
         for nr in fresh.drain(..) {
             let id = RequestId(self.requests.len() as u32);
-            let stage = nr.stage;
-            let r = Request::new(id, stage, now, nr.prompt_tokens, nr.output_tokens, nr.content);
+            let (stage, label) = (nr.stage, nr.label);
+            let r = Request::new(id, now, nr);
             let too_long = u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > self.scenario.worker.max_model_len;
             self.requests.push(r);
             if too_long {
                 // vLLM rejects it outright; it is reported, not queued.
                 self.rejected += 1;
-                let step = self.workload.on_completion(now, stage);
+                let step = self.workload.on_completion(now, stage, label, false);
                 self.schedule_arrival(step, sched);
                 continue;
             }
@@ -678,7 +680,7 @@ impl<'a> Cluster<'a> {
         self.completed += 1;
         self.completed_prompt_tokens += u64::from(r.prompt_tokens);
         self.completed_output_tokens += u64::from(r.output_tokens);
-        let stage = r.stage;
+        let (stage, label) = (r.stage, r.label);
         let w = r.worker.expect("routed");
         let stats = &mut self.worker_stats[w.index()];
         stats.completed += 1;
@@ -687,7 +689,7 @@ impl<'a> Cluster<'a> {
         self.outstanding[w.index()] -= 1;
         self.in_system.change(now, -1);
         self.series.on_completion(now);
-        let step = self.workload.on_completion(now, stage);
+        let step = self.workload.on_completion(now, stage, label, true);
         self.schedule_arrival(step, sched);
     }
 
@@ -880,6 +882,7 @@ impl<'a> Cluster<'a> {
             series: self.series.finish(end, gauges),
             requests,
             workers,
+            sc25: sc25_rows(&self.requests),
             event_digest: stats.digest,
             routing_wall_s: self.routing_wall.map(|d| d.as_secs_f64()),
         }
@@ -909,7 +912,26 @@ fn record(r: &Request) -> RequestRecord {
         hit_tokens: r.hit_tokens,
         read_bytes: r.read_bytes,
         kv_fetch_s: r.fetch_time.map(SimDuration::as_secs_f64),
+        label: r.label,
     }
+}
+
+/// Pairs the cold and warm requests of `SC25Workload` stages, in sending order.
+fn sc25_rows(requests: &[Request]) -> Vec<Sc25Row> {
+    let pass = |warm: bool| requests.iter().filter(move |r| r.label == Label::Sc25 { warm });
+    let ttft_ms = |r: &Request| r.first_token.map(|t| (t - r.arrival).as_secs_f64() * 1e3);
+    pass(false)
+        .zip(pass(true))
+        .map(|(c, w)| Sc25Row {
+            prompt_tokens: c.prompt_tokens,
+            cold_ttft_ms: ttft_ms(c),
+            warm_ttft_ms: ttft_ms(w),
+            cold_prefill_tokens: c.prefill_tokens_computed,
+            warm_prefill_tokens: w.prefill_tokens_computed,
+            warm_hit_tokens: w.hit_tokens,
+            warm_kv_fetch_ms: w.fetch_time.map(|d| d.as_secs_f64() * 1e3),
+        })
+        .collect()
 }
 
 impl Model for Cluster<'_> {

@@ -202,6 +202,9 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
     {
         text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
         text.push_str(&opal::report::summary_table(summary));
+        if let Some((_, rows)) = report.sc25.first() {
+            text.push_str(&opal::report::sc25_table(rows));
+        }
     } else if !report.executed.is_empty() {
         text.push_str(&opal::report::sweep_table(plan, &report.executed));
     }

@@ -42,6 +42,32 @@ pub fn summary_table(s: &RunSummary) -> String {
     out
 }
 
+/// Cold vs warm TTFT per prompt size of an `SC25Workload` stage.
+pub fn sc25_table(rows: &[crate::metrics::Sc25Row]) -> String {
+    let mut out = format!(
+        "{:>14}{:>14}{:>14}{:>10}{:>16}{:>14}\n",
+        "SC25 prompt", "cold TTFT ms", "warm TTFT ms", "speed-up", "warm computed", "warm fetch ms"
+    );
+    for r in rows {
+        let ms = |v: Option<f64>| v.map_or("-".into(), format_ms);
+        let speedup = match (r.cold_ttft_ms, r.warm_ttft_ms) {
+            (Some(c), Some(w)) if w > 0.0 => format!("{:.1}×", c / w),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:>14}{:>14}{:>14}{:>10}{:>16}{:>14}",
+            r.prompt_tokens,
+            ms(r.cold_ttft_ms),
+            ms(r.warm_ttft_ms),
+            speedup,
+            r.warm_prefill_tokens,
+            ms(r.warm_kv_fetch_ms)
+        );
+    }
+    out
+}
+
 fn format_ms(v: f64) -> String {
     if v.is_nan() {
         "-".into()

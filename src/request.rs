@@ -6,6 +6,7 @@
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{BlockHash, Content};
 use crate::time::{SimDuration, SimTime};
+use crate::workload::{Label, NewRequest};
 
 /// One inference request.
 #[derive(Clone, Debug)]
@@ -22,6 +23,10 @@ pub struct Request {
     pub output_tokens: u32,
     /// The prompt's token content.
     pub content: Content,
+    /// Content identity of its output (a later turn of a conversation includes it).
+    pub output_id: u64,
+    /// What the workload says it is.
+    pub label: Label,
     /// Hashes of the full blocks of prompt + output (computed when it reaches
     /// a worker, dropped when it finishes).
     pub blocks: Vec<BlockHash>,
@@ -59,14 +64,8 @@ pub struct Request {
 
 impl Request {
     /// A request just generated at `arrival`.
-    pub fn new(
-        id: RequestId,
-        stage: StageId,
-        arrival: SimTime,
-        prompt_tokens: u32,
-        output_tokens: u32,
-        content: Content,
-    ) -> Request {
+    pub fn new(id: RequestId, arrival: SimTime, new: NewRequest) -> Request {
+        let NewRequest { stage, prompt_tokens, output_tokens, content, output_id, label } = new;
         debug_assert!(prompt_tokens >= 1 && output_tokens >= 1);
         debug_assert_eq!(content.tokens(), u64::from(prompt_tokens), "content covers the prompt");
         Request {
@@ -76,6 +75,8 @@ impl Request {
             prompt_tokens,
             output_tokens,
             content,
+            output_id,
+            label,
             blocks: Vec::new(),
             worker: None,
             seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
@@ -95,13 +96,10 @@ impl Request {
         }
     }
 
-    /// The content of prompt and output together (the output is unique to the request).
+    /// The content of prompt and output together.
     pub fn full_content(&self) -> Vec<crate::kvcache::Segment> {
         let mut all = self.content.segments.clone();
-        all.push(crate::kvcache::Segment {
-            id: crate::kvcache::content_id("output", u64::from(self.id.0)),
-            tokens: self.output_tokens,
-        });
+        all.push(crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens });
         all
     }
 }

@@ -6,6 +6,7 @@ mod queueing;
 mod router;
 mod scenarios;
 mod sweep;
+mod workloads;
 
 use std::path::PathBuf;
 

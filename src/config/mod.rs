@@ -4,6 +4,7 @@
 mod error;
 mod resolve;
 pub mod schema;
+mod stages;
 
 pub use error::{ConfigError, ErrorKind, closest, line_of};
 pub use resolve::{Scenario, resolve};

@@ -3,7 +3,7 @@
 //! computed. Nothing downstream re-checks user input.
 
 use super::error::{ConfigError, closest};
-use super::schema::{InferenceParams, KvcSection, NumberOrString, RateParams, SpecFile, TierParams, TraceParams};
+use super::schema::{InferenceParams, KvcSection, NumberOrString, SpecFile, TierParams};
 use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
 use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
@@ -11,7 +11,7 @@ use crate::time::{SimDuration, SimTime};
 use crate::worker::perf::{LatencyTable, MixRule, PerfModel, Roofline, StepModel};
 use crate::worker::presets::{GpuSpec, ModelArch};
 use crate::worker::{SlotMode, WorkerConfig};
-use crate::workload::{ArrivalProcess, RateStage, StageConfig, StageKind, TraceStage};
+use crate::workload::StageConfig;
 use std::path::Path;
 
 /// A validated scenario: everything one run needs.
@@ -41,16 +41,16 @@ pub struct Scenario {
     pub kvc: KvcConfig,
 }
 
-struct Ctx<'a> {
-    source: &'a str,
+pub(super) struct Ctx<'a> {
+    pub(super) source: &'a str,
 }
 
 impl Ctx<'_> {
-    fn err(&self, key: &str, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+    pub(super) fn err(&self, key: &str, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
         ConfigError::key(self.source, key, message).hint(hint)
     }
 
-    fn positive(&self, key: &str, v: f64) -> Result<f64, ConfigError> {
+    pub(super) fn positive(&self, key: &str, v: f64) -> Result<f64, ConfigError> {
         if v.is_finite() && v > 0.0 {
             Ok(v)
         } else {
@@ -59,7 +59,7 @@ impl Ctx<'_> {
     }
 
     /// `-1` (or any negative) means "off"; otherwise a positive number of seconds.
-    fn optional_secs(&self, key: &str, v: f64) -> Result<Option<SimDuration>, ConfigError> {
+    pub(super) fn optional_secs(&self, key: &str, v: f64) -> Result<Option<SimDuration>, ConfigError> {
         if v == -1.0 || (v < 0.0 && v.is_finite()) {
             Ok(None)
         } else if v.is_finite() && v > 0.0 {
@@ -73,7 +73,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn at_least(&self, key: &str, v: i64, min: i64) -> Result<u32, ConfigError> {
+    pub(super) fn at_least(&self, key: &str, v: i64, min: i64) -> Result<u32, ConfigError> {
         if v >= min && v <= i64::from(u32::MAX) {
             Ok(v as u32)
         } else {
@@ -105,7 +105,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         cx.err("router.router_params.policy", format!("unknown routing policy {p:?}"), hint).schema()
     })?;
 
-    let stages = resolve_stages(&cx, file, base_dir)?;
+    let stages = super::stages::resolve_stages(&cx, file, base_dir)?;
     let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
     let mut kvc = resolve_kvc(&cx, file, &worker, &model)?;
     kvc.publish_events = policy.reads_kv_events();
@@ -257,127 +257,6 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
         tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
         mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
     })
-}
-
-fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<Vec<StageConfig>, ConfigError> {
-    if file.workload.stages.is_empty() {
-        return Err(cx.err("workload.stages", "no workload stages", "add at least one [[workload.stages]] table"));
-    }
-    const TYPES: [&str; 3] = ["UniformReqRate", "ExponentialReqRate", "Trace"];
-    let global_limit = file.simulation.simulation_time > 0.0;
-    file.workload
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(i, st)| {
-            let at = format!("workload.stages.{i}");
-            let params_at = format!("{at}.workload_params");
-            let key = |k: &str| format!("{params_at}.{k}");
-            let max_outstanding = |v: i64| match v {
-                -1 => Ok(None),
-                n => Ok(Some(u64::from(cx.at_least(&key("max_outstanding_requests"), n, 1)?))),
-            };
-            match st.kind.to_ascii_lowercase().as_str() {
-                kind @ ("uniformreqrate" | "exponentialreqrate") => {
-                    let p: RateParams = super::from_table(&st.workload_params, cx.source, &params_at)?;
-                    let arrival = if kind == "uniformreqrate" {
-                        ArrivalProcess::Uniform
-                    } else {
-                        ArrivalProcess::Exponential { jitter: p.jitter }
-                    };
-                    let rate = cx.positive(&key("request_rate"), p.request_rate)?;
-                    if !(0.0..=1.0).contains(&p.jitter) {
-                        return Err(cx.err(
-                            &key("jitter"),
-                            format!("must be between 0 and 1, got {}", p.jitter),
-                            "use 1 for Poisson arrivals, 0 for fixed gaps",
-                        ));
-                    }
-                    let prompt = (
-                        cx.at_least(&key("prompt_size_min"), p.prompt_size_min, 1)?,
-                        cx.at_least(&key("prompt_size_max"), p.prompt_size_max, 1)?,
-                    );
-                    if prompt.0 > prompt.1 {
-                        return Err(cx.err(
-                            &key("prompt_size_min"),
-                            format!("prompt_size_min ({}) is greater than prompt_size_max ({})", prompt.0, prompt.1),
-                            "make prompt_size_min ≤ prompt_size_max",
-                        ));
-                    }
-                    let output = (
-                        cx.at_least(&key("output_tokens_min"), p.output_tokens_min, 1)?,
-                        cx.at_least(&key("output_tokens_max"), p.output_tokens_max, 1)?,
-                    );
-                    if output.0 > output.1 {
-                        return Err(cx.err(
-                            &key("output_tokens_min"),
-                            format!("output_tokens_min ({}) is greater than output_tokens_max ({})", output.0, output.1),
-                            "make output_tokens_min ≤ output_tokens_max",
-                        ));
-                    }
-                    let shared_prefix = cx.at_least(&key("default_prefix_length"), p.default_prefix_length, 0)?;
-                    let time_limit = cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?;
-                    let total = (p.total_requests > 0).then_some(p.total_requests as u64);
-                    if total.is_none() && time_limit.is_none() && !global_limit {
-                        return Err(cx.err(
-                            &key("total_requests"),
-                            "this stage would never end: total_requests is unlimited and neither time_duration_sec nor simulation.simulation_time is set",
-                            "set total_requests > 0, time_duration_sec > 0, or simulation.simulation_time > 0",
-                        ));
-                    }
-                    Ok(StageConfig {
-                        kind: StageKind::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix }),
-                        time_limit,
-                        max_outstanding: max_outstanding(p.max_outstanding_requests)?,
-                    })
-                }
-                "trace" => {
-                    let p: TraceParams = super::from_table(&st.workload_params, cx.source, &params_at)?;
-                    if p.trace_file.is_empty() {
-                        return Err(cx.err(&key("trace_file"), "a Trace stage needs a trace file", "set trace_file = \"traces/…jsonl\" (relative to the spec)").schema());
-                    }
-                    let path = base_dir.join(&p.trace_file);
-                    if !path.is_file() {
-                        return Err(cx.err(&key("trace_file"), format!("{} does not exist", path.display()), "paths are relative to the spec file"));
-                    }
-                    let chunk_size = cx.at_least(&key("chunk_size"), p.chunk_size, 1)?;
-                    let multiplier_to_sec = cx.positive(&key("multiplier_to_sec"), p.multiplier_to_sec)?;
-                    let time_scale = cx.positive(&key("time_scale"), p.time_scale)?;
-                    if !(p.start_offset.is_finite() && p.start_offset >= 0.0) {
-                        return Err(cx.err(&key("start_offset"), format!("must be ≥ 0 seconds, got {}", p.start_offset), "use 0 to start at the stage start"));
-                    }
-                    let total = match p.total_requests {
-                        -1 => None,
-                        n if n >= 0 => Some(n as u64),
-                        n => return Err(cx.err(&key("total_requests"), format!("must be -1 (all) or ≥ 0, got {n}"), "use -1 to replay the whole file")),
-                    };
-                    Ok(StageConfig {
-                        kind: StageKind::Trace(TraceStage {
-                            path,
-                            chunk_size,
-                            multiplier_to_sec,
-                            time_scale,
-                            start_offset: p.start_offset,
-                            total,
-                            skip_bad_lines: p.skip_bad_lines,
-                        }),
-                        time_limit: cx.optional_secs(&key("time_duration_sec"), p.time_duration_sec)?,
-                        max_outstanding: max_outstanding(p.max_outstanding_requests)?,
-                    })
-                }
-                _ => Err(cx
-                    .err(
-                        &format!("{at}.type"),
-                        format!("unknown workload type {:?}", st.kind),
-                        match closest(&st.kind, TYPES) {
-                            Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
-                            None => format!("types: {}", TYPES.join(", ")),
-                        },
-                    )
-                    .schema()),
-            }
-        })
-        .collect()
 }
 
 fn resolve_kvc(
@@ -704,6 +583,7 @@ fn resolve_worker(
 mod tests {
     use super::*;
     use crate::config::parse_spec;
+    use crate::workload::Dist;
 
     fn scenario(text: &str) -> Result<Scenario, ConfigError> {
         resolve(&parse_spec(text, "t.toml")?, "t.toml", Path::new("."))
@@ -723,8 +603,10 @@ mod tests {
         assert_eq!(s.router.policy, PolicyKind::MaxPrefix, "Opal's default policy");
         assert_eq!(s.router.collection_interval, SimDuration::from_secs(30));
         assert!(s.kvc.publish_events, "MaxPrefix reads the KV index");
-        let StageKind::Rate(st) = &s.stages[0].kind else { panic!("rate stage expected") };
-        assert_eq!((st.rate, st.total, st.prompt, st.output), (2.0, Some(100), (32, 16384), (32, 128)));
+        let crate::workload::StageKind::Rate(st) = &s.stages[0].kind else { panic!("rate stage expected") };
+        assert_eq!((st.rate, st.total), (2.0, Some(100)));
+        assert_eq!(st.prompt, Dist::Uniform { min: 32.0, max: 16384.0 });
+        assert_eq!(st.output, Dist::Uniform { min: 32.0, max: 128.0 });
         // Opal's kvc defaults: one CPU tier of 8 GiB at 50 GB/s, 256-token chunks.
         assert_eq!(s.kvc.tiers.len(), 1);
         assert_eq!(s.kvc.tiers[0].tier, Tier::Cpu);

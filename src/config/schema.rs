@@ -58,7 +58,7 @@ pub struct SweepSection {
     /// Seed of replicate 0; replicate r runs with `base_seed + r` (default `simulation.seed`).
     pub base_seed: Option<u64>,
     /// Tables to write: `runs` (always), `histograms`, `timeseries`, `workers`,
-    /// `requests` (default: all but requests).
+    /// `sc25`, `requests` (default: all but requests; sc25 only with an SC25Workload stage).
     pub tables: Option<Vec<String>>,
     /// Time-series interval for every run, seconds (overrides `simulation.time_series_interval_sec`).
     pub time_series_interval_sec: Option<f64>,
@@ -218,7 +218,8 @@ impl Default for WorkloadSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageSection {
-    /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate, Trace.
+    /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate, Trace,
+    /// SC25Workload, RAGWorkload, Sessions.
     #[serde(rename = "type")]
     pub kind: String,
     /// Parameters of that type (checked against the type's own keys).
@@ -234,14 +235,19 @@ pub struct RateParams {
     pub request_rate: f64,
     /// Requests to generate; `-1` or `0` = unlimited (then a time limit must end the stage).
     pub total_requests: i64,
-    /// Smallest prompt, tokens (uniform over [min, max], inclusive).
-    pub prompt_size_min: i64,
-    /// Largest prompt, tokens.
-    pub prompt_size_max: i64,
-    /// Fewest output tokens (uniform over [min, max], inclusive).
-    pub output_tokens_min: i64,
-    /// Most output tokens.
-    pub output_tokens_max: i64,
+    /// Smallest prompt, tokens (uniform over [min, max], inclusive; default 32).
+    pub prompt_size_min: Option<i64>,
+    /// Largest prompt, tokens (default 16384).
+    pub prompt_size_max: Option<i64>,
+    /// Prompt length distribution instead of min/max: a number or
+    /// `{ dist = "normal" | "lognormal" | "exponential" | "uniform" | "fixed" | "empirical", … }`.
+    pub prompt_size: Option<toml::Value>,
+    /// Fewest output tokens (uniform over [min, max], inclusive; default 32).
+    pub output_tokens_min: Option<i64>,
+    /// Most output tokens (default 128).
+    pub output_tokens_max: Option<i64>,
+    /// Output length distribution instead of min/max (as `prompt_size`).
+    pub output_tokens: Option<toml::Value>,
     /// Leading tokens every request of the stage shares (capped at the prompt size).
     pub default_prefix_length: i64,
     /// ExponentialReqRate: gap = mean·(1−jitter) + Exp(mean)·jitter; 1 = Poisson, 0 = fixed.
@@ -259,12 +265,129 @@ impl Default for RateParams {
         RateParams {
             request_rate: 2.0,
             total_requests: 100,
-            prompt_size_min: 32,
-            prompt_size_max: 16384,
-            output_tokens_min: 32,
-            output_tokens_max: 128,
+            prompt_size_min: None,
+            prompt_size_max: None,
+            prompt_size: None,
+            output_tokens_min: None,
+            output_tokens_max: None,
+            output_tokens: None,
             default_prefix_length: 1024,
             jitter: 1.0,
+            time_duration_sec: -1.0,
+            max_outstanding_requests: -1,
+        }
+    }
+}
+
+/// `workload_params` of `SC25Workload`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Sc25Params {
+    /// Prompt sizes, tokens, in sending order (default Opal's ten, 4092 … 130944).
+    pub prompt_sizes: Option<Vec<i64>>,
+    /// Output tokens of every request.
+    pub output_tokens: i64,
+    /// Seconds between a completion and the next request.
+    pub gap_sec: f64,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+}
+
+impl Default for Sc25Params {
+    fn default() -> Self {
+        Sc25Params { prompt_sizes: None, output_tokens: 16, gap_sec: 0.0, time_duration_sec: -1.0 }
+    }
+}
+
+/// `workload_params` of `RAGWorkload`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RagParams {
+    /// Mean requests per second.
+    pub request_rate: f64,
+    /// Gap = mean·(1−jitter) + Exp(mean)·jitter; 1 = Poisson, 0 = fixed.
+    pub jitter: f64,
+    /// Requests to generate; `-1` or `0` = unlimited (then a time limit must end the stage).
+    pub total_requests: i64,
+    /// Tokens of the system prompt every request starts with.
+    pub system_prompt_size: i64,
+    /// Documents in the corpus.
+    pub num_documents: i64,
+    /// Tokens per document.
+    pub document_size: i64,
+    /// Distinct documents per request (sorted by id in the prompt).
+    pub docs_per_request: i64,
+    /// Tokens of the request's own question, after the documents.
+    pub query_size: i64,
+    /// Output tokens: a number or a distribution (as `prompt_size` of a rate stage).
+    pub output_tokens: toml::Value,
+    /// Zipf exponent of document popularity; 0 = every document equally likely.
+    pub doc_popularity_zipf: f64,
+    /// In-flight cap; `-1` = unlimited.
+    pub max_concurrent_requests: i64,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+}
+
+impl Default for RagParams {
+    fn default() -> Self {
+        RagParams {
+            request_rate: 2.0,
+            jitter: 1.0,
+            total_requests: 100,
+            system_prompt_size: 1024,
+            num_documents: 1000,
+            document_size: 512,
+            docs_per_request: 4,
+            query_size: 64,
+            output_tokens: toml::Value::Integer(128),
+            doc_popularity_zipf: 0.0,
+            max_concurrent_requests: -1,
+            time_duration_sec: -1.0,
+        }
+    }
+}
+
+/// `workload_params` of `Sessions` (multi-turn conversations).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsParams {
+    /// Sessions started per second.
+    pub session_rate: f64,
+    /// Session gaps: mean·(1−jitter) + Exp(mean)·jitter; 1 = Poisson.
+    pub jitter: f64,
+    /// Sessions to start; `-1` or `0` = unlimited (then a time limit must end the stage).
+    pub total_sessions: i64,
+    /// Turns per session (a number or a distribution; default uniform 2–8).
+    pub turns: Option<toml::Value>,
+    /// Tokens of the system prompt every session starts with.
+    pub system_prompt_size: i64,
+    /// New input tokens per turn (default uniform 64–512).
+    pub input_tokens: Option<toml::Value>,
+    /// Output tokens per turn (default uniform 64–512).
+    pub output_tokens: Option<toml::Value>,
+    /// Seconds between a turn's completion and the next turn (default exponential, mean 10).
+    pub think_time_sec: Option<toml::Value>,
+    /// A session ends before a turn whose prompt + output would exceed this; `-1` = no limit.
+    pub max_context_tokens: i64,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+    /// In-flight cap; `-1` = unlimited.
+    pub max_outstanding_requests: i64,
+}
+
+impl Default for SessionsParams {
+    fn default() -> Self {
+        SessionsParams {
+            session_rate: 0.5,
+            jitter: 1.0,
+            total_sessions: 10,
+            turns: None,
+            system_prompt_size: 1024,
+            input_tokens: None,
+            output_tokens: None,
+            think_time_sec: None,
+            max_context_tokens: -1,
             time_duration_sec: -1.0,
             max_outstanding_requests: -1,
         }

@@ -224,6 +224,27 @@ pub struct RequestRecord {
     pub read_bytes: [u64; 4],
     /// Duration of its KV fetch, seconds.
     pub kv_fetch_s: Option<f64>,
+    /// What the workload says it is (SC25 pass, session and turn).
+    pub label: crate::workload::Label,
+}
+
+/// One prompt size of an `SC25Workload` stage: its cold and warm request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Sc25Row {
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+    /// TTFT of the cold request, ms (`None` if it did not finish its prefill).
+    pub cold_ttft_ms: Option<f64>,
+    /// TTFT of the warm request, ms.
+    pub warm_ttft_ms: Option<f64>,
+    /// Prompt tokens the cold request computed.
+    pub cold_prefill_tokens: u64,
+    /// Prompt tokens the warm request computed (the rest came from cache).
+    pub warm_prefill_tokens: u64,
+    /// Prompt tokens the warm request found in each tier (gpu, cpu, nvme, dfs).
+    pub warm_hit_tokens: [u64; 4],
+    /// The warm request's KV fetch time, ms (`None`: nothing fetched below the GPU).
+    pub warm_kv_fetch_ms: Option<f64>,
 }
 
 /// One worker over a run (a row of the workers table).

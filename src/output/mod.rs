@@ -23,7 +23,8 @@ pub mod table;
 
 use crate::cluster::RunOutput;
 use crate::kvcache::Tier;
-use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, SummaryValue, WorkerRow};
+use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, Sc25Row, SummaryValue, WorkerRow};
+use crate::workload::Label;
 use arrow_array::{Array, RecordBatch, RecordBatchReader, UInt32Array};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
@@ -48,12 +49,20 @@ pub enum TableKind {
     Requests,
     /// One row per worker.
     Workers,
+    /// Cold and warm TTFT per prompt size of `SC25Workload` stages.
+    Sc25,
 }
 
 impl TableKind {
     /// Every table, in write order (runs last, so it marks a part complete).
-    pub const WRITE_ORDER: [TableKind; 5] =
-        [TableKind::Histograms, TableKind::Timeseries, TableKind::Workers, TableKind::Requests, TableKind::Runs];
+    pub const WRITE_ORDER: [TableKind; 6] = [
+        TableKind::Histograms,
+        TableKind::Timeseries,
+        TableKind::Workers,
+        TableKind::Sc25,
+        TableKind::Requests,
+        TableKind::Runs,
+    ];
 
     /// The table's name.
     pub fn name(self) -> &'static str {
@@ -63,6 +72,7 @@ impl TableKind {
             TableKind::Timeseries => "timeseries",
             TableKind::Requests => "requests",
             TableKind::Workers => "workers",
+            TableKind::Sc25 => "sc25",
         }
     }
 
@@ -235,6 +245,19 @@ impl TableSet {
             .into_iter()
             .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
             .chain(Tier::ALL[1..].iter().map(|t| (format!("read_bytes_{}", t.short()), ColType::U64)))
+            .chain([c("sc25_pass", ColType::Str), c("session", ColType::U32), c("turn", ColType::U32)])
+            .collect(),
+            TableKind::Sc25 => vec![
+                c("run_id", ColType::U32),
+                c("prompt_tokens", ColType::U32),
+                c("cold_ttft_ms", ColType::F64),
+                c("warm_ttft_ms", ColType::F64),
+                c("cold_prefill_tokens", ColType::U64),
+                c("warm_prefill_tokens", ColType::U64),
+                c("warm_kv_fetch_ms", ColType::F64),
+            ]
+            .into_iter()
+            .chain(Tier::ALL.iter().map(|t| (format!("warm_hit_tokens_{}", t.short()), ColType::U64)))
             .collect(),
         }
     }
@@ -354,6 +377,7 @@ impl TableSet {
                         hit_tokens,
                         read_bytes,
                         kv_fetch_s,
+                        label,
                     } = q;
                     let mut cells = vec![
                         id,
@@ -374,6 +398,36 @@ impl TableSet {
                     ];
                     cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
                     cells.extend(read_bytes[1..].iter().map(|&b| Cell::U64(b)));
+                    cells.extend(match *label {
+                        Label::None => [Cell::Null; 3],
+                        Label::Sc25 { warm } => [Cell::Str(if warm { "warm" } else { "cold" }), Cell::Null, Cell::Null],
+                        Label::Session { session, turn } => [Cell::Null, Cell::U32(session), Cell::U32(turn)],
+                    });
+                    b.push(&cells);
+                }
+            }
+            TableKind::Sc25 => {
+                let Ok(out) = &r.outcome else { return };
+                for row in &out.sc25 {
+                    let Sc25Row {
+                        prompt_tokens,
+                        cold_ttft_ms,
+                        warm_ttft_ms,
+                        cold_prefill_tokens,
+                        warm_prefill_tokens,
+                        warm_hit_tokens,
+                        warm_kv_fetch_ms,
+                    } = row;
+                    let mut cells = vec![
+                        id,
+                        Cell::U32(*prompt_tokens),
+                        opt(*cold_ttft_ms),
+                        opt(*warm_ttft_ms),
+                        Cell::U64(*cold_prefill_tokens),
+                        Cell::U64(*warm_prefill_tokens),
+                        opt(*warm_kv_fetch_ms),
+                    ];
+                    cells.extend(warm_hit_tokens.iter().map(|&h| Cell::U64(h)));
                     b.push(&cells);
                 }
             }

@@ -246,16 +246,17 @@ fn axes_of(spec: &Spec, source: &str) -> Result<Vec<Axis>, ConfigError> {
 }
 
 fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigError> {
-    let names = spec
-        .file
-        .sweep
-        .tables
-        .clone()
-        .unwrap_or_else(|| ["runs", "histograms", "timeseries", "workers"].map(String::from).to_vec());
+    let names = spec.file.sweep.tables.clone().unwrap_or_else(|| {
+        let mut names = ["runs", "histograms", "timeseries", "workers"].map(String::from).to_vec();
+        if spec.file.workload.stages.iter().any(|s| s.kind.eq_ignore_ascii_case("SC25Workload")) {
+            names.push("sc25".into());
+        }
+        names
+    });
     let mut set = BTreeSet::from([TableKind::Runs]);
     for n in &names {
         let kind = TableKind::from_name(n).ok_or_else(|| {
-            let all = ["runs", "histograms", "timeseries", "workers", "requests"];
+            let all = ["runs", "histograms", "timeseries", "workers", "sc25", "requests"];
             let hint = match closest(n, all) {
                 Some(c) => format!("did you mean `{c}`? tables: {}", all.join(", ")),
                 None => format!("tables: {}", all.join(", ")),
@@ -466,7 +467,11 @@ mod tests {
         let crate::workload::StageKind::Rate(s) = &p.points[1].scenario.as_ref().unwrap().stages[0].kind else {
             panic!()
         };
-        assert_eq!(s.prompt, (100, 200), "zip values reach the scenario");
+        assert_eq!(
+            s.prompt,
+            crate::workload::Dist::Uniform { min: 100.0, max: 200.0 },
+            "zip values reach the scenario"
+        );
     }
 
     #[test]

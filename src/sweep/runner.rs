@@ -97,6 +97,8 @@ pub struct SweepReport {
     pub executed: Vec<(RunMeta, Option<RunSummary>)>,
     /// Failed runs executed now: (run id, message).
     pub failures: Vec<(u32, String)>,
+    /// Cold and warm TTFT of runs executed now with an `SC25Workload` stage, by run id.
+    pub sc25: Vec<(u32, Vec<crate::metrics::Sc25Row>)>,
     /// Stopped early by a signal.
     pub interrupted: bool,
     /// The merge, if this invocation merged.
@@ -298,6 +300,11 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         for result in rx.iter() {
             progress.finished(&result);
             report.executed.push((result.meta, result.outcome.as_ref().ok().map(|o| o.summary.clone())));
+            if let Ok(o) = &result.outcome
+                && !o.sc25.is_empty()
+            {
+                report.sc25.push((result.meta.run_id, o.sc25.clone()));
+            }
             if let Err(e) = &result.outcome {
                 report.failures.push((result.meta.run_id, e.clone()));
             }

@@ -753,6 +753,7 @@ mod tests {
     use super::*;
     use crate::ids::StageId;
     use crate::kvcache::{Content, block_hashes, content_id};
+    use crate::workload::{Label, NewRequest};
 
     /// Toy roofline: L = 1, d = 10, a = 0, b = 1, 1e6 FLOP/s → prefill of k new
     /// tokens = k·100/1e6 s = 100 µs per token; decode = (1000 B weights +
@@ -796,7 +797,15 @@ mod tests {
             .map(|(i, &(p, o))| {
                 let mut content = Content::default();
                 content.push(content_id("test", key(i)), p);
-                let mut r = Request::new(RequestId(i as u32), StageId(0), SimTime::ZERO, p, o, content);
+                let new = NewRequest {
+                    stage: StageId(0),
+                    prompt_tokens: p,
+                    output_tokens: o,
+                    content,
+                    output_id: content_id("output", i as u64),
+                    label: Label::None,
+                };
+                let mut r = Request::new(RequestId(i as u32), SimTime::ZERO, new);
                 block_hashes(&r.full_content(), 16, usize::MAX, &mut r.blocks);
                 r
             })

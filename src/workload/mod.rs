@@ -1,60 +1,42 @@
-//! Workload generation: stages run in sequence, each an arrival process that
-//! emits requests to the router.
+//! Workload generation: stages run in sequence, each a generator that emits
+//! requests to the router.
 //!
-//! A stage stops generating when its `total_requests` are out, when its
-//! `time_duration_sec` has passed since it started (requests are sent only
-//! strictly before that instant), or — through the engine's time limit — when
-//! the global `simulation_time` passes. It ends when generation has stopped
-//! and its last outstanding request has completed; the next stage starts at
-//! that instant. `max_outstanding_requests` caps the stage's in-flight
-//! requests: an arrival due while the cap is reached goes out at the first
-//! completion that frees a place (the next gap counts from then).
+//! A stage stops generating when its request or session count is out, when
+//! its `time_duration_sec` has passed since it started (requests are sent
+//! only strictly before that instant), or — through the engine's time limit —
+//! when the global `simulation_time` passes. It ends when generation has
+//! stopped and its last outstanding request has completed; the next stage
+//! starts at that instant. `max_outstanding_requests` caps the stage's
+//! in-flight requests: a request due while the cap is reached goes out at
+//! the first completion that frees a place.
 //!
-//! Randomness: each stage draws lengths from its own stream
-//! (`workload.stage<i>.lengths`) and gaps from another
-//! (`workload.stage<i>.arrivals`), and exponential gaps are `mean × Exp(1)`
-//! draws, so changing the rate rescales arrival times without changing the
-//! request sizes (common random numbers across grid points).
+//! Generators (one file each) are open-loop (`UniformReqRate`,
+//! `ExponentialReqRate`, `Trace`, `RAGWorkload`: arrivals at given times) or
+//! closed-loop (`SC25Workload`, `Sessions`: completions make the next
+//! request due). This module only sequences stages, applies limits and
+//! makes sure an arrival event is scheduled for whatever is due next.
 
+mod arrivals;
+pub mod dist;
+mod rag;
+mod rate;
+mod sc25;
+mod sessions;
 mod trace;
 
+pub use arrivals::ArrivalProcess;
+pub use dist::Dist;
+pub use rag::RagStage;
+pub use rate::RateStage;
+pub use sc25::{SC25_PROMPT_SIZES, Sc25Stage};
+pub use sessions::SessionsStage;
 pub use trace::{TraceReader, TraceRequest, TraceStage};
 
 use crate::ids::StageId;
 use crate::kvcache::{Content, content_id};
-use crate::rng::{SeedTree, StreamRng};
+use crate::rng::SeedTree;
 use crate::time::{SimDuration, SimTime};
-use rand::RngExt;
-use rand_distr::{Distribution, Exp1};
-
-/// How gaps between arrivals are drawn.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum ArrivalProcess {
-    /// Every gap is exactly `1 / rate` (Opal's `UniformReqRate`).
-    Uniform,
-    /// Gap = `mean·(1 − jitter) + mean·Exp(1)·jitter` (Opal's `ExponentialReqRate`; jitter 1 = Poisson).
-    Exponential {
-        /// Blend between fixed (0) and exponential (1) gaps.
-        jitter: f64,
-    },
-}
-
-/// A synthetic stage with a request rate and uniform length ranges.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RateStage {
-    /// Arrival process.
-    pub arrival: ArrivalProcess,
-    /// Mean requests per second.
-    pub rate: f64,
-    /// Requests to generate (`None` = until a time limit).
-    pub total: Option<u64>,
-    /// Inclusive prompt-length range, tokens.
-    pub prompt: (u32, u32),
-    /// Inclusive output-length range, tokens.
-    pub output: (u32, u32),
-    /// Leading tokens shared by every request of the stage (capped at the prompt).
-    pub shared_prefix: u32,
-}
+use std::collections::BTreeSet;
 
 /// What generates a stage's requests.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,6 +45,12 @@ pub enum StageKind {
     Rate(RateStage),
     /// `Trace`.
     Trace(TraceStage),
+    /// `SC25Workload`.
+    Sc25(Sc25Stage),
+    /// `RAGWorkload`.
+    Rag(RagStage),
+    /// `Sessions`.
+    Sessions(SessionsStage),
 }
 
 /// A resolved workload stage.
@@ -80,10 +68,33 @@ impl StageConfig {
     /// The longest sequence (prompt + output) the stage can produce, if known in advance.
     pub fn max_sequence_tokens(&self) -> Option<u64> {
         match &self.kind {
-            StageKind::Rate(s) => Some(u64::from(s.prompt.1) + u64::from(s.output.1)),
-            StageKind::Trace(_) => None,
+            StageKind::Rate(s) => Some(s.prompt.upper_bound()? as u64 + s.output.upper_bound()? as u64),
+            StageKind::Sc25(s) => Some(u64::from(*s.prompt_sizes.iter().max()?) + u64::from(s.output_tokens)),
+            StageKind::Rag(s) => Some(s.prompt_tokens() + s.output_tokens.upper_bound()? as u64),
+            // Long traces and conversations are rejected per request, as vLLM does.
+            StageKind::Trace(_) | StageKind::Sessions(_) => None,
         }
     }
+}
+
+/// What a request is, for generators that need to know and for the outputs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub enum Label {
+    /// Nothing particular.
+    #[default]
+    None,
+    /// An `SC25Workload` request of the cold or the warm pass.
+    Sc25 {
+        /// The warm pass.
+        warm: bool,
+    },
+    /// Turn `turn` (from 1) of session `session` of a `Sessions` stage.
+    Session {
+        /// Session number within the stage, from 0.
+        session: u32,
+        /// Turn number, from 1.
+        turn: u32,
+    },
 }
 
 /// A request the workload wants sent now.
@@ -97,22 +108,84 @@ pub struct NewRequest {
     pub output_tokens: u32,
     /// Prompt content.
     pub content: Content,
+    /// Content identity of its output (a later request may include it).
+    pub output_id: u64,
+    /// What it is.
+    pub label: Label,
 }
 
-/// A stage's generator state (one per stage, so variant sizes do not matter).
+/// What a generator expects next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Due {
+    /// Something is due at this time (at or before now: held by the cap).
+    At(SimTime),
+    /// Nothing is due until a request completes.
+    Waiting,
+    /// Generation is over.
+    Done,
+}
+
+/// Where a generator puts its requests; hands out request-unique keys.
+pub(crate) struct Emit<'a> {
+    stage: StageId,
+    sent: u64,
+    out: &'a mut Vec<NewRequest>,
+}
+
+impl Emit<'_> {
+    /// The stage's index.
+    pub fn stage_index(&self) -> u64 {
+        u64::from(self.stage.0)
+    }
+
+    /// A key unique to the request about to be pushed (for unique content).
+    pub fn key(&self) -> u64 {
+        unique_key(self.stage.index(), self.sent)
+    }
+
+    /// Sends a request; returns the content identity of its output.
+    pub fn push(&mut self, prompt_tokens: u32, output_tokens: u32, content: Content, label: Label) -> u64 {
+        let output_id = content_id("output", self.key());
+        self.out.push(NewRequest { stage: self.stage, prompt_tokens, output_tokens, content, output_id, label });
+        self.sent += 1;
+        output_id
+    }
+}
+
+/// A stage's request generator.
+pub(crate) trait Generator {
+    /// The stage starts at `now`.
+    fn start(&mut self, now: SimTime) -> Result<Due, String>;
+    /// Sends what is due at `now`, at most `room` requests.
+    fn emit(&mut self, now: SimTime, room: u64, out: &mut Emit<'_>) -> Result<Due, String>;
+    /// A request of the stage completed at `now` (`served` = false: rejected).
+    /// Open-loop generators do not care.
+    fn completed(&mut self, now: SimTime, label: Label, served: bool) -> Due {
+        let _ = (now, label, served);
+        Due::Waiting
+    }
+}
+
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 enum Source {
-    Rate {
-        lengths: StreamRng,
-        arrivals: StreamRng,
-        /// Seconds since the stage start of the next arrival (f64, so fixed gaps never accumulate rounding).
-        next_offset_secs: f64,
-    },
-    Trace {
-        reader: Option<TraceReader>,
-        pending: Option<TraceRequest>,
-    },
+    Rate(rate::RateSource),
+    Trace(trace::TraceSource),
+    Sc25(sc25::Sc25Source),
+    Rag(rag::RagSource),
+    Sessions(sessions::SessionSource),
+}
+
+impl Source {
+    fn generator(&mut self) -> &mut dyn Generator {
+        match self {
+            Source::Rate(g) => g,
+            Source::Trace(g) => g,
+            Source::Sc25(g) => g,
+            Source::Rag(g) => g,
+            Source::Sessions(g) => g,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -121,6 +194,7 @@ struct StageState {
     generated: u64,
     outstanding: u64,
     generation_done: bool,
+    /// An emit was cut short by the cap; the next completion resumes it.
     blocked: bool,
     source: Source,
 }
@@ -132,6 +206,8 @@ pub struct Workload {
     state: Vec<StageState>,
     current: usize,
     done: bool,
+    /// Times at which an arrival event of the current stage is scheduled.
+    armed: BTreeSet<SimTime>,
 }
 
 /// A workload step: the next arrival to schedule, or a fatal input error.
@@ -149,17 +225,16 @@ impl Workload {
                 outstanding: 0,
                 generation_done: false,
                 blocked: false,
-                source: match st.kind {
-                    StageKind::Rate(_) => Source::Rate {
-                        lengths: seeds.stream(&format!("workload.stage{i}.lengths")),
-                        arrivals: seeds.stream(&format!("workload.stage{i}.arrivals")),
-                        next_offset_secs: 0.0,
-                    },
-                    StageKind::Trace(_) => Source::Trace { reader: None, pending: None },
+                source: match &st.kind {
+                    StageKind::Rate(c) => Source::Rate(rate::RateSource::new(c, i, seeds)),
+                    StageKind::Trace(c) => Source::Trace(trace::TraceSource::new(c, i)),
+                    StageKind::Sc25(c) => Source::Sc25(sc25::Sc25Source::new(c, i)),
+                    StageKind::Rag(c) => Source::Rag(rag::RagSource::new(c, i, seeds)),
+                    StageKind::Sessions(c) => Source::Sessions(sessions::SessionSource::new(c, i, seeds)),
                 },
             })
             .collect();
-        Workload { done: stages.is_empty(), stages, state, current: 0 }
+        Workload { done: stages.is_empty(), stages, state, current: 0, armed: BTreeSet::new() }
     }
 
     /// True once every stage has ended.
@@ -172,7 +247,18 @@ impl Workload {
         self.state
             .iter()
             .map(|s| match &s.source {
-                Source::Trace { reader: Some(r), .. } => r.skipped,
+                Source::Trace(t) => t.skipped(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// Sessions ended early because the next turn would exceed `max_context_tokens`.
+    pub fn sessions_truncated(&self) -> u64 {
+        self.state
+            .iter()
+            .map(|s| match &s.source {
+                Source::Sessions(g) => g.truncated,
                 _ => 0,
             })
             .sum()
@@ -188,37 +274,51 @@ impl Workload {
 
     fn start_stage(&mut self, i: usize, now: SimTime) -> Step {
         self.current = i;
-        let st = &mut self.state[i];
-        st.start = now;
-        match (&self.stages[i].kind, &mut st.source) {
-            (StageKind::Rate(_), Source::Rate { .. }) => Ok(Some((StageId(i as u32), now))),
-            (StageKind::Trace(cfg), Source::Trace { reader, pending }) => {
-                let mut r = TraceReader::open(cfg)?;
-                *pending = r.next_request(unique_key(i, 0))?;
-                *reader = Some(r);
-                match pending.as_ref().map(|p| trace::due(now, p)) {
-                    Some(due) => Ok(Some((StageId(i as u32), self.clip(i, now, due)))),
-                    None => {
-                        self.state[i].generation_done = true;
-                        Ok(self.maybe_end_stage(now)?)
-                    }
-                }
+        self.armed.clear();
+        self.state[i].start = now;
+        let due = self.state[i].source.generator().start(now)?;
+        self.follow(i, now, due)
+    }
+
+    /// Acts on what the generator of stage `i` expects next.
+    fn follow(&mut self, i: usize, now: SimTime, due: Due) -> Step {
+        match due {
+            Due::At(t) if t <= now && self.at_cap(i) => {
+                self.state[i].blocked = true;
+                Ok(None)
             }
-            _ => unreachable!("stage state matches its kind"),
+            Due::At(t) => Ok(self.arm(i, now, t)),
+            Due::Waiting => Ok(None),
+            Due::Done => {
+                self.state[i].generation_done = true;
+                self.maybe_end_stage(now)
+            }
         }
     }
 
-    /// The next arrival time, cut at the stage's time limit.
-    fn clip(&self, i: usize, now: SimTime, next: SimTime) -> SimTime {
-        let limit = self.stages[i].time_limit.map_or(SimTime::MAX, |l| self.state[i].start + l);
-        next.min(limit).max(now)
+    fn at_cap(&self, i: usize) -> bool {
+        self.stages[i].max_outstanding.is_some_and(|cap| self.state[i].outstanding >= cap)
     }
 
-    /// An arrival of `stage` is due at `now`. Pushes the request to send (if
+    /// Schedules an arrival at `t` (cut at the stage's time limit) unless
+    /// one at or before it is already scheduled (which will look again).
+    fn arm(&mut self, i: usize, now: SimTime, t: SimTime) -> Option<(StageId, SimTime)> {
+        let limit = self.stages[i].time_limit.map_or(SimTime::MAX, |l| self.state[i].start + l);
+        let t = t.min(limit).max(now);
+        if self.armed.first().is_some_and(|&first| first <= t) {
+            return None;
+        }
+        self.armed.insert(t);
+        Some((StageId(i as u32), t))
+    }
+
+    /// An arrival of `stage` is due at `now`. Pushes the requests to send (if
     /// any) to `out` and returns the next arrival event to schedule.
     pub fn on_arrival(&mut self, now: SimTime, stage: StageId, out: &mut Vec<NewRequest>) -> Step {
         let i = stage.index();
-        debug_assert_eq!(i, self.current, "arrival for a stage that is not running");
+        if i != self.current || !self.armed.remove(&now) {
+            return Ok(None); // left over from a stage that has ended
+        }
         let cfg = &self.stages[i];
         let st = &mut self.state[i];
         if st.generation_done {
@@ -228,76 +328,34 @@ impl Workload {
             st.generation_done = true;
             return self.maybe_end_stage(now);
         }
-        if cfg.max_outstanding.is_some_and(|cap| st.outstanding >= cap) {
-            st.blocked = true;
-            return Ok(None);
-        }
-        let key = unique_key(i, st.generated);
-        let next = match (&cfg.kind, &mut st.source) {
-            (StageKind::Rate(rate), Source::Rate { lengths, arrivals, next_offset_secs }) => {
-                let prompt = lengths.random_range(rate.prompt.0..=rate.prompt.1);
-                let output = lengths.random_range(rate.output.0..=rate.output.1);
-                let shared = rate.shared_prefix.min(prompt);
-                let mut content = Content::default();
-                content.push(content_id("prefix", i as u64), shared);
-                content.push(content_id("unique", key), prompt - shared);
-                out.push(NewRequest { stage, prompt_tokens: prompt, output_tokens: output, content });
-                st.generated += 1;
-                st.outstanding += 1;
-                if rate.total.is_some_and(|total| st.generated >= total) {
-                    None
-                } else {
-                    let mean = 1.0 / rate.rate;
-                    let gap = match rate.arrival {
-                        ArrivalProcess::Uniform => mean,
-                        ArrivalProcess::Exponential { jitter } => {
-                            let e: f64 = Exp1.sample(arrivals);
-                            mean * (1.0 - jitter) + mean * e * jitter
-                        }
-                    };
-                    *next_offset_secs += gap;
-                    Some(st.start + SimDuration::from_secs_f64(*next_offset_secs))
-                }
-            }
-            (StageKind::Trace(_), Source::Trace { reader, pending }) => {
-                let r = pending.take().expect("a trace arrival has a pending request");
-                out.push(NewRequest {
-                    stage,
-                    prompt_tokens: r.prompt_tokens,
-                    output_tokens: r.output_tokens,
-                    content: r.content,
-                });
-                st.generated += 1;
-                st.outstanding += 1;
-                let reader = reader.as_mut().expect("the trace is open while its stage runs");
-                *pending = reader.next_request(unique_key(i, st.generated))?;
-                pending.as_ref().map(|p| trace::due(st.start, p))
-            }
-            _ => unreachable!("stage state matches its kind"),
-        };
-        match next {
-            Some(t) => Ok(Some((stage, self.clip(i, now, t)))),
-            None => {
-                self.state[i].generation_done = true;
-                self.maybe_end_stage(now)
-            }
-        }
+        let room = cfg.max_outstanding.map_or(u64::MAX, |cap| cap.saturating_sub(st.outstanding));
+        let mut emit = Emit { stage, sent: st.generated, out };
+        let due = st.source.generator().emit(now, room, &mut emit)?;
+        let sent = emit.sent - st.generated;
+        st.generated += sent;
+        st.outstanding += sent;
+        self.follow(i, now, due)
     }
 
-    /// A request of `stage` completed at `now`; returns an arrival to schedule
-    /// (a blocked one released, or the next stage's first).
-    pub fn on_completion(&mut self, now: SimTime, stage: StageId) -> Step {
-        let st = &mut self.state[stage.index()];
+    /// A request of `stage` with `label` completed (`served` = false: it was
+    /// rejected) at `now`; returns an arrival to schedule (a held one
+    /// released, a closed loop's next request, or the next stage's first).
+    pub fn on_completion(&mut self, now: SimTime, stage: StageId, label: Label, served: bool) -> Step {
+        let i = stage.index();
+        let st = &mut self.state[i];
         st.outstanding -= 1;
-        if st.blocked {
-            // The held arrival goes out now and the next gap counts from now.
-            st.blocked = false;
-            if let Source::Rate { next_offset_secs, .. } = &mut st.source {
-                *next_offset_secs = (now - st.start).as_secs_f64();
-            }
-            return Ok(Some((stage, now)));
+        if i != self.current {
+            return Ok(None);
         }
-        if stage.index() == self.current { self.maybe_end_stage(now) } else { Ok(None) }
+        let due = st.source.generator().completed(now, label, served);
+        if st.generation_done {
+            return self.maybe_end_stage(now);
+        }
+        if std::mem::take(&mut st.blocked) {
+            // The held request goes out now.
+            return Ok(self.arm(i, now, now));
+        }
+        self.follow(i, now, due)
     }
 
     fn maybe_end_stage(&mut self, now: SimTime) -> Step {
@@ -305,23 +363,18 @@ impl Workload {
         if !(st.generation_done && st.outstanding == 0) {
             return Ok(None);
         }
-        if let Source::Trace { reader, .. } = &mut self.state[self.current].source {
-            // Keep the skip count, drop the file handle.
-            if let Some(r) = reader.as_mut() {
-                r.close();
-            }
-        }
         if self.current + 1 < self.stages.len() {
             self.start_stage(self.current + 1, now)
         } else {
             self.done = true;
+            self.armed.clear();
             Ok(None)
         }
     }
 }
 
 /// A key unique to the `n`-th request of stage `stage` (for request-unique content).
-fn unique_key(stage: usize, n: u64) -> u64 {
+pub(crate) fn unique_key(stage: usize, n: u64) -> u64 {
     ((stage as u64) << 40) | n
 }
 
@@ -330,7 +383,14 @@ mod tests {
     use super::*;
 
     fn rate(arrival: ArrivalProcess, total: Option<u64>) -> RateStage {
-        RateStage { arrival, rate: 4.0, total, prompt: (10, 20), output: (1, 3), shared_prefix: 15 }
+        RateStage {
+            arrival,
+            rate: 4.0,
+            total,
+            prompt: Dist::Uniform { min: 10.0, max: 20.0 },
+            output: Dist::Uniform { min: 1.0, max: 3.0 },
+            shared_prefix: 15,
+        }
     }
 
     fn stage(r: RateStage) -> StageConfig {
@@ -404,7 +464,7 @@ mod tests {
         assert_eq!(send_times(&mut w, 10).len(), 4);
         assert!(!w.finished(), "four requests are still outstanding");
         for _ in 0..4 {
-            assert_eq!(w.on_completion(SimTime(2_000_000_000), StageId(0)).unwrap(), None);
+            assert_eq!(w.on_completion(SimTime(2_000_000_000), StageId(0), Label::None, true).unwrap(), None);
         }
         assert!(w.finished(), "the last completion ends the only stage");
     }
@@ -418,12 +478,16 @@ mod tests {
         let (s0, t0) = w.start(SimTime::ZERO).unwrap().unwrap();
         let (s0b, t1) = w.on_arrival(t0, s0, &mut out).unwrap().unwrap();
         assert_eq!(w.on_arrival(t1, s0b, &mut out).unwrap(), None, "count reached");
-        assert_eq!(w.on_completion(SimTime(7_000_000_000), StageId(0)).unwrap(), None, "one still outstanding");
-        let next = w.on_completion(SimTime(9_000_000_000), StageId(0)).unwrap();
+        assert_eq!(
+            w.on_completion(SimTime(7_000_000_000), StageId(0), Label::None, true).unwrap(),
+            None,
+            "one still outstanding"
+        );
+        let next = w.on_completion(SimTime(9_000_000_000), StageId(0), Label::None, true).unwrap();
         assert_eq!(next, Some((StageId(1), SimTime(9_000_000_000))));
         assert_eq!(w.on_arrival(SimTime(9_000_000_000), StageId(1), &mut out).unwrap(), None);
         assert!(!w.finished());
-        assert_eq!(w.on_completion(SimTime(10_000_000_000), StageId(1)).unwrap(), None);
+        assert_eq!(w.on_completion(SimTime(10_000_000_000), StageId(1), Label::None, true).unwrap(), None);
         assert!(w.finished());
     }
 
@@ -438,7 +502,7 @@ mod tests {
         assert_eq!(w.on_arrival(t1, st, &mut out).unwrap(), None, "blocked at 0.25 s");
         assert_eq!(out.len(), 1);
         // Completion at 2 s releases it immediately; the next gap counts from 2 s.
-        let (_, t2) = w.on_completion(SimTime(2_000_000_000), st).unwrap().unwrap();
+        let (_, t2) = w.on_completion(SimTime(2_000_000_000), st, Label::None, true).unwrap().unwrap();
         assert_eq!(t2, SimTime(2_000_000_000));
         let (_, t3) = w.on_arrival(t2, st, &mut out).unwrap().unwrap();
         assert_eq!(out.len(), 2);

@@ -13,6 +13,7 @@
 //! are ignored. Output lengths of 0 are sent as 1 (an engine produces at
 //! least one token).
 
+use super::{Due, Emit, Generator, Label};
 use crate::kvcache::{Content, content_id};
 use crate::time::{SimDuration, SimTime};
 use serde::Deserialize;
@@ -153,9 +154,58 @@ impl TraceReader {
     }
 }
 
-/// When the trace's next request is due.
-pub fn due(stage_start: SimTime, r: &TraceRequest) -> SimTime {
-    stage_start + r.offset
+/// The generator of a trace stage: the reader and the next request, read
+/// one ahead so its arrival can be scheduled.
+#[derive(Debug)]
+pub(crate) struct TraceSource {
+    cfg: TraceStage,
+    reader: Option<TraceReader>,
+    pending: Option<TraceRequest>,
+    start: SimTime,
+    skipped: u64,
+    stage: usize,
+}
+
+impl TraceSource {
+    /// Stage `stage`'s trace, not yet opened.
+    pub fn new(cfg: &TraceStage, stage: usize) -> TraceSource {
+        TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, skipped: 0, stage }
+    }
+
+    /// Malformed lines skipped so far.
+    pub fn skipped(&self) -> u64 {
+        self.skipped + self.reader.as_ref().map_or(0, |r| r.skipped)
+    }
+
+    fn read_next(&mut self, key: u64) -> Result<Due, String> {
+        let reader = self.reader.as_mut().expect("the trace is open while its stage runs");
+        self.pending = reader.next_request(key)?;
+        Ok(match &self.pending {
+            Some(p) => Due::At(self.start + p.offset),
+            None => {
+                // Keep the skip count, drop the file handle.
+                self.skipped += reader.skipped;
+                self.reader = None;
+                Due::Done
+            }
+        })
+    }
+}
+
+impl Generator for TraceSource {
+    fn start(&mut self, now: SimTime) -> Result<Due, String> {
+        self.start = now;
+        self.reader = Some(TraceReader::open(&self.cfg)?);
+        self.read_next(super::unique_key(self.stage, 0))
+    }
+
+    fn emit(&mut self, now: SimTime, room: u64, out: &mut Emit<'_>) -> Result<Due, String> {
+        let Some(p) = self.pending.take_if(|p| room > 0 && self.start + p.offset <= now) else {
+            return Ok(self.pending.as_ref().map_or(Due::Done, |p| Due::At(self.start + p.offset)));
+        };
+        out.push(p.prompt_tokens, p.output_tokens, p.content, Label::None);
+        self.read_next(out.key())
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,508 @@
+//! Workload stages: each `[[workload.stages]]` entry's `workload_params`
+//! checked against its type's own keys and resolved, distributions included.
+
+use super::error::{ConfigError, closest};
+use super::resolve::Ctx;
+use super::schema::{RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, StageSection, TraceParams};
+use crate::time::SimDuration;
+use crate::workload::{
+    ArrivalProcess, Dist, RagStage, RateStage, SC25_PROMPT_SIZES, Sc25Stage, SessionsStage, StageConfig, StageKind,
+    TraceStage,
+};
+use std::io::BufRead;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Workload types, as Opal spells them (matched case-insensitively).
+const TYPES: [&str; 6] = ["UniformReqRate", "ExponentialReqRate", "Trace", "SC25Workload", "RAGWorkload", "Sessions"];
+
+/// What a distribution describes: lengths are at least one token, times at least zero seconds.
+#[derive(Clone, Copy, PartialEq)]
+enum Unit {
+    Tokens,
+    Seconds,
+}
+
+impl Unit {
+    fn floor(self) -> f64 {
+        match self {
+            Unit::Tokens => 1.0,
+            Unit::Seconds => 0.0,
+        }
+    }
+}
+
+/// Resolves every stage of `file`.
+pub(super) fn resolve_stages(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<Vec<StageConfig>, ConfigError> {
+    if file.workload.stages.is_empty() {
+        return Err(cx.err("workload.stages", "no workload stages", "add at least one [[workload.stages]] table"));
+    }
+    let global_limit = file.simulation.simulation_time > 0.0;
+    file.workload
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(i, st)| {
+            let sc = StageCx { cx, at: format!("workload.stages.{i}.workload_params"), base_dir, global_limit };
+            sc.resolve(i, st)
+        })
+        .collect()
+}
+
+/// Resolution of one stage's parameters; keys are named `workload.stages.<i>.workload_params.<key>`.
+struct StageCx<'a> {
+    cx: &'a Ctx<'a>,
+    at: String,
+    base_dir: &'a Path,
+    global_limit: bool,
+}
+
+impl StageCx<'_> {
+    fn key(&self, k: &str) -> String {
+        format!("{}.{k}", self.at)
+    }
+
+    fn err(&self, k: &str, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+        self.cx.err(&self.key(k), message, hint)
+    }
+
+    fn params<T: serde::de::DeserializeOwned>(&self, st: &StageSection) -> Result<T, ConfigError> {
+        super::from_table(&st.workload_params, self.cx.source, &self.at)
+    }
+
+    fn resolve(&self, i: usize, st: &StageSection) -> Result<StageConfig, ConfigError> {
+        match st.kind.to_ascii_lowercase().as_str() {
+            kind @ ("uniformreqrate" | "exponentialreqrate") => self.rate(self.params(st)?, kind == "uniformreqrate"),
+            "trace" => self.trace(self.params(st)?),
+            "sc25workload" => self.sc25(self.params(st)?),
+            "ragworkload" => self.rag(self.params(st)?),
+            "sessions" => self.sessions(self.params(st)?),
+            _ => Err(self
+                .cx
+                .err(
+                    &format!("workload.stages.{i}.type"),
+                    format!("unknown workload type {:?}", st.kind),
+                    match closest(&st.kind, TYPES) {
+                        Some(c) => format!("did you mean `{c}`? types: {}", TYPES.join(", ")),
+                        None => format!("types: {}", TYPES.join(", ")),
+                    },
+                )
+                .schema()),
+        }
+    }
+
+    fn at_least(&self, k: &str, v: i64, min: i64) -> Result<u32, ConfigError> {
+        self.cx.at_least(&self.key(k), v, min)
+    }
+
+    fn time_limit(&self, v: f64) -> Result<Option<SimDuration>, ConfigError> {
+        self.cx.optional_secs(&self.key("time_duration_sec"), v)
+    }
+
+    /// `-1` = unlimited, else at least 1.
+    fn cap(&self, k: &str, v: i64) -> Result<Option<u64>, ConfigError> {
+        match v {
+            -1 => Ok(None),
+            n => Ok(Some(u64::from(self.at_least(k, n, 1)?))),
+        }
+    }
+
+    fn jitter(&self, v: f64) -> Result<f64, ConfigError> {
+        if (0.0..=1.0).contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.err(
+                "jitter",
+                format!("must be between 0 and 1, got {v}"),
+                "use 1 for Poisson arrivals, 0 for fixed gaps",
+            ))
+        }
+    }
+
+    /// A count where `-1` or `0` means unlimited — then something else must end the stage.
+    fn count(&self, k: &str, v: i64, time_limit: Option<SimDuration>) -> Result<Option<u64>, ConfigError> {
+        let total = (v > 0).then_some(v as u64);
+        if total.is_none() && time_limit.is_none() && !self.global_limit {
+            return Err(self.err(
+                k,
+                format!("this stage would never end: {k} is unlimited and neither time_duration_sec nor simulation.simulation_time is set"),
+                format!("set {k} > 0, time_duration_sec > 0, or simulation.simulation_time > 0"),
+            ));
+        }
+        Ok(total)
+    }
+
+    fn rate(&self, p: RateParams, uniform: bool) -> Result<StageConfig, ConfigError> {
+        let arrival = if uniform {
+            ArrivalProcess::Uniform
+        } else {
+            ArrivalProcess::Exponential { jitter: self.jitter(p.jitter)? }
+        };
+        let rate = self.cx.positive(&self.key("request_rate"), p.request_rate)?;
+        let prompt = self.lengths(
+            "prompt_size",
+            p.prompt_size.as_ref(),
+            ("prompt_size_min", p.prompt_size_min, 32),
+            ("prompt_size_max", p.prompt_size_max, 16384),
+        )?;
+        let output = self.lengths(
+            "output_tokens",
+            p.output_tokens.as_ref(),
+            ("output_tokens_min", p.output_tokens_min, 32),
+            ("output_tokens_max", p.output_tokens_max, 128),
+        )?;
+        let shared_prefix = self.at_least("default_prefix_length", p.default_prefix_length, 0)?;
+        let time_limit = self.time_limit(p.time_duration_sec)?;
+        let total = self.count("total_requests", p.total_requests, time_limit)?;
+        Ok(StageConfig {
+            kind: StageKind::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix }),
+            time_limit,
+            max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
+        })
+    }
+
+    /// A length given either as a distribution (`name`) or as Opal's uniform `[min, max]`.
+    fn lengths(
+        &self,
+        name: &str,
+        dist: Option<&toml::Value>,
+        (min_key, min, min_default): (&str, Option<i64>, i64),
+        (max_key, max, max_default): (&str, Option<i64>, i64),
+    ) -> Result<Dist, ConfigError> {
+        if let Some(d) = dist {
+            if min.is_some() || max.is_some() {
+                return Err(self.err(
+                    name,
+                    format!("{name} and {min_key}/{max_key} are both set"),
+                    format!("keep {name} (any distribution) or {min_key}/{max_key} (uniform), not both"),
+                ));
+            }
+            return self.dist(name, d, Unit::Tokens);
+        }
+        let lo = self.at_least(min_key, min.unwrap_or(min_default), 1)?;
+        let hi = self.at_least(max_key, max.unwrap_or(max_default), 1)?;
+        if lo > hi {
+            return Err(self.err(
+                min_key,
+                format!("{min_key} ({lo}) is greater than {max_key} ({hi})"),
+                format!("make {min_key} ≤ {max_key}"),
+            ));
+        }
+        Ok(Dist::Uniform { min: f64::from(lo), max: f64::from(hi) })
+    }
+
+    fn trace(&self, p: TraceParams) -> Result<StageConfig, ConfigError> {
+        if p.trace_file.is_empty() {
+            return Err(self
+                .err(
+                    "trace_file",
+                    "a Trace stage needs a trace file",
+                    "set trace_file = \"traces/…jsonl\" (relative to the spec)",
+                )
+                .schema());
+        }
+        let path = self.base_dir.join(&p.trace_file);
+        if !path.is_file() {
+            return Err(self.err(
+                "trace_file",
+                format!("{} does not exist", path.display()),
+                "paths are relative to the spec file",
+            ));
+        }
+        let chunk_size = self.at_least("chunk_size", p.chunk_size, 1)?;
+        let multiplier_to_sec = self.cx.positive(&self.key("multiplier_to_sec"), p.multiplier_to_sec)?;
+        let time_scale = self.cx.positive(&self.key("time_scale"), p.time_scale)?;
+        if !(p.start_offset.is_finite() && p.start_offset >= 0.0) {
+            return Err(self.err(
+                "start_offset",
+                format!("must be ≥ 0 seconds, got {}", p.start_offset),
+                "use 0 to start at the stage start",
+            ));
+        }
+        let total = match p.total_requests {
+            -1 => None,
+            n if n >= 0 => Some(n as u64),
+            n => {
+                return Err(self.err(
+                    "total_requests",
+                    format!("must be -1 (all) or ≥ 0, got {n}"),
+                    "use -1 to replay the whole file",
+                ));
+            }
+        };
+        Ok(StageConfig {
+            kind: StageKind::Trace(TraceStage {
+                path,
+                chunk_size,
+                multiplier_to_sec,
+                time_scale,
+                start_offset: p.start_offset,
+                total,
+                skip_bad_lines: p.skip_bad_lines,
+            }),
+            time_limit: self.time_limit(p.time_duration_sec)?,
+            max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
+        })
+    }
+
+    fn sc25(&self, p: Sc25Params) -> Result<StageConfig, ConfigError> {
+        let prompt_sizes = match p.prompt_sizes {
+            None => SC25_PROMPT_SIZES.to_vec(),
+            Some(v) if v.is_empty() => {
+                return Err(self.err(
+                    "prompt_sizes",
+                    "no prompt sizes",
+                    "list at least one size, or leave it out for Opal's ten",
+                ));
+            }
+            Some(v) => v.iter().map(|&n| self.at_least("prompt_sizes", n, 1)).collect::<Result<_, _>>()?,
+        };
+        if !(p.gap_sec.is_finite() && p.gap_sec >= 0.0) {
+            return Err(self.err(
+                "gap_sec",
+                format!("must be ≥ 0 seconds, got {}", p.gap_sec),
+                "use 0 to send each request as the previous one completes",
+            ));
+        }
+        Ok(StageConfig {
+            kind: StageKind::Sc25(Sc25Stage {
+                prompt_sizes,
+                output_tokens: self.at_least("output_tokens", p.output_tokens, 1)?,
+                gap: SimDuration::from_secs_f64(p.gap_sec),
+            }),
+            time_limit: self.time_limit(p.time_duration_sec)?,
+            max_outstanding: None,
+        })
+    }
+
+    fn rag(&self, p: RagParams) -> Result<StageConfig, ConfigError> {
+        let time_limit = self.time_limit(p.time_duration_sec)?;
+        let num_documents = self.at_least("num_documents", p.num_documents, 1)?;
+        let docs_per_request = self.at_least("docs_per_request", p.docs_per_request, 1)?;
+        if docs_per_request > num_documents {
+            return Err(self.err(
+                "docs_per_request",
+                format!("{docs_per_request} distinct documents per request but the corpus has {num_documents}"),
+                "make docs_per_request ≤ num_documents",
+            ));
+        }
+        if !(p.doc_popularity_zipf.is_finite() && p.doc_popularity_zipf >= 0.0) {
+            return Err(self.err(
+                "doc_popularity_zipf",
+                format!("must be ≥ 0, got {}", p.doc_popularity_zipf),
+                "use 0 for uniform popularity, about 1 for a typical skew",
+            ));
+        }
+        let stage = RagStage {
+            rate: self.cx.positive(&self.key("request_rate"), p.request_rate)?,
+            jitter: self.jitter(p.jitter)?,
+            total: self.count("total_requests", p.total_requests, time_limit)?,
+            system_prompt_size: self.at_least("system_prompt_size", p.system_prompt_size, 0)?,
+            num_documents,
+            document_size: self.at_least("document_size", p.document_size, 1)?,
+            docs_per_request,
+            query_size: self.at_least("query_size", p.query_size, 0)?,
+            output_tokens: self.dist("output_tokens", &p.output_tokens, Unit::Tokens)?,
+            zipf: p.doc_popularity_zipf,
+        };
+        if stage.prompt_tokens() > u64::from(u32::MAX) {
+            return Err(self.err(
+                "document_size",
+                format!("prompts of {} tokens are too long", stage.prompt_tokens()),
+                "use fewer or smaller documents",
+            ));
+        }
+        Ok(StageConfig {
+            kind: StageKind::Rag(stage),
+            time_limit,
+            max_outstanding: self.cap("max_concurrent_requests", p.max_concurrent_requests)?,
+        })
+    }
+
+    fn sessions(&self, p: SessionsParams) -> Result<StageConfig, ConfigError> {
+        let time_limit = self.time_limit(p.time_duration_sec)?;
+        let or = |v: Option<&toml::Value>, k: &str, unit: Unit, default: Dist| {
+            v.map_or(Ok(default), |v| self.dist(k, v, unit))
+        };
+        let uniform = |min: f64, max: f64| Dist::Uniform { min, max };
+        let stage = SessionsStage {
+            session_rate: self.cx.positive(&self.key("session_rate"), p.session_rate)?,
+            jitter: self.jitter(p.jitter)?,
+            total_sessions: self.count("total_sessions", p.total_sessions, time_limit)?,
+            turns: or(p.turns.as_ref(), "turns", Unit::Tokens, uniform(2.0, 8.0))?,
+            system_prompt_size: self.at_least("system_prompt_size", p.system_prompt_size, 0)?,
+            input_tokens: or(p.input_tokens.as_ref(), "input_tokens", Unit::Tokens, uniform(64.0, 512.0))?,
+            output_tokens: or(p.output_tokens.as_ref(), "output_tokens", Unit::Tokens, uniform(64.0, 512.0))?,
+            think_time: or(
+                p.think_time_sec.as_ref(),
+                "think_time_sec",
+                Unit::Seconds,
+                Dist::Exponential { mean: 10.0, min: 0.0, max: f64::INFINITY },
+            )?,
+            max_context_tokens: match p.max_context_tokens {
+                -1 => None,
+                n => Some(u64::from(self.at_least("max_context_tokens", n, 2)?)),
+            },
+        };
+        Ok(StageConfig {
+            kind: StageKind::Sessions(stage),
+            time_limit,
+            max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
+        })
+    }
+
+    /// A distribution: a number (fixed) or `{ dist = "…", … }` (see [`crate::workload::dist`]).
+    fn dist(&self, k: &str, v: &toml::Value, unit: Unit) -> Result<Dist, ConfigError> {
+        const FORMS: &str = "a number, or a table such as { dist = \"lognormal\", mean = 2000, std = 1000, max = 32768 }; dist is one of fixed, uniform, normal, lognormal, exponential, empirical";
+        let number = |v: &toml::Value| v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
+        let floor = unit.floor();
+        let checked = |key: &str, x: f64| {
+            if x.is_finite() && x >= floor {
+                Ok(x)
+            } else {
+                Err(self.err(key, format!("must be a number ≥ {floor}, got {x}"), FORMS))
+            }
+        };
+        if let Some(x) = number(v) {
+            return Ok(Dist::Fixed(checked(k, x)?));
+        }
+        let Some(t) = v.as_table() else {
+            return Err(self.err(k, format!("expected a number or a distribution table, got {v}"), FORMS).schema());
+        };
+        let Some(kind) = t.get("dist").and_then(toml::Value::as_str) else {
+            return Err(self.err(k, "a distribution table needs `dist`", FORMS).schema());
+        };
+        const KINDS: [&str; 6] = ["fixed", "uniform", "normal", "lognormal", "exponential", "empirical"];
+        let allowed: &[&str] = match kind {
+            "fixed" => &["value"],
+            "uniform" => &["min", "max"],
+            "normal" | "lognormal" => &["mean", "std", "min", "max"],
+            "exponential" => &["mean", "min", "max"],
+            "empirical" => &["trace_file", "field"],
+            other => {
+                let hint = match closest(other, KINDS) {
+                    Some(c) => format!("did you mean `{c}`? distributions: {}", KINDS.join(", ")),
+                    None => format!("distributions: {}", KINDS.join(", ")),
+                };
+                return Err(self.err(&format!("{k}.dist"), format!("unknown distribution {other:?}"), hint).schema());
+            }
+        };
+        if let Some(extra) = t.keys().find(|x| *x != "dist" && !allowed.contains(&x.as_str())) {
+            return Err(self
+                .err(
+                    &format!("{k}.{extra}"),
+                    format!("unknown key `{extra}` for a {kind} distribution"),
+                    format!("valid keys: dist, {}", allowed.join(", ")),
+                )
+                .schema());
+        }
+        let get = |name: &str| -> Result<Option<f64>, ConfigError> {
+            let key = format!("{k}.{name}");
+            match t.get(name) {
+                None => Ok(None),
+                Some(v) => match number(v) {
+                    Some(x) => checked(&key, x).map(Some),
+                    None => Err(self.err(&key, format!("must be a number, got {v}"), FORMS).schema()),
+                },
+            }
+        };
+        let need = |name: &str| {
+            get(name)?.ok_or_else(|| {
+                self.err(
+                    &format!("{k}.{name}"),
+                    format!("a {kind} distribution needs `{name}`"),
+                    format!("valid keys: dist, {}", allowed.join(", ")),
+                )
+                .schema()
+            })
+        };
+        let min = get("min")?.unwrap_or(floor);
+        let max = get("max")?.unwrap_or(f64::INFINITY);
+        if min > max {
+            return Err(self.err(
+                &format!("{k}.min"),
+                format!("min ({min}) is greater than max ({max})"),
+                "make min ≤ max",
+            ));
+        }
+        let positive = |name: &str, x: f64| {
+            if x > 0.0 {
+                Ok(x)
+            } else {
+                Err(self.err(&format!("{k}.{name}"), format!("must be greater than 0, got {x}"), FORMS))
+            }
+        };
+        Ok(match kind {
+            "fixed" => Dist::Fixed(need("value")?),
+            "uniform" => {
+                let (lo, hi) = (need("min")?, need("max")?);
+                if unit == Unit::Tokens && (lo.fract() != 0.0 || hi.fract() != 0.0) {
+                    return Err(self.err(k, "uniform lengths need integer min and max", "use whole numbers of tokens"));
+                }
+                Dist::Uniform { min: lo, max: hi }
+            }
+            "normal" => Dist::Normal { mean: need("mean")?, std: get("std")?.unwrap_or(0.0), min, max },
+            "lognormal" => Dist::lognormal(positive("mean", need("mean")?)?, get("std")?.unwrap_or(0.0), min, max),
+            "exponential" => Dist::Exponential { mean: positive("mean", need("mean")?)?, min, max },
+            _ => self.empirical(k, t)?,
+        })
+    }
+
+    /// Lengths read from a trace file's `input_length` or `output_length`.
+    fn empirical(&self, k: &str, t: &toml::Table) -> Result<Dist, ConfigError> {
+        let file = t.get("trace_file").and_then(toml::Value::as_str).ok_or_else(|| {
+            self.err(
+                &format!("{k}.trace_file"),
+                "an empirical distribution needs `trace_file`",
+                "give a JSONL trace, relative to the spec",
+            )
+            .schema()
+        })?;
+        let field = t.get("field").map_or(Some("input_length"), toml::Value::as_str).unwrap_or("");
+        if !["input_length", "output_length"].contains(&field) {
+            return Err(self
+                .err(&format!("{k}.field"), format!("unknown field {field:?}"), "use input_length or output_length")
+                .schema());
+        }
+        let path = self.base_dir.join(file);
+        let reader = std::fs::File::open(&path).map(std::io::BufReader::new).map_err(|e| {
+            self.err(
+                &format!("{k}.trace_file"),
+                format!("cannot open {}: {e}", path.display()),
+                "paths are relative to the spec file",
+            )
+        })?;
+        let mut values = Vec::new();
+        for (n, line) in reader.lines().enumerate() {
+            let at = format!("{}:{}", path.display(), n + 1);
+            let line = line.map_err(|e| {
+                self.err(&format!("{k}.trace_file"), format!("{at}: cannot read: {e}"), "check the file")
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let row: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
+                self.err(&format!("{k}.trace_file"), format!("{at}: not JSON: {e}"), "each line must be a JSON object")
+            })?;
+            match row.get(field).and_then(serde_json::Value::as_f64) {
+                Some(x) if x >= 1.0 => values.push(x),
+                Some(_) => {} // zero-length outputs are not lengths a generator can send
+                None => {
+                    return Err(self.err(
+                        &format!("{k}.trace_file"),
+                        format!("{at}: no numeric `{field}`"),
+                        "each line needs the field the distribution reads",
+                    ));
+                }
+            }
+        }
+        if values.is_empty() {
+            return Err(self.err(
+                &format!("{k}.trace_file"),
+                format!("{} has no {field} values", path.display()),
+                "use a non-empty trace",
+            ));
+        }
+        Ok(Dist::Empirical(Arc::from(values)))
+    }
+}

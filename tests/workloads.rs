@@ -1,0 +1,221 @@
+//! The workload generators end to end: SC25 cold/warm, RAG, multi-turn
+//! sessions, length distributions.
+
+use crate::{run, scenario};
+use opal::workload::Label;
+
+/// Tokens a request with a fully cached prompt of `p` tokens must still
+/// compute: a prefix hit covers at most ⌊(p − 1)/16⌋ blocks of 16 (vLLM
+/// always computes at least the last token).
+fn recomputed_tail(p: u64) -> u64 {
+    p - 16 * ((p - 1) / 16)
+}
+
+fn sc25(extra: &str) -> opal::RunOutput {
+    run(&scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "RoundRobin"
+        [[workload.stages]]
+        type = "SC25Workload"
+        {extra}
+        "#
+    )))
+}
+
+#[test]
+fn sc25_warm_requests_beat_cold_ones_at_every_size_and_recompute_only_the_tail() {
+    // Served from the GPU (a B200 holds all ten prompts) and from a CPU tier
+    // (an H100 does not; chunks of one block so every full block is a hit).
+    let gpu = sc25("[worker.hw]\ngpu = \"B200\"\n[kvc]\nkvc_tiers = []");
+    let cpu = sc25("[kvc]\nkvc_tiers = [\"CPUMemory\"]\nchunk_size = 16\n[kvc.CPUMemory]\ncapacity_GB = 200");
+    for (name, out) in [("gpu", &gpu), ("cpu", &cpu)] {
+        assert_eq!(out.summary.requests_completed, 20, "{name}: ten cold, ten warm");
+        let sizes: Vec<u32> = out.sc25.iter().map(|r| r.prompt_tokens).collect();
+        assert_eq!(sizes, opal::workload::SC25_PROMPT_SIZES, "{name}");
+        for r in &out.sc25 {
+            let (cold, warm) = (r.cold_ttft_ms.unwrap(), r.warm_ttft_ms.unwrap());
+            assert!(warm < cold, "{name} {}: warm {warm} ms vs cold {cold} ms", r.prompt_tokens);
+            assert_eq!(r.cold_prefill_tokens, u64::from(r.prompt_tokens), "{name}: the cold pass shares nothing");
+            assert_eq!(
+                r.warm_prefill_tokens,
+                recomputed_tail(u64::from(r.prompt_tokens)),
+                "{name} {}",
+                r.prompt_tokens
+            );
+        }
+    }
+    // Where the warm hits came from.
+    assert!(gpu.sc25.iter().all(|r| r.warm_hit_tokens[1..] == [0, 0, 0] && r.warm_kv_fetch_ms.is_none()));
+    let last = cpu.sc25.last().unwrap();
+    assert!(
+        last.warm_hit_tokens[1] > 0 && last.warm_kv_fetch_ms.is_some(),
+        "the largest prompt was evicted from the H100"
+    );
+    // Requests are labelled cold then warm, each sent after the previous completes.
+    let labels: Vec<Label> = gpu.requests.iter().map(|r| r.label).collect();
+    assert!(labels[..10].iter().all(|l| *l == Label::Sc25 { warm: false }));
+    assert!(labels[10..].iter().all(|l| *l == Label::Sc25 { warm: true }));
+    for pair in gpu.requests.windows(2) {
+        assert!(pair[1].arrival_s >= pair[0].arrival_s + pair[0].e2e_s.unwrap() - 1e-9, "closed loop");
+    }
+}
+
+#[test]
+fn rag_requests_share_the_system_prompt_and_repeat_document_sets() {
+    let out = run(&scenario(
+        r#"
+        [[workload.stages]]
+        type = "RAGWorkload"
+        [workload.stages.workload_params]
+        total_requests = 40
+        request_rate = 0.5
+        system_prompt_size = 1000
+        num_documents = 3
+        docs_per_request = 2
+        document_size = 400
+        query_size = 50
+        output_tokens = 8
+        max_concurrent_requests = 1
+        [kvc]
+        kvc_tiers = []
+        "#,
+    ));
+    assert_eq!(out.summary.requests_completed, 40);
+    let r = &out.requests;
+    assert!(r.iter().all(|q| q.prompt_tokens == 1000 + 2 * 400 + 50));
+    assert_eq!(r[0].hit_tokens[0], 0, "the first request finds nothing");
+    // Every later request finds at least the system prompt's 62 full blocks;
+    // with 3 documents there are only 3 sets of 2, so most find a whole set
+    // (1000 + 800 = 1800 tokens: 112 full blocks).
+    assert!(
+        r[1..].iter().all(|q| q.hit_tokens[0] >= 992),
+        "{:?}",
+        r.iter().map(|q| q.hit_tokens[0]).collect::<Vec<_>>()
+    );
+    let whole = r.iter().filter(|q| q.hit_tokens[0] == 1792).count();
+    assert!(whole >= 30, "{whole} of 40 found their document set cached");
+}
+
+#[test]
+fn a_sessions_next_turn_goes_to_the_worker_that_holds_its_conversation_and_hits_all_of_it() {
+    let out = run(&scenario(
+        r#"
+        [simulation]
+        num_workers = 4
+        [router.router_params]
+        policy = "MaxPrefix"
+        periodic_infra_update_collection_time = 0
+        [worker.worker_params]
+        kvcevent_coalesce_time = 0
+        [kvc]
+        kvc_tiers = []
+        [[workload.stages]]
+        type = "Sessions"
+        [workload.stages.workload_params]
+        total_sessions = 30
+        session_rate = 2.0
+        turns = 4
+        system_prompt_size = 500
+        input_tokens = { dist = "uniform", min = 50, max = 300 }
+        output_tokens = { dist = "lognormal", mean = 120, std = 60, max = 400 }
+        think_time_sec = { dist = "exponential", mean = 2 }
+        "#,
+    ));
+    assert_eq!(out.summary.requests_completed, 120, "30 sessions of 4 turns");
+    let mut turns = std::collections::HashMap::new();
+    for r in &out.requests {
+        let Label::Session { session, turn } = r.label else { panic!("unlabelled request") };
+        turns.insert((session, turn), r);
+    }
+    for ((session, turn), r) in &turns {
+        if *turn == 1 {
+            continue;
+        }
+        let prev = turns[&(*session, turn - 1)];
+        // Turn k+1 = turn k's prompt + its answer + new input.
+        assert!(r.prompt_tokens > prev.prompt_tokens + prev.output_tokens);
+        assert!(r.arrival_s >= prev.arrival_s + prev.e2e_s.unwrap(), "closed loop within a session");
+        assert_eq!(r.worker, prev.worker, "session {session} turn {turn} followed its cache");
+        // Everything turn k computed is cached: its prompt and all but the last output token.
+        let cached = 16 * ((u64::from(prev.prompt_tokens + prev.output_tokens) - 1) / 16);
+        assert_eq!(r.hit_tokens[0], cached, "session {session} turn {turn}");
+    }
+}
+
+#[test]
+fn rate_stage_lengths_follow_the_configured_distribution() {
+    let out = run(&scenario(
+        r#"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 4000
+        request_rate = 1000
+        prompt_size = { dist = "normal", mean = 600, std = 100, min = 300, max = 900 }
+        output_tokens = 5
+        [kvc]
+        kvc_tiers = []
+        "#,
+    ));
+    let p: Vec<f64> = out.requests.iter().map(|r| f64::from(r.prompt_tokens)).collect();
+    let mean = p.iter().sum::<f64>() / p.len() as f64;
+    let sd = (p.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (p.len() - 1) as f64).sqrt();
+    // Standard error of the mean 100/√4000 ≈ 1.6: 5 is more than three of them.
+    assert!((mean - 600.0).abs() < 5.0, "mean {mean}");
+    assert!((sd - 100.0).abs() < 5.0, "sd {sd}");
+    assert!(p.iter().all(|&x| (300.0..=900.0).contains(&x)));
+    assert!(out.requests.iter().all(|r| r.output_tokens == 5));
+}
+
+#[test]
+fn empirical_lengths_come_from_the_trace_file() {
+    let dir = crate::temp_dir("empirical");
+    std::fs::write(
+        dir.join("t.jsonl"),
+        "{\"timestamp\": 0, \"input_length\": 111, \"output_length\": 7}\n{\"timestamp\": 1, \"input_length\": 222, \"output_length\": 9}\n",
+    )
+    .unwrap();
+    let text = r#"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        total_requests = 200
+        request_rate = 100
+        prompt_size = { dist = "empirical", trace_file = "t.jsonl" }
+        output_tokens = { dist = "empirical", trace_file = "t.jsonl", field = "output_length" }
+        "#;
+    let file = opal::config::parse_spec(text, "s.toml").unwrap();
+    let s = opal::config::resolve(&file, "s.toml", &dir).unwrap();
+    let out = run(&s);
+    let prompts: std::collections::BTreeSet<u32> = out.requests.iter().map(|r| r.prompt_tokens).collect();
+    let outputs: std::collections::BTreeSet<u32> = out.requests.iter().map(|r| r.output_tokens).collect();
+    assert_eq!(prompts.into_iter().collect::<Vec<_>>(), vec![111, 222]);
+    assert_eq!(outputs.into_iter().collect::<Vec<_>>(), vec![7, 9]);
+}
+
+#[test]
+fn bad_distributions_and_stage_parameters_name_their_key() {
+    let err = |params: &str, ty: &str| {
+        let text = format!("[[workload.stages]]\ntype = \"{ty}\"\n[workload.stages.workload_params]\n{params}\n");
+        let file = opal::config::parse_spec(&text, "s.toml").unwrap();
+        opal::config::resolve(&file, "s.toml", std::path::Path::new(".")).unwrap_err()
+    };
+    let e = err("prompt_size = { dist = \"lognorm\", mean = 5 }", "UniformReqRate");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.prompt_size.dist"), "{e}");
+    assert!(e.hint.as_deref().unwrap().contains("did you mean `lognormal`"), "{e}");
+    let e = err("prompt_size = { dist = \"normal\", mean = 5, sd = 1 }", "UniformReqRate");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.prompt_size.sd"), "{e}");
+    let e = err("prompt_size = 100\nprompt_size_max = 200", "UniformReqRate");
+    assert!(e.message.contains("both set"), "{e}");
+    let e = err("docs_per_request = 5\nnum_documents = 3", "RAGWorkload");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.docs_per_request"), "{e}");
+    let e = err("think_time_sec = { dist = \"exponential\" }", "Sessions");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.think_time_sec.mean"), "{e}");
+    let e = err("prompt_sizes = []", "SC25Workload");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.prompt_sizes"), "{e}");
+    let e = err("", "Sesions");
+    assert!(e.hint.as_deref().unwrap().contains("did you mean `Sessions`"), "{e}");
+}
