@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// Simulate an LLM inference platform (router + vLLM-like workers) for every
 /// point of a sweep and write the results as Parquet tables.
 ///
-/// A spec is TOML: the scenario sections ([simulation], [model.model_params],
+/// A spec is TOML (an Opal JSON configuration also runs as it is; see
+/// `opal-sweep convert`): the scenario sections ([simulation], [model.model_params],
 /// [router.router_params], [[workload.stages]], [worker.*]) plus optional
 /// [sweep] settings (name, output, replicates, base_seed, tables,
 /// time_series_interval_sec, base), [grid] axes ("dotted.path" = [values],
@@ -21,8 +22,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// base_seed + r.
 ///
 /// Results go to results/<name>/ (or [sweep] output, or -o): runs.parquet,
-/// histograms.parquet (HDR V2), timeseries.parquet, requests.parquet (if
-/// listed in tables) and manifest.json.
+/// histograms.parquet (HDR V2), timeseries.parquet, workers.parquet,
+/// sc25.parquet (with an SC25Workload stage), requests.parquet (if listed
+/// in tables) and manifest.json.
 ///
 /// Exit codes: 0 every run succeeded, 1 a run failed or the sweep was
 /// interrupted, 2 invalid input (the message names the file, line, key and fix).
@@ -34,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
     long_about,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh"
+    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh\n  opal-sweep convert configs/opal.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -54,11 +56,27 @@ enum Command {
     },
     /// Print an sbatch script that runs a spec as a Slurm job array.
     Slurm(SlurmArgs),
+    /// Convert an Opal JSON configuration into an equivalent TOML scenario.
+    ///
+    /// Keys are mapped one to one; renamed keys, Opal defaults that differ
+    /// from ours and keys with no counterpart are listed in the output's
+    /// header comments and on stderr.
+    Convert {
+        /// The Opal configuration (JSON).
+        config: PathBuf,
+        /// Where to write the TOML (default: next to the JSON, with a .toml
+        /// extension; `-` for stdout).
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Replace an existing output file.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Args, Debug)]
 struct RunArgs {
-    /// The spec to run (TOML).
+    /// The spec to run: TOML, or an Opal JSON configuration (imported unchanged).
     #[arg(required = true)]
     spec: Option<PathBuf>,
     /// Output directory (default: [sweep] output, else results/<name>/).
@@ -119,6 +137,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run(&args),
         Some(Command::Merge { dir }) => merge(&dir),
         Some(Command::Slurm(args)) => slurm(&args),
+        Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
         None => run(&cli.run),
     };
     match result {
@@ -144,6 +163,9 @@ fn out(text: &str) {
 fn load_plan(spec: &std::path::Path) -> Result<SweepPlan, Failure> {
     let spec = opal::config::load_spec(spec).map_err(|e| Failure::Input(e.to_string()))?;
     let plan = plan(&spec).map_err(|e| Failure::Input(e.to_string()))?;
+    for n in &plan.notes {
+        eprintln!("warning: {n}");
+    }
     if let Some(Err(e)) = plan.points.iter().all(|p| p.scenario.is_err()).then(|| plan.points[0].scenario.clone()) {
         let also = match plan.points.len() {
             1 => String::new(),
@@ -193,6 +215,29 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         )));
     }
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn convert(config: &std::path::Path, output: Option<&std::path::Path>, force: bool) -> Result<ExitCode, Failure> {
+    let text = std::fs::read_to_string(config)
+        .map_err(|e| Failure::Input(format!("{}: cannot read the configuration: {e}", config.display())))?;
+    let (spec, imported) =
+        opal::config::Spec::from_opal_json(&text, config).map_err(|e| Failure::Input(e.to_string()))?;
+    for n in &spec.notes {
+        eprintln!("warning: {n}");
+    }
+    let target = output.map_or_else(|| config.with_extension("toml"), std::path::Path::to_path_buf);
+    if target.as_os_str() == "-" {
+        out(&opal::config::opal_json::to_toml(&imported, config, spec.base_dir()));
+        return Ok(ExitCode::SUCCESS);
+    }
+    if target.exists() && !force {
+        return Err(Failure::Input(format!("{} exists; pass --force to replace it", target.display())));
+    }
+    let dir = target.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let toml = opal::config::opal_json::to_toml(&imported, config, dir);
+    std::fs::write(&target, toml).map_err(|e| Failure::Run(format!("{}: cannot write: {e}", target.display())))?;
+    eprintln!("wrote {}", target.display());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, wall: f64) -> String {

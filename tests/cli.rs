@@ -108,3 +108,67 @@ fn every_shipped_sweep_expands() {
     }
     assert!(seen >= 5, "only {seen} sweeps found");
 }
+
+/// The Opal `defaults.json`-shaped fixture, with keys Opal has and we do not.
+const OPAL_JSON: &str = "tests/fixtures/opal/defaults.json";
+
+#[test]
+fn an_opal_json_config_runs_unchanged_and_reports_what_it_ignores() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = temp_dir("opal-json");
+    let o = opal_sweep(&[OPAL_JSON, "-o", out.to_str().unwrap(), "-q"], root);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    for key in [
+        "simulation.log_level",
+        "simulation.output_dir",
+        "simulation.plot",
+        "worker.hw.power_watts",
+        "kvc.DistributedFS.mount_point",
+        "workload.stages.0.workload_params.show_progress",
+    ] {
+        assert!(err.contains(&format!("ignored `{key}`")), "{key} not reported:\n{err}");
+    }
+    assert!(err.contains("enable_gpu_apc → worker.vllm_params.enable_prefix_caching"), "{err}");
+    assert!(out.join("runs.parquet").is_file());
+}
+
+#[test]
+fn convert_writes_toml_that_runs_to_identical_results() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = temp_dir("convert");
+    let toml_path = dir.join("converted.toml");
+    let o = opal_sweep(&["convert", OPAL_JSON, "-o", toml_path.to_str().unwrap()], root);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&toml_path).unwrap();
+    assert!(text.contains("# ignored (no counterpart here): simulation.plot"), "{text}");
+    assert!(text.contains("enable_prefix_caching = true"), "{text}");
+    // A second convert refuses to overwrite without --force.
+    let again = opal_sweep(&["convert", OPAL_JSON, "-o", toml_path.to_str().unwrap()], root);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(stderr(&again).contains("--force"));
+
+    let simulate = |path: &Path| {
+        let spec = opal::config::load_spec(path).unwrap_or_else(|e| panic!("{e}"));
+        let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{e}"));
+        let run = plan.runs().next().unwrap();
+        opal::simulate(&opal::sweep::run_scenario(&run).unwrap()).unwrap()
+    };
+    let from_json = simulate(&root.join(OPAL_JSON));
+    let from_toml = simulate(&toml_path);
+    assert_eq!(from_json.summary.requests_completed, 70, "40 synthetic + 30 trace requests");
+    // Debug text, so that equal NaNs (metrics with no samples) compare equal.
+    assert_eq!(format!("{:?}", from_json.summary), format!("{:?}", from_toml.summary));
+    assert_eq!(from_json.event_digest, from_toml.event_digest, "the same events in the same order");
+}
+
+#[test]
+fn a_broken_opal_json_names_the_line() {
+    let dir = temp_dir("opal-json-bad");
+    std::fs::write(dir.join("c.json"), "{\n  \"simulation\": {\n    \"seed\": 1,\n  }\n}\n").unwrap();
+    let o = opal_sweep(&["c.json"], &dir);
+    assert_input_error(&o, &["c.json", "line 4", "invalid JSON"]);
+    std::fs::write(dir.join("d.json"), "{\"simulation\": {\"num_workers\": \"two\"}}").unwrap();
+    let o = opal_sweep(&["d.json"], &dir);
+    assert_input_error(&o, &["d.json", "simulation.num_workers"]);
+}

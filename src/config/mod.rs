@@ -2,6 +2,7 @@
 //! precise errors, and validation into the resolved [`Scenario`] a run uses.
 
 mod error;
+pub mod opal_json;
 mod resolve;
 pub mod schema;
 mod stages;
@@ -21,6 +22,9 @@ pub struct Spec {
     pub file: SpecFile,
     /// The file as a TOML table (what sweep overrides are applied to).
     pub table: toml::Table,
+    /// Warnings from importing an Opal JSON configuration (keys renamed,
+    /// defaulted or ignored); empty for TOML.
+    pub notes: Vec<String>,
 }
 
 impl Spec {
@@ -47,14 +51,20 @@ impl Spec {
     }
 }
 
-/// Reads and parses a spec file.
+/// Reads and parses a spec file: TOML, or an Opal JSON configuration (by
+/// its `.json` extension), imported as [`opal_json`] describes.
 pub fn load_spec(path: &Path) -> Result<Spec, ConfigError> {
     let source = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigError::file(&source, format!("cannot read the spec file: {e}"))
-            .hint("check the path; specs are TOML files such as sweeps/quickstart.toml")
+            .hint("check the path; specs are TOML files such as sweeps/quickstart.toml, or Opal JSON configurations")
     })?;
-    Spec::from_text(&text, path)
+    if is_json(path) { Spec::from_opal_json(&text, path).map(|(spec, _)| spec) } else { Spec::from_text(&text, path) }
+}
+
+/// True for a path with a `.json` extension.
+pub fn is_json(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"))
 }
 
 impl Spec {
@@ -63,7 +73,24 @@ impl Spec {
         let source = path.display().to_string();
         let file = parse_spec(text, &source)?;
         let table = text.parse::<toml::Table>().map_err(|e| toml_error(&e, text, &source, None))?;
-        Ok(Spec { path: path.to_path_buf(), file, table })
+        Ok(Spec { path: path.to_path_buf(), file, table, notes: Vec::new() })
+    }
+
+    /// Imports an Opal JSON configuration as if read from `path`; also
+    /// returns the import's details (for `convert`).
+    pub fn from_opal_json(text: &str, path: &Path) -> Result<(Spec, opal_json::Imported), ConfigError> {
+        let source = path.display().to_string();
+        let base_dir = path.parent().unwrap_or(Path::new("."));
+        let imported = opal_json::import(text, path, |table| {
+            let file = spec_from_table(table, &source)?;
+            resolve(&file, &source, base_dir).map(|_| ())
+        })?;
+        let file = spec_from_table(&imported.table, &source)?;
+        let mut notes: Vec<String> = imported.notes.iter().map(|n| format!("{source}: {n}")).collect();
+        notes
+            .extend(imported.ignored.iter().map(|k| format!("{source}: ignored `{k}` (no counterpart in opal-sweep)")));
+        let spec = Spec { path: path.to_path_buf(), file, table: imported.table.clone(), notes };
+        Ok((spec, imported))
     }
 }
 

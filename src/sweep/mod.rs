@@ -85,6 +85,8 @@ pub struct SweepPlan {
     pub digest: u64,
     /// Default output directory.
     pub default_output: PathBuf,
+    /// Warnings from importing Opal JSON (the spec or its base).
+    pub notes: Vec<String>,
 }
 
 impl SweepPlan {
@@ -245,10 +247,14 @@ fn axes_of(spec: &Spec, source: &str) -> Result<Vec<Axis>, ConfigError> {
     Ok(axes)
 }
 
-fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigError> {
+fn tables_of(
+    spec: &Spec,
+    scenario: &crate::config::SpecFile,
+    source: &str,
+) -> Result<BTreeSet<TableKind>, ConfigError> {
     let names = spec.file.sweep.tables.clone().unwrap_or_else(|| {
         let mut names = ["runs", "histograms", "timeseries", "workers"].map(String::from).to_vec();
-        if spec.file.workload.stages.iter().any(|s| s.kind.eq_ignore_ascii_case("SC25Workload")) {
+        if scenario.workload.stages.iter().any(|s| s.kind.eq_ignore_ascii_case("SC25Workload")) {
             names.push("sc25".into());
         }
         names
@@ -269,12 +275,12 @@ fn tables_of(spec: &Spec, source: &str) -> Result<BTreeSet<TableKind>, ConfigErr
 }
 
 /// The scenario sections (and the directory their relative paths resolve against).
-fn base_scenario(spec: &Spec, source: &str) -> Result<(toml::Table, PathBuf, String), ConfigError> {
+fn base_scenario(spec: &Spec, source: &str) -> Result<(toml::Table, PathBuf, String, Vec<String>), ConfigError> {
     let strip = |t: &toml::Table| -> toml::Table {
         t.iter().filter(|(k, _)| !SWEEP_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect()
     };
     let Some(base) = &spec.file.sweep.base else {
-        return Ok((strip(&spec.table), spec.base_dir().to_path_buf(), source.to_string()));
+        return Ok((strip(&spec.table), spec.base_dir().to_path_buf(), source.to_string(), spec.notes.clone()));
     };
     let own = strip(&spec.table);
     if let Some(k) = own.keys().next() {
@@ -288,16 +294,17 @@ fn base_scenario(spec: &Spec, source: &str) -> Result<(toml::Table, PathBuf, Str
     }
     let path = spec.base_dir().join(base);
     let base_spec = crate::config::load_spec(&path)?;
-    Ok((strip(&base_spec.table), base_spec.base_dir().to_path_buf(), base_spec.source()))
+    Ok((strip(&base_spec.table), base_spec.base_dir().to_path_buf(), base_spec.source(), base_spec.notes))
 }
 
 /// Expands and validates `spec`.
 pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
     let source = spec.source();
     let sweep = &spec.file.sweep;
-    let (scenario_table, base_dir, scenario_source) = base_scenario(spec, &source)?;
+    let (scenario_table, base_dir, scenario_source, notes) = base_scenario(spec, &source)?;
+    let base_file = spec_from_table(&scenario_table, &scenario_source)?;
     let axes = axes_of(spec, &source)?;
-    let tables = tables_of(spec, &source)?;
+    let tables = tables_of(spec, &base_file, &source)?;
     let replicates = sweep.replicates.unwrap_or(1);
     if replicates == 0 {
         return Err(ConfigError::key(&source, "sweep.replicates", "must be at least 1")
@@ -314,7 +321,6 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         }
         v => v,
     };
-    let base_file = spec_from_table(&scenario_table, &scenario_source)?;
     let base_seed = sweep.base_seed.unwrap_or(base_file.simulation.seed);
 
     let mut axis_columns = Vec::new();
@@ -399,6 +405,7 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         canonical,
         digest: h.finish(),
         default_output,
+        notes,
     })
 }
 

@@ -1,0 +1,344 @@
+//! Import of the Python Opal's JSON configurations (`configs/defaults.json`
+//! and files of its shape), unchanged.
+//!
+//! The JSON has the same sections and key names as a TOML scenario, so the
+//! import is a translation plus three adjustments, each reported:
+//!
+//! - **Renamed keys**: `enable_gpu_apc` (Opal's switch for GPU prefix
+//!   caching, under `worker.vllm_params` or `worker.worker_params`) becomes
+//!   `worker.vllm_params.enable_prefix_caching`.
+//! - **Opal's defaults where ours differ**: a key the JSON does not set gets
+//!   the value Opal would use — GPU prefix caching off and the whole of
+//!   `memory_gb` for vLLM (`gpu_memory_utilization = 1`) — so the imported
+//!   scenario means what it meant to Opal.
+//! - **Keys with no counterpart** (plotting, logging, output paths, …) are
+//!   removed and listed by name; nothing is dropped silently. `null` values
+//!   mean "the default".
+//!
+//! Relative paths are resolved against the JSON file's directory, or —
+//! Opal's convention, where paths are relative to the directory it runs
+//! from — against the current directory when only that one exists.
+
+use super::error::{ConfigError, line_of};
+use std::path::{Path, PathBuf};
+
+/// An Opal JSON configuration translated into a scenario table.
+#[derive(Clone, Debug, Default)]
+pub struct Imported {
+    /// The scenario, as a TOML table with our key names.
+    pub table: toml::Table,
+    /// Dotted keys that have no counterpart here and were left out.
+    pub ignored: Vec<String>,
+    /// Renamed keys, Opal defaults applied, paths re-anchored.
+    pub notes: Vec<String>,
+}
+
+/// A key whose default differs here, and Opal's value for it.
+struct OpalDefault {
+    section: &'static str,
+    key: &'static str,
+    value: fn() -> toml::Value,
+    why: &'static str,
+}
+
+/// Set when the JSON leaves them out.
+const OPAL_DEFAULTS: [OpalDefault; 2] = [
+    OpalDefault {
+        section: "worker.vllm_params",
+        key: "enable_prefix_caching",
+        value: || toml::Value::Boolean(false),
+        why: "Opal's GPU prefix caching is off unless enabled",
+    },
+    OpalDefault {
+        section: "worker.vllm_params",
+        key: "gpu_memory_utilization",
+        value: || toml::Value::Float(1.0),
+        why: "Opal gives vLLM all of memory_gb",
+    },
+];
+
+/// Keys that hold file paths (dotted, `*` for any list index).
+const PATH_KEYS: [&str; 4] = [
+    "model.model_params.config_dir",
+    "model.model_params.config_path",
+    "worker.inference_params.table_path",
+    "workload.stages.*.workload_params.trace_file",
+];
+
+/// Translates the JSON `text` of the file at `path`; `validate` checks a
+/// candidate table and returns the first problem (used to find keys with no
+/// counterpart, which are removed one by one).
+pub fn import(
+    text: &str,
+    path: &Path,
+    validate: impl Fn(&toml::Table) -> Result<(), ConfigError>,
+) -> Result<Imported, ConfigError> {
+    let source = path.display().to_string();
+    let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+        let mut err = ConfigError::file(&source, format!("invalid JSON: {e}"))
+            .hint("fix the syntax at that line (keys and strings need double quotes, no trailing commas)")
+            .schema();
+        err.line = Some(e.line());
+        err
+    })?;
+    let serde_json::Value::Object(map) = json else {
+        return Err(ConfigError::file(&source, "an Opal configuration is a JSON object")
+            .hint("wrap the sections in { … }")
+            .schema());
+    };
+    let mut out = Imported::default();
+    out.table = to_table(map, "", &mut out.notes);
+    rename_gpu_apc(&mut out);
+    for OpalDefault { section, key, value, why } in OPAL_DEFAULTS {
+        let t = table_at(&mut out.table, section);
+        if !t.contains_key(key) {
+            t.insert(key.to_string(), value());
+            out.notes.push(format!("{section}.{key} = {} ({why})", t[key]));
+        }
+    }
+    anchor_paths(&mut out, path.parent().unwrap_or(Path::new(".")));
+    // Remove keys the schema does not know, one at a time, until it validates
+    // or fails for another reason (which is a real error in the file).
+    for _ in 0..1000 {
+        match validate(&out.table) {
+            Ok(()) => break,
+            Err(e) if e.message.starts_with("unknown key `") => {
+                let key = e.key.clone().unwrap_or_default();
+                if key.is_empty() || !remove_path(&mut out.table, &key) {
+                    return Err(e);
+                }
+                out.ignored.push(key);
+            }
+            Err(mut e) => {
+                e.file = source.clone();
+                if let Some(k) = &e.key {
+                    e.line = json_line(text, k);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The TOML text of an import of the JSON file `from`, headed by what was
+/// renamed, defaulted and left out, to be written in directory `out_dir`
+/// (relative paths are rewritten to stay valid from there).
+pub fn to_toml(imported: &Imported, from: &Path, out_dir: &Path) -> String {
+    let json_dir = from.parent().unwrap_or(Path::new("."));
+    let mut table = imported.table.clone();
+    visit_paths(&mut table, &PATH_KEYS, |_, value| {
+        if let Some(p) = value.as_str().map(Path::new).filter(|p| p.is_relative()) {
+            *value = toml::Value::String(rebase(&json_dir.join(p), out_dir).display().to_string());
+        }
+    });
+    let mut head = format!("# Converted from the Opal configuration {} by opal-sweep convert.\n", from.display());
+    for n in &imported.notes {
+        head.push_str(&format!("# note: {n}\n"));
+    }
+    for k in &imported.ignored {
+        head.push_str(&format!("# ignored (no counterpart here): {k}\n"));
+    }
+    head.push('\n');
+    head + &toml::to_string_pretty(&table).expect("a table always serializes")
+}
+
+/// `target` as a path relative to directory `dir` (absolute if they share
+/// nothing below the file-system root).
+fn rebase(target: &Path, dir: &Path) -> PathBuf {
+    let (Ok(t), Ok(d)) = (std::path::absolute(target), std::path::absolute(dir)) else { return target.to_path_buf() };
+    let (t, d): (Vec<_>, Vec<_>) = (t.components().collect(), d.components().collect());
+    let common = t.iter().zip(&d).take_while(|(a, b)| a == b).count();
+    if common <= 1 {
+        return t.iter().collect();
+    }
+    let mut out = PathBuf::new();
+    for _ in common..d.len() {
+        out.push("..");
+    }
+    out.extend(&t[common..]);
+    out
+}
+
+fn to_table(map: serde_json::Map<String, serde_json::Value>, at: &str, notes: &mut Vec<String>) -> toml::Table {
+    let mut t = toml::Table::new();
+    for (k, v) in map {
+        let here = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+        if let Some(v) = to_value(v, &here, notes) {
+            t.insert(k, v);
+        }
+    }
+    t
+}
+
+fn to_value(v: serde_json::Value, at: &str, notes: &mut Vec<String>) -> Option<toml::Value> {
+    use serde_json::Value as J;
+    Some(match v {
+        J::Null => {
+            notes.push(format!("{at} is null: the default applies"));
+            return None;
+        }
+        J::Bool(b) => toml::Value::Boolean(b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => toml::Value::Integer(i),
+            None => toml::Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        J::String(s) => toml::Value::String(s),
+        J::Array(items) => toml::Value::Array(
+            items.into_iter().enumerate().filter_map(|(i, x)| to_value(x, &format!("{at}.{i}"), notes)).collect(),
+        ),
+        J::Object(m) => toml::Value::Table(to_table(m, at, notes)),
+    })
+}
+
+fn table_at<'a>(root: &'a mut toml::Table, dotted: &str) -> &'a mut toml::Table {
+    dotted.split('.').fold(root, |t, seg| {
+        let slot = t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if !slot.is_table() {
+            *slot = toml::Value::Table(toml::Table::new());
+        }
+        slot.as_table_mut().expect("made a table above")
+    })
+}
+
+fn rename_gpu_apc(out: &mut Imported) {
+    for section in ["worker.vllm_params", "worker.worker_params"] {
+        let t = table_at(&mut out.table, section);
+        if let Some(v) = t.remove("enable_gpu_apc") {
+            table_at(&mut out.table, "worker.vllm_params").insert("enable_prefix_caching".into(), v);
+            out.notes.push(format!("{section}.enable_gpu_apc → worker.vllm_params.enable_prefix_caching"));
+        }
+    }
+    // `table_at` creates what it walks; an empty worker_params is harmless.
+}
+
+/// Resolves relative paths against the JSON's directory, or the current
+/// directory when only that one has the file (noted).
+fn anchor_paths(out: &mut Imported, json_dir: &Path) {
+    let mut notes = Vec::new();
+    visit_paths(&mut out.table, &PATH_KEYS, |key, value| {
+        let Some(p) = value.as_str().map(PathBuf::from) else { return };
+        if p.is_absolute() || json_dir.join(&p).exists() {
+            return;
+        }
+        if let Ok(cwd) = std::env::current_dir()
+            && cwd.join(&p).exists()
+        {
+            let abs = cwd.join(&p);
+            notes.push(format!(
+                "{key} = {:?} found relative to the current directory (Opal's convention): {}",
+                p.display().to_string(),
+                abs.display()
+            ));
+            *value = toml::Value::String(abs.display().to_string());
+        }
+    });
+    out.notes.extend(notes);
+}
+
+fn visit_paths(table: &mut toml::Table, patterns: &[&str], mut f: impl FnMut(&str, &mut toml::Value)) {
+    fn walk(v: &mut toml::Value, segs: &[&str], at: String, f: &mut dyn FnMut(&str, &mut toml::Value)) {
+        let Some((seg, rest)) = segs.split_first() else {
+            f(&at, v);
+            return;
+        };
+        match v {
+            toml::Value::Table(t) => {
+                if let Some(x) = t.get_mut(*seg) {
+                    walk(x, rest, format!("{at}.{seg}"), f);
+                }
+            }
+            toml::Value::Array(items) if *seg == "*" => {
+                for (i, x) in items.iter_mut().enumerate() {
+                    walk(x, rest, format!("{at}.{i}"), f);
+                }
+            }
+            _ => {}
+        }
+    }
+    for p in patterns {
+        let segs: Vec<&str> = p.split('.').collect();
+        if let Some(x) = table.get_mut(segs[0]) {
+            walk(x, &segs[1..], segs[0].to_string(), &mut f);
+        }
+    }
+}
+
+/// Removes the value at a dotted path (list items by index); false if absent.
+fn remove_path(table: &mut toml::Table, dotted: &str) -> bool {
+    let segs: Vec<&str> = dotted.split('.').collect();
+    let Some((last, parents)) = segs.split_last() else { return false };
+    let mut cur: &mut toml::Table = table;
+    let mut i = 0;
+    while i < parents.len() {
+        let Some(next) = cur.get_mut(parents[i]) else { return false };
+        match next {
+            toml::Value::Table(t) => cur = t,
+            toml::Value::Array(items) => {
+                let Some(idx) = parents.get(i + 1).and_then(|s| s.parse::<usize>().ok()) else { return false };
+                let Some(toml::Value::Table(t)) = items.get_mut(idx) else { return false };
+                cur = t;
+                i += 1;
+            }
+            _ => return false,
+        }
+        i += 1;
+    }
+    cur.remove(*last).is_some()
+}
+
+/// The line of the JSON text where the last segment of `key` appears as a key.
+fn json_line(text: &str, key: &str) -> Option<usize> {
+    let last = key.rsplit('.').find(|s| s.parse::<usize>().is_err())?;
+    text.find(&format!("\"{last}\"")).map(|at| line_of(text, at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remove_path_walks_tables_and_list_indices() {
+        let mut t: toml::Table = "[[a]]\nx = 1\ny = 2\n[b]\nc = 3\n".parse().unwrap();
+        assert!(remove_path(&mut t, "a.0.x"));
+        assert!(remove_path(&mut t, "b.c"));
+        assert!(!remove_path(&mut t, "b.c"));
+        assert!(!remove_path(&mut t, "a.3.y"));
+        assert_eq!(t.to_string(), "[[a]]\ny = 2\n\n[b]\n");
+    }
+
+    #[test]
+    fn nulls_renames_and_opal_defaults_are_reported() {
+        let json = r#"{"simulation": {"seed": null}, "worker": {"worker_params": {"enable_gpu_apc": true}}}"#;
+        let out = import(json, Path::new("c.json"), |_| Ok(())).unwrap();
+        assert!(out.table["simulation"].as_table().unwrap().is_empty());
+        let vllm = out.table["worker"]["vllm_params"].as_table().unwrap();
+        assert_eq!(
+            vllm["enable_prefix_caching"].as_bool(),
+            Some(true),
+            "renamed, and not overridden by Opal's default"
+        );
+        assert_eq!(vllm["gpu_memory_utilization"].as_float(), Some(1.0));
+        let notes = out.notes.join("\n");
+        assert!(notes.contains("simulation.seed is null"), "{notes}");
+        assert!(notes.contains("enable_gpu_apc → worker.vllm_params.enable_prefix_caching"), "{notes}");
+        assert!(notes.contains("gpu_memory_utilization = 1.0"), "{notes}");
+    }
+
+    #[test]
+    fn rebase_makes_paths_relative_to_the_new_directory() {
+        assert_eq!(rebase(Path::new("/a/b/traces/t.jsonl"), Path::new("/a/b")), PathBuf::from("traces/t.jsonl"));
+        assert_eq!(
+            rebase(Path::new("/a/b/traces/t.jsonl"), Path::new("/a/c/d")),
+            PathBuf::from("../../b/traces/t.jsonl")
+        );
+        assert_eq!(rebase(Path::new("/a/b/t.jsonl"), Path::new("/tmp/x")), PathBuf::from("/a/b/t.jsonl"));
+    }
+
+    #[test]
+    fn invalid_json_names_the_line() {
+        let e = import("{\n\"simulation\": {\n\"seed\": 1,\n}\n}", Path::new("c.json"), |_| Ok(())).unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.starts_with("invalid JSON"), "{e}");
+    }
+}
