@@ -19,7 +19,8 @@
 //!
 //! Module map: [`time`], [`ids`], [`rng`] (foundations) · [`engine`] ·
 //! [`config`] · [`workload`] · [`router`] · [`worker`] · [`request`] ·
-//! [`cluster`] · [`metrics`] · [`report`] (text summary).
+//! [`cluster`] · [`metrics`] · [`output`] (Parquet) · [`sweep`] · [`report`] (terminal
+//! summaries and the HTML sweep report).
 
 #![warn(missing_docs)]
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// `opal-sweep convert`): the scenario sections ([simulation], [model.model_params],
 /// [router.router_params], [[workload.stages]], [worker.*]) plus optional
 /// [sweep] settings (name, output, replicates, base_seed, tables,
-/// time_series_interval_sec, base), [grid] axes ("dotted.path" = [values],
+/// time_series_interval_sec, base, report), [grid] axes ("dotted.path" = [values],
 /// Cartesian product) and [[zip]] groups (paths varied together). A spec
 /// without axes is a single run. Replicate r of every point runs with seed
 /// base_seed + r.
@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
     long_about,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh\n  opal-sweep convert configs/opal.json"
+    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh\n  opal-sweep report results/policy-rate\n  opal-sweep convert configs/opal.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -56,6 +56,20 @@ enum Command {
     },
     /// Print an sbatch script that runs a spec as a Slurm job array.
     Slurm(SlurmArgs),
+    /// Draw a sweep's results as an HTML page with figures (PNG and SVG).
+    ///
+    /// Reads only the results directory (manifest.json and the Parquet
+    /// tables): a summary table per grid point, TTFT CDFs, throughput,
+    /// percentiles vs the sweep's axes, cache hits and storage traffic,
+    /// utilisation over time and, for SC25 stages, cold vs warm TTFT.
+    /// Failed runs are left out and listed.
+    Report {
+        /// The sweep's results directory.
+        dir: PathBuf,
+        /// Where to write the report (default: <dir>/report).
+        #[arg(short, long, value_name = "DIR")]
+        output: Option<PathBuf>,
+    },
     /// Convert an Opal JSON configuration into an equivalent TOML scenario.
     ///
     /// Keys are mapped one to one; renamed keys, Opal defaults that differ
@@ -138,6 +152,7 @@ fn main() -> ExitCode {
         Some(Command::Merge { dir }) => merge(&dir),
         Some(Command::Slurm(args)) => slurm(&args),
         Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
+        Some(Command::Report { dir, output }) => report(&dir, output.as_deref()),
         None => run(&cli.run),
     };
     match result {
@@ -180,7 +195,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let spec_path = args.spec.as_ref().expect("clap requires the spec");
     let plan = load_plan(spec_path)?;
     if args.dry_run {
-        out(&opal::report::dry_run(&plan));
+        out(&opal::report::text::dry_run(&plan));
         return Ok(ExitCode::SUCCESS);
     }
     let shard = match (&args.shard, Shard::from_slurm_env()) {
@@ -207,6 +222,9 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
     let wall = started.elapsed().as_secs_f64();
     out(&summarize(&plan, &report, &output, wall));
+    if plan.report && report.merged.is_some() && !report.executed.is_empty() {
+        auto_report(&output);
+    }
     if report.interrupted {
         return Err(Failure::Run(format!(
             "interrupted after {} of {} runs; finished runs are saved — rerun with --resume to complete",
@@ -215,6 +233,41 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         )));
     }
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn report(dir: &std::path::Path, output: Option<&std::path::Path>) -> Result<ExitCode, Failure> {
+    let target = output.map_or_else(|| opal::report::default_dir(dir), std::path::Path::to_path_buf);
+    let started = std::time::Instant::now();
+    let r = opal::report::write_report(dir, &target).map_err(|e| match e {
+        opal::report::ReportError::Input(m) => Failure::Input(m),
+        opal::report::ReportError::Output(m) => Failure::Run(m),
+    })?;
+    out(&report_line(&r, started.elapsed().as_secs_f64()));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The report a spec asked for with `[sweep] report = true`; a failure
+/// only warns (the results themselves are complete).
+fn auto_report(dir: &std::path::Path) {
+    let started = std::time::Instant::now();
+    match opal::report::write_report(dir, &opal::report::default_dir(dir)) {
+        Ok(r) => out(&report_line(&r, started.elapsed().as_secs_f64())),
+        Err(e) => eprintln!("warning: the report could not be made: {e}"),
+    }
+}
+
+fn report_line(r: &opal::report::ReportSummary, wall: f64) -> String {
+    let mut text = format!(
+        "report: {} ({} figures from {} runs{}, {wall:.2} s)\n",
+        r.index.display(),
+        r.files.len() / 2,
+        r.runs,
+        if r.failed > 0 { format!("; {} failed runs left out", r.failed) } else { String::new() }
+    );
+    for s in &r.skipped {
+        text.push_str(&format!("  {s}\n"));
+    }
+    text
 }
 
 fn convert(config: &std::path::Path, output: Option<&std::path::Path>, force: bool) -> Result<ExitCode, Failure> {
@@ -246,12 +299,12 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         && let Some((_, Some(summary))) = report.executed.first()
     {
         text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
-        text.push_str(&opal::report::summary_table(summary));
+        text.push_str(&opal::report::text::summary_table(summary));
         if let Some((_, rows)) = report.sc25.first() {
-            text.push_str(&opal::report::sc25_table(rows));
+            text.push_str(&opal::report::text::sc25_table(rows));
         }
     } else if !report.executed.is_empty() {
-        text.push_str(&opal::report::sweep_table(plan, &report.executed));
+        text.push_str(&opal::report::text::sweep_table(plan, &report.executed));
     }
     if report.executed.is_empty() && report.skipped == report.selected && report.selected > 0 {
         text.push_str(&format!(
@@ -289,6 +342,13 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
 fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
     out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
+    let wants_report = opal::sweep::runner::manifests(dir)
+        .ok()
+        .and_then(|m| m.first().and_then(|(_, v)| v.get("report").and_then(serde_json::Value::as_bool)))
+        .unwrap_or(false);
+    if wants_report {
+        auto_report(dir);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -301,7 +361,7 @@ fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
     std::fs::create_dir_all(&output).map_err(|e| Failure::Run(format!("{}: cannot create: {e}", output.display())))?;
     let exe = std::env::current_exe().map_err(|e| Failure::Run(format!("cannot locate opal-sweep: {e}")))?;
     let tasks = args.tasks.unwrap_or_else(|| plan.total_runs().min(32)).clamp(1, plan.total_runs().max(1));
-    out(&opal::report::slurm_script(&opal::report::SlurmJob {
+    out(&opal::report::text::slurm_script(&opal::report::text::SlurmJob {
         name: &plan.name,
         exe: &exe,
         spec: &spec,

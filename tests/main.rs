@@ -3,6 +3,7 @@
 mod cli;
 mod kvcache;
 mod queueing;
+mod report;
 mod router;
 mod scenarios;
 mod sweep;

@@ -59,7 +59,7 @@ output_tokens_min = 10
 output_tokens_max = 100
 "#;
 
-fn setup(name: &str, spec: &str) -> PathBuf {
+pub fn setup(name: &str, spec: &str) -> PathBuf {
     let dir = temp_dir(name);
     std::fs::write(dir.join("spec.toml"), spec).unwrap();
     dir

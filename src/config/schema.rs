@@ -65,6 +65,9 @@ pub struct SweepSection {
     /// A scenario file to use as the base (relative to this spec); the spec
     /// then holds only `[sweep]`, `[grid]` and `[[zip]]`.
     pub base: Option<String>,
+    /// Write the HTML report (`opal-sweep report`) into `<output>/report/`
+    /// when the sweep finishes (default false).
+    pub report: Option<bool>,
 }
 
 /// `[simulation]`.

@@ -87,6 +87,8 @@ pub struct SweepPlan {
     pub default_output: PathBuf,
     /// Warnings from importing Opal JSON (the spec or its base).
     pub notes: Vec<String>,
+    /// Write the HTML report when the sweep finishes.
+    pub report: bool,
 }
 
 impl SweepPlan {
@@ -406,6 +408,7 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         digest: h.finish(),
         default_output,
         notes,
+        report: sweep.report.unwrap_or(false),
     })
 }
 

@@ -157,6 +157,7 @@ pub fn manifest(plan: &SweepPlan, shard: Option<Shard>) -> serde_json::Value {
         "base_seed": plan.base_seed,
         "seed_rule": "seed = base_seed + replicate",
         "tables": plan.tables.tables.iter().map(|t| t.name()).collect::<Vec<_>>(),
+        "report": plan.report,
         "axes": plan.tables.axis_columns.iter().map(|(p, _)| p).collect::<Vec<_>>(),
         "grid": plan.points.iter().map(|p| serde_json::json!({
             "point_id": p.id,

@@ -1,0 +1,500 @@
+//! Reads a sweep's result directory back for the report: the manifest, the
+//! runs table and the tables the figures need, grouped by grid point. Only
+//! the Parquet tables and the manifest are used, so a report can be made on
+//! any machine the results were copied to.
+
+use super::ReportError;
+use crate::output::{AxisValue, TableKind, deserialize_hdr, f64_column, read_table};
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use hdrhistogram::Histogram;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A grid axis as the report shows it.
+#[derive(Clone, Debug)]
+pub struct Axis {
+    /// Dotted path, as in the spec and the runs table's column name.
+    pub path: String,
+    /// Short name for labels (the path's last component, or more if that is ambiguous).
+    pub label: String,
+    /// True for integer and float axes.
+    pub numeric: bool,
+}
+
+/// One run's numbers from the runs table (every numeric column, by name).
+#[derive(Clone, Debug)]
+pub struct RunRow {
+    /// Run id.
+    pub run_id: u32,
+    /// Replicate.
+    pub replicate: u32,
+    /// Numeric summary columns by name (nulls left out).
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// A grid point: its axis values and its successful runs.
+#[derive(Clone, Debug)]
+pub struct Point {
+    /// Point id.
+    pub id: u32,
+    /// Values of the axes, in axis order.
+    pub values: Vec<AxisValue>,
+    /// Successful runs (replicates), by replicate.
+    pub runs: Vec<RunRow>,
+    /// Runs of this point in the table, successful or not.
+    pub total_runs: usize,
+}
+
+impl Point {
+    /// The values of `metric` over the successful replicates.
+    pub fn samples(&self, metric: &str) -> Vec<f64> {
+        self.runs.iter().filter_map(|r| r.metrics.get(metric).copied()).filter(|v| v.is_finite()).collect()
+    }
+}
+
+/// A failed run, as the runs table records it.
+#[derive(Clone, Debug)]
+pub struct FailedRun {
+    /// Run id.
+    pub run_id: u32,
+    /// Grid point.
+    pub point_id: u32,
+    /// Replicate.
+    pub replicate: u32,
+    /// Why it failed.
+    pub error: String,
+}
+
+/// One interval of a run's time series.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Interval {
+    /// Interval start, simulated seconds.
+    pub start_s: f64,
+    /// Requests completed in the interval.
+    pub requests_completed: f64,
+    /// Prompt tokens computed (prefill work) in the interval.
+    pub prompt_tokens: f64,
+    /// Output tokens generated in the interval.
+    pub generated_tokens: f64,
+    /// Requests waiting at the interval's end.
+    pub queue_depth: f64,
+    /// Active workers at the interval's end.
+    pub active_workers: f64,
+    /// Mean fraction of the interval the GPUs were busy.
+    pub gpu_busy_fraction: f64,
+}
+
+/// One prompt size of an SC25 stage in one run.
+#[derive(Clone, Copy, Debug)]
+pub struct Sc25Size {
+    /// Prompt tokens.
+    pub prompt_tokens: f64,
+    /// Cold-pass TTFT, ms.
+    pub cold_ttft_ms: Option<f64>,
+    /// Warm-pass TTFT, ms.
+    pub warm_ttft_ms: Option<f64>,
+}
+
+/// Everything the report draws, read from a results directory.
+#[derive(Debug)]
+pub struct SweepData {
+    /// The results directory.
+    pub dir: PathBuf,
+    /// Sweep name.
+    pub name: String,
+    /// The spec the sweep ran from.
+    pub spec_file: String,
+    /// Replicates per point.
+    pub replicates: u32,
+    /// Seed of replicate 0.
+    pub base_seed: u64,
+    /// Grid axes, in the spec's order.
+    pub axes: Vec<Axis>,
+    /// Grid points with at least one run in the table, by id.
+    pub points: Vec<Point>,
+    /// Failed runs (left out of every figure).
+    pub failed: Vec<FailedRun>,
+    /// Merged TTFT histogram (µs) per point id, when the histograms table was written.
+    pub ttft: Option<BTreeMap<u32, Histogram<u64>>>,
+    /// Time series per run id, when the timeseries table was written.
+    pub series: Option<BTreeMap<u32, Vec<Interval>>>,
+    /// SC25 rows per run id, when the sc25 table was written.
+    pub sc25: Option<BTreeMap<u32, Vec<Sc25Size>>>,
+}
+
+fn rerr(path: &Path, msg: impl std::fmt::Display) -> ReportError {
+    ReportError::Input(format!("{}: {msg}", path.display()))
+}
+
+/// Reads `name` into one batch (empty tables give `None`).
+fn table(path: &Path) -> Result<Option<RecordBatch>, ReportError> {
+    let batches = read_table(path).map_err(|e| ReportError::Input(e.to_string()))?;
+    let Some(first) = batches.first() else { return Ok(None) };
+    let batch = arrow_select::concat::concat_batches(&first.schema(), &batches).map_err(|e| rerr(path, e))?;
+    Ok((batch.num_rows() > 0).then_some(batch))
+}
+
+fn column<'a>(batch: &'a RecordBatch, path: &Path, name: &str) -> Result<&'a arrow_array::ArrayRef, ReportError> {
+    batch.column_by_name(name).ok_or_else(|| {
+        rerr(path, format!("has no `{name}` column — was it written by opal-sweep (this version or newer)?"))
+    })
+}
+
+fn numbers(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<Option<f64>>, ReportError> {
+    column(batch, path, name)?;
+    f64_column(batch, name).ok_or_else(|| rerr(path, format!("column `{name}` is not numeric")))
+}
+
+fn ids(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<u32>, ReportError> {
+    let col = column(batch, path, name)?;
+    let ids = col
+        .as_primitive_opt::<arrow_array::types::UInt32Type>()
+        .ok_or_else(|| rerr(path, format!("column `{name}` is not u32")))?;
+    Ok(ids.values().to_vec())
+}
+
+fn strings(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<Option<String>>, ReportError> {
+    let col = column(batch, path, name)?;
+    let s = col.as_string_opt::<i32>().ok_or_else(|| rerr(path, format!("column `{name}` is not a string")))?;
+    Ok((0..s.len()).map(|i| (!s.is_null(i)).then(|| s.value(i).to_string())).collect())
+}
+
+/// Short labels for dotted paths: the last component, or as many trailing
+/// components as make the labels distinct.
+fn short_labels(paths: &[String]) -> Vec<String> {
+    let tail = |p: &str, n: usize| -> String {
+        let parts: Vec<&str> = p.split('.').collect();
+        parts[parts.len().saturating_sub(n)..].join(".")
+    };
+    let mut n = 1;
+    loop {
+        let labels: Vec<String> = paths.iter().map(|p| tail(p, n)).collect();
+        let distinct: BTreeSet<&String> = labels.iter().collect();
+        if distinct.len() == labels.len() || n > 8 {
+            return labels;
+        }
+        n += 1;
+    }
+}
+
+fn axis_values(batch: &RecordBatch, path: &Path, name: &str) -> Result<(bool, Vec<AxisValue>), ReportError> {
+    let col = column(batch, path, name)?;
+    let n = batch.num_rows();
+    let values = match col.data_type() {
+        DataType::Int64 => {
+            let a = col.as_primitive::<arrow_array::types::Int64Type>();
+            (true, (0..n).map(|i| AxisValue::Int(a.value(i))).collect())
+        }
+        DataType::Float64 => {
+            let a = col.as_primitive::<arrow_array::types::Float64Type>();
+            (true, (0..n).map(|i| AxisValue::Float(a.value(i))).collect())
+        }
+        DataType::Boolean => {
+            let a = col.as_boolean();
+            (false, (0..n).map(|i| AxisValue::Bool(a.value(i))).collect())
+        }
+        DataType::Utf8 => {
+            let a = col.as_string::<i32>();
+            (false, (0..n).map(|i| AxisValue::Str(a.value(i).to_string())).collect())
+        }
+        other => return Err(rerr(path, format!("axis column `{name}` has an unexpected type {other}"))),
+    };
+    Ok(values)
+}
+
+impl SweepData {
+    /// Reads the results directory `dir`. The manifest and the runs table
+    /// must exist; the other tables are read when the manifest lists them
+    /// (and then they must exist too).
+    pub fn load(dir: &Path) -> Result<SweepData, ReportError> {
+        let manifest_path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&manifest_path).map_err(|e| {
+            let hint = if dir.join("parts").is_dir() {
+                " — the sweep was sharded and not merged yet: run `opal-sweep merge` on it first"
+            } else {
+                " — is this a sweep's results directory?"
+            };
+            rerr(&manifest_path, format!("cannot read: {e}{hint}"))
+        })?;
+        let manifest: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| rerr(&manifest_path, format!("not a valid manifest: {e}")))?;
+        let get_str = |k: &str| manifest.get(k).and_then(|v| v.as_str()).unwrap_or("").to_string();
+        let tables: BTreeSet<String> = manifest
+            .get("tables")
+            .and_then(|t| t.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+        let axis_paths: Vec<String> = manifest
+            .get("axes")
+            .and_then(|t| t.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect())
+            .unwrap_or_default();
+
+        let runs_path = dir.join(TableKind::Runs.file_name());
+        if !runs_path.exists() {
+            let hint = if dir.join("parts").is_dir() {
+                "; its part files are in parts/ — run `opal-sweep merge` first"
+            } else {
+                ""
+            };
+            return Err(rerr(&runs_path, format!("missing: the runs table is required{hint}")));
+        }
+        let runs = table(&runs_path)?.ok_or_else(|| rerr(&runs_path, "has no rows: the sweep ran nothing"))?;
+        let run_ids = ids(&runs, &runs_path, "run_id")?;
+        let point_ids = ids(&runs, &runs_path, "point_id")?;
+        let replicates = ids(&runs, &runs_path, "replicate")?;
+        let status = strings(&runs, &runs_path, "status")?;
+        let errors = strings(&runs, &runs_path, "error")?;
+        let labels = short_labels(&axis_paths);
+        let mut axes = Vec::new();
+        let mut axis_cols = Vec::new();
+        for (p, label) in axis_paths.iter().zip(labels) {
+            let (numeric, values) = axis_values(&runs, &runs_path, p)?;
+            axes.push(Axis { path: p.clone(), label, numeric });
+            axis_cols.push(values);
+        }
+        let mut metric_cols = Vec::new();
+        for f in runs.schema().fields() {
+            let name = f.name();
+            if f.data_type().is_numeric() && !axis_paths.contains(name) && !["run_id", "point_id"].contains(&&**name) {
+                metric_cols.push((name.clone(), numbers(&runs, &runs_path, name)?));
+            }
+        }
+
+        let mut points: BTreeMap<u32, Point> = BTreeMap::new();
+        let mut failed = Vec::new();
+        let mut point_of_run = BTreeMap::new();
+        for i in 0..runs.num_rows() {
+            let point = points.entry(point_ids[i]).or_insert_with(|| Point {
+                id: point_ids[i],
+                values: axis_cols.iter().map(|c| c[i].clone()).collect(),
+                runs: Vec::new(),
+                total_runs: 0,
+            });
+            point.total_runs += 1;
+            if status[i].as_deref() == Some("ok") {
+                let metrics = metric_cols.iter().filter_map(|(n, c)| c[i].map(|v| (n.clone(), v))).collect();
+                point.runs.push(RunRow { run_id: run_ids[i], replicate: replicates[i], metrics });
+                point_of_run.insert(run_ids[i], point_ids[i]);
+            } else {
+                failed.push(FailedRun {
+                    run_id: run_ids[i],
+                    point_id: point_ids[i],
+                    replicate: replicates[i],
+                    error: errors[i].clone().unwrap_or_default(),
+                });
+            }
+        }
+        for p in points.values_mut() {
+            p.runs.sort_by_key(|r| r.replicate);
+        }
+
+        let wanted =
+            |kind: TableKind| -> Option<PathBuf> { tables.contains(kind.name()).then(|| dir.join(kind.file_name())) };
+        let ttft = wanted(TableKind::Histograms).map(|p| read_ttft(&p, &point_of_run)).transpose()?;
+        let series = wanted(TableKind::Timeseries).map(|p| read_series(&p, &point_of_run)).transpose()?;
+        let sc25 = wanted(TableKind::Sc25).map(|p| read_sc25(&p, &point_of_run)).transpose()?;
+        Ok(SweepData {
+            dir: dir.to_path_buf(),
+            name: get_str("name"),
+            spec_file: get_str("spec_file"),
+            replicates: manifest.get("replicates").and_then(|v| v.as_u64()).unwrap_or(1) as u32,
+            base_seed: manifest.get("base_seed").and_then(|v| v.as_u64()).unwrap_or(0),
+            axes,
+            points: points.into_values().collect(),
+            failed,
+            ttft,
+            series,
+            sc25,
+        })
+    }
+
+    /// Successful runs in all.
+    pub fn ok_runs(&self) -> usize {
+        self.points.iter().map(|p| p.runs.len()).sum()
+    }
+
+    /// A point's label: its axis values joined (or "all runs" for a sweep without axes).
+    pub fn point_label(&self, point: &Point) -> String {
+        if self.axes.is_empty() {
+            return "all runs".into();
+        }
+        self.axes
+            .iter()
+            .zip(&point.values)
+            .map(|(a, v)| format!("{}={}", a.label, show(v)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// An axis value as text (floats without trailing zeros).
+pub fn show(v: &AxisValue) -> String {
+    match v {
+        AxisValue::Int(x) => x.to_string(),
+        AxisValue::Float(x) => format!("{x}"),
+        AxisValue::Str(s) => s.clone(),
+        AxisValue::Bool(b) => b.to_string(),
+    }
+}
+
+/// Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1…30
+/// (standard table values; beyond 30 the normal 1.96 is within 4 %).
+const T975: [f64; 30] = [
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
+    2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+];
+
+/// Mean of `samples` and the half-width of its 95 % confidence interval
+/// (Student t with n − 1 degrees of freedom; 0 for a single sample).
+pub fn mean_ci(samples: &[f64]) -> Option<(f64, f64)> {
+    let n = samples.len();
+    if n == 0 {
+        return None;
+    }
+    let mean = samples.iter().sum::<f64>() / n as f64;
+    if n == 1 {
+        return Some((mean, 0.0));
+    }
+    let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    let t = T975.get(n - 2).copied().unwrap_or(1.96);
+    Some((mean, t * (var / n as f64).sqrt()))
+}
+
+fn missing_listed(path: &Path) -> Result<(), ReportError> {
+    if path.exists() {
+        Ok(())
+    } else {
+        Err(rerr(path, "missing, though the manifest lists this table — was the sweep merged, or the file removed?"))
+    }
+}
+
+/// TTFT histograms of successful runs, merged per point.
+fn read_ttft(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Histogram<u64>>, ReportError> {
+    missing_listed(path)?;
+    let mut out: BTreeMap<u32, Histogram<u64>> = BTreeMap::new();
+    let Some(b) = table(path)? else { return Ok(out) };
+    let runs = ids(&b, path, "run_id")?;
+    let metric = strings(&b, path, "metric")?;
+    let hdr =
+        column(&b, path, "hdr")?.as_binary_opt::<i32>().ok_or_else(|| rerr(path, "column `hdr` is not binary"))?;
+    for i in 0..b.num_rows() {
+        let Some(&point) = point_of_run.get(&runs[i]) else { continue };
+        if metric[i].as_deref() != Some("ttft") {
+            continue;
+        }
+        let h = deserialize_hdr(hdr.value(i)).map_err(|e| rerr(path, format!("run {}: {e}", runs[i])))?;
+        merge_into(out.entry(point).or_insert_with(empty_histogram), &h)
+            .map_err(|e| rerr(path, format!("run {}: cannot merge: {e}", runs[i])))?;
+    }
+    Ok(out)
+}
+
+/// An empty histogram that grows to hold whatever is merged into it.
+fn empty_histogram() -> Histogram<u64> {
+    let mut h = Histogram::new(3).expect("3 significant digits is valid");
+    h.auto(true);
+    h
+}
+
+/// Adds `h` to `acc` (exact: bucket counts add).
+fn merge_into(acc: &mut Histogram<u64>, h: &Histogram<u64>) -> Result<(), String> {
+    acc.add(h).map_err(|e| format!("{e:?}"))
+}
+
+fn read_series(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Vec<Interval>>, ReportError> {
+    missing_listed(path)?;
+    let mut out: BTreeMap<u32, Vec<Interval>> = BTreeMap::new();
+    let Some(b) = table(path)? else { return Ok(out) };
+    let runs = ids(&b, path, "run_id")?;
+    let col = |n: &str| numbers(&b, path, n);
+    let (start, done, prompt, generated, queue, workers, busy) = (
+        col("interval_start_s")?,
+        col("requests_completed")?,
+        col("prompt_tokens")?,
+        col("generated_tokens")?,
+        col("queue_depth")?,
+        col("active_workers")?,
+        col("gpu_busy_fraction")?,
+    );
+    for i in 0..b.num_rows() {
+        if !point_of_run.contains_key(&runs[i]) {
+            continue;
+        }
+        let v = |c: &Vec<Option<f64>>| c[i].unwrap_or(0.0);
+        out.entry(runs[i]).or_default().push(Interval {
+            start_s: v(&start),
+            requests_completed: v(&done),
+            prompt_tokens: v(&prompt),
+            generated_tokens: v(&generated),
+            queue_depth: v(&queue),
+            active_workers: v(&workers),
+            gpu_busy_fraction: v(&busy),
+        });
+    }
+    Ok(out)
+}
+
+fn read_sc25(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Vec<Sc25Size>>, ReportError> {
+    missing_listed(path)?;
+    let mut out: BTreeMap<u32, Vec<Sc25Size>> = BTreeMap::new();
+    let Some(b) = table(path)? else { return Ok(out) };
+    let runs = ids(&b, path, "run_id")?;
+    let (size, cold, warm) =
+        (numbers(&b, path, "prompt_tokens")?, numbers(&b, path, "cold_ttft_ms")?, numbers(&b, path, "warm_ttft_ms")?);
+    for i in 0..b.num_rows() {
+        if !point_of_run.contains_key(&runs[i]) {
+            continue;
+        }
+        out.entry(runs[i]).or_default().push(Sc25Size {
+            prompt_tokens: size[i].unwrap_or(0.0),
+            cold_ttft_ms: cold[i],
+            warm_ttft_ms: warm[i],
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_confidence_interval_is_the_student_t_one() {
+        assert_eq!(mean_ci(&[]), None);
+        assert_eq!(mean_ci(&[4.0]), Some((4.0, 0.0)));
+        // 1, 2, 3: mean 2, s = 1, n = 3 → 4.303 · 1/√3 = 2.4843.
+        let (m, h) = mean_ci(&[1.0, 2.0, 3.0]).unwrap();
+        assert_eq!(m, 2.0);
+        assert!((h - 4.303 / 3f64.sqrt()).abs() < 1e-12, "{h}");
+    }
+
+    #[test]
+    fn merged_histograms_hold_every_sample_whatever_each_ones_range() {
+        let mut small = Histogram::<u64>::new_with_bounds(1, 1_000, 3).unwrap();
+        small.record_n(500, 3).unwrap();
+        let mut large = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).unwrap();
+        large.record_n(5_000_000, 2).unwrap();
+        let mut acc = empty_histogram();
+        merge_into(&mut acc, &small).unwrap();
+        merge_into(&mut acc, &large).unwrap();
+        assert_eq!(acc.len(), 5);
+        assert_eq!(acc.value_at_quantile(0.5), 500);
+        assert!(acc.equivalent(acc.max(), 5_000_000));
+    }
+
+    #[test]
+    fn short_labels_use_the_last_component_unless_that_is_ambiguous() {
+        let p = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            short_labels(&p(&["router.router_params.policy", "workload.stages.0.workload_params.request_rate"])),
+            ["policy", "request_rate"]
+        );
+        assert_eq!(
+            short_labels(&p(&["workload.stages.0.request_rate", "workload.stages.1.request_rate"])),
+            ["0.request_rate", "1.request_rate"]
+        );
+    }
+}

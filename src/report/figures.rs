@@ -1,0 +1,1273 @@
+//! The report's figures: each is first computed into a plain description
+//! (panels of lines, or stacked bars) from [`SweepData`], then drawn twice
+//! with `plotters`, as PNG and as SVG. Text uses DejaVu Sans embedded in the
+//! binary, so the pictures look the same on every machine.
+//!
+//! Replicates are merged exactly where the data allows it (TTFT histograms
+//! are added) and otherwise averaged, with the spread shown: a min–max band
+//! for time series, a 95 % Student-t interval for percentiles.
+
+use super::ReportError;
+use super::data::{Interval, Point, SweepData, mean_ci, show};
+use crate::kvcache::Tier;
+use crate::output::AxisValue;
+use plotters::coord::Shift;
+use plotters::coord::combinators::{LogCoord, WithKeyPoints};
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+use rayon::prelude::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
+type DrawResult = Fallible<()>;
+
+const FONT: &str = "sans-serif";
+
+/// Qualitative colours (Tableau 10) for up to ten lines.
+const PALETTE: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+/// Colour `i` of `n` lines: the qualitative palette, or viridis for more than ten.
+fn color(i: usize, n: usize) -> RGBColor {
+    if n <= PALETTE.len() { PALETTE[i] } else { ViridisRGB.get_color(i as f32 / (n - 1) as f32 * 0.92) }
+}
+
+/// Tier colours for the stacked bars.
+fn tier_color(t: Tier) -> RGBColor {
+    match t {
+        Tier::Gpu => RGBColor(44, 160, 44),
+        Tier::Cpu => RGBColor(31, 119, 180),
+        Tier::Nvme => RGBColor(255, 127, 14),
+        Tier::Dfs => RGBColor(148, 103, 189),
+    }
+}
+
+fn register_fonts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let ok = plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).is_ok()
+            && plotters::style::register_font(FONT, FontStyle::Bold, dejavu::sans::bold()).is_ok();
+        assert!(ok, "the embedded DejaVu Sans fonts parse");
+    });
+}
+
+/// A number for a tick label or a table: at most three significant digits,
+/// with k/M/G for large values.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    let (x, suffix) = match a {
+        _ if a >= 1e9 => (v / 1e9, "G"),
+        _ if a >= 1e6 => (v / 1e6, "M"),
+        _ if a >= 1e4 => (v / 1e3, "k"),
+        _ => (v, ""),
+    };
+    let ax = x.abs();
+    let digits = match ax {
+        _ if ax == 0.0 => 0,
+        _ if ax >= 100.0 => 0,
+        _ if ax >= 10.0 => 1,
+        _ if ax >= 1.0 => 2,
+        _ => (2.0 - ax.log10().floor()).clamp(2.0, 8.0) as usize,
+    };
+    let mut s = format!("{x:.digits$}");
+    if s.contains('.') {
+        s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    if s == "-0" {
+        s = "0".into();
+    }
+    s + suffix
+}
+
+// ---------------------------------------------------------------- descriptions
+
+/// Line style.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stroke {
+    Solid,
+    Dashed,
+    /// Markers only (values at unordered categories are not joined).
+    None,
+}
+
+/// One line of a panel.
+#[derive(Clone, Debug)]
+struct Line {
+    color: RGBColor,
+    stroke: Stroke,
+    /// (x, y), sorted by x.
+    points: Vec<(f64, f64)>,
+    /// Min–max band around the line, (x, low, high).
+    band: Vec<(f64, f64, f64)>,
+    /// Interval per point, (x, low, high).
+    errors: Vec<(f64, f64, f64)>,
+    markers: bool,
+}
+
+/// One chart of a figure.
+#[derive(Clone, Debug)]
+struct Panel {
+    title: String,
+    x_desc: String,
+    y_desc: String,
+    x_log: bool,
+    y_log: bool,
+    /// Fixed y range (else from the data).
+    y_range: Option<(f64, f64)>,
+    /// Names of x positions 0, 1, … (a categorical x axis).
+    x_categories: Option<Vec<String>>,
+    lines: Vec<Line>,
+    /// Shown in the panel when it has no data.
+    empty_note: &'static str,
+}
+
+/// A legend entry.
+#[derive(Clone, Debug)]
+struct Key {
+    label: String,
+    color: RGBColor,
+    stroke: Stroke,
+}
+
+/// A figure of line panels in a grid.
+#[derive(Clone, Debug)]
+struct LineFigure {
+    legend_title: String,
+    legend: Vec<Key>,
+    panels: Vec<Panel>,
+    columns: usize,
+    panel_size: (u32, u32),
+}
+
+/// A horizontal stacked bar chart: one bar per point, one segment per tier.
+#[derive(Clone, Debug)]
+struct BarPanel {
+    title: String,
+    x_desc: String,
+    /// Bar labels, top to bottom.
+    bars: Vec<String>,
+    /// Segments per bar: (tier, value).
+    segments: Vec<Vec<(Tier, f64)>>,
+    x_max: Option<f64>,
+    empty_note: &'static str,
+}
+
+#[derive(Clone, Debug)]
+struct BarFigure {
+    tiers: Vec<Tier>,
+    panels: Vec<BarPanel>,
+}
+
+#[derive(Clone, Debug)]
+enum Body {
+    Lines(LineFigure),
+    Bars(BarFigure),
+}
+
+/// A figure ready to draw.
+#[derive(Clone, Debug)]
+struct Figure {
+    stem: &'static str,
+    title: String,
+    caption: String,
+    body: Body,
+}
+
+/// A figure as written.
+#[derive(Clone, Debug)]
+pub struct FigureFile {
+    /// Title shown above it.
+    pub title: String,
+    /// What it shows and how replicates are combined.
+    pub caption: String,
+    /// PNG file name (in the report directory).
+    pub png: String,
+    /// SVG file name.
+    pub svg: String,
+}
+
+/// What [`draw_all`] wrote.
+#[derive(Clone, Debug)]
+pub struct Drawn {
+    /// The figures, in page order.
+    pub figures: Vec<FigureFile>,
+    /// Figures left out, with the reason.
+    pub skipped: Vec<String>,
+    /// Figures that do not apply to this sweep (the SC25 figure without an SC25 stage).
+    pub not_applicable: Vec<String>,
+}
+
+// ---------------------------------------------------------------- grouping
+
+/// Points split into lines (by the first axis) and panels (by the others).
+struct Facets {
+    /// Line labels (values of the first axis), in order.
+    lines: Vec<String>,
+    /// Panels: title and, per point in it, (line index, point index).
+    panels: Vec<(String, Vec<(usize, usize)>)>,
+}
+
+fn sorted_values(data: &SweepData, axis: usize) -> Vec<AxisValue> {
+    let mut vals: Vec<AxisValue> = Vec::new();
+    for p in &data.points {
+        if !vals.contains(&p.values[axis]) {
+            vals.push(p.values[axis].clone());
+        }
+    }
+    if data.axes[axis].numeric {
+        let key = |v: &AxisValue| match v {
+            AxisValue::Int(x) => *x as f64,
+            AxisValue::Float(x) => *x,
+            _ => 0.0,
+        };
+        vals.sort_by(|a, b| key(a).total_cmp(&key(b)));
+    }
+    vals
+}
+
+fn label_of(data: &SweepData, p: &Point, axes: &[usize]) -> String {
+    axes.iter().map(|&a| format!("{}={}", data.axes[a].label, show(&p.values[a]))).collect::<Vec<_>>().join(", ")
+}
+
+fn facets(data: &SweepData) -> Facets {
+    if data.axes.is_empty() {
+        let all = data.points.iter().enumerate().map(|(i, _)| (0, i)).collect();
+        return Facets { lines: vec!["all runs".into()], panels: vec![(String::new(), all)] };
+    }
+    let line_values = sorted_values(data, 0);
+    let others: Vec<usize> = (1..data.axes.len()).collect();
+    let mut panels: Vec<(String, Vec<(usize, usize)>)> = Vec::new();
+    for (i, p) in data.points.iter().enumerate() {
+        let title = label_of(data, p, &others);
+        let line = line_values.iter().position(|v| *v == p.values[0]).expect("value listed");
+        match panels.iter_mut().find(|(t, _)| *t == title) {
+            Some((_, members)) => members.push((line, i)),
+            None => panels.push((title, vec![(line, i)])),
+        }
+    }
+    for (_, members) in &mut panels {
+        members.sort();
+    }
+    Facets { lines: line_values.iter().map(show).collect(), panels }
+}
+
+/// A legend label, marked when every run of its line failed (so the line is missing).
+fn no_data_note(label: String, has_data: bool) -> String {
+    if has_data { label } else { format!("{label} (every run failed)") }
+}
+
+fn line_keys(data: &SweepData, f: &Facets) -> Vec<Key> {
+    let n = f.lines.len();
+    f.lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let has_data =
+                f.panels.iter().flat_map(|(_, m)| m).any(|&(line, pi)| line == i && !data.points[pi].runs.is_empty());
+            Key { label: no_data_note(l.clone(), has_data), color: color(i, n), stroke: Stroke::Solid }
+        })
+        .collect()
+}
+
+fn legend_title(data: &SweepData) -> String {
+    data.axes.first().map(|a| a.label.clone()).unwrap_or_default()
+}
+
+fn grid_columns(panels: usize, max: usize) -> usize {
+    panels.clamp(1, max)
+}
+
+// ---------------------------------------------------------------- figure 1
+
+fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
+    let Some(hists) = &data.ttft else { return Err("histograms table not written".into()) };
+    if hists.is_empty() {
+        return Err("no TTFT samples".into());
+    }
+    let f = facets(data);
+    let panels = f
+        .panels
+        .iter()
+        .map(|(title, members)| {
+            let lines = members
+                .iter()
+                .filter_map(|&(line, pi)| {
+                    let h = hists.get(&data.points[pi].id)?;
+                    if h.is_empty() {
+                        return None;
+                    }
+                    let total = h.len() as f64;
+                    let mut points: Vec<(f64, f64)> = Vec::new();
+                    let mut seen = 0u64;
+                    for v in h.iter_recorded() {
+                        seen += v.count_at_value();
+                        let x = h.highest_equivalent(v.value_iterated_to()) as f64 / 1e3;
+                        let y = seen as f64 / total;
+                        // Thin the curve: keep a point per 0.5 % of x or 0.1 % of y.
+                        match points.last() {
+                            Some(&(px, py)) if x < px * 1.005 && y - py < 0.001 => {
+                                *points.last_mut().expect("non-empty") = (x, y);
+                            }
+                            _ => points.push((x, y)),
+                        }
+                    }
+                    let first = points[0];
+                    points.insert(0, (first.0, 0.0));
+                    Some(Line {
+                        color: color(line, f.lines.len()),
+                        stroke: Stroke::Solid,
+                        points,
+                        band: Vec::new(),
+                        errors: Vec::new(),
+                        markers: false,
+                    })
+                })
+                .collect();
+            Panel {
+                title: title.clone(),
+                x_desc: "TTFT (ms, log scale)".into(),
+                y_desc: "fraction of requests ≤ TTFT".into(),
+                x_log: true,
+                y_log: false,
+                y_range: Some((0.0, 1.0)),
+                x_categories: None,
+                lines,
+                empty_note: "no completed requests",
+            }
+        })
+        .collect::<Vec<_>>();
+    let columns = grid_columns(panels.len(), 3);
+    Ok(Figure {
+        stem: "fig1-ttft-cdf",
+        title: "TTFT distribution per grid point".into(),
+        caption: "Cumulative distribution of time to first token; each line merges the HDR histograms of all \
+                  successful replicates of a point (exact, not an average of percentiles)."
+            .into(),
+        body: Body::Lines(LineFigure {
+            legend_title: legend_title(data),
+            legend: line_keys(data, &f),
+            panels,
+            columns,
+            panel_size: (560, 400),
+        }),
+    })
+}
+
+// ---------------------------------------------------------------- figures 2 and 5
+
+/// A time-series metric: title, axis label and value of an interval of `dt` seconds.
+type SeriesMetric = (&'static str, &'static str, fn(&Interval, f64) -> f64);
+
+/// Mean and min–max per interval index over the replicates of a point.
+fn replicate_series(data: &SweepData, point: &Point, value: fn(&Interval, f64) -> f64) -> Vec<(f64, f64, f64, f64)> {
+    let Some(series) = &data.series else { return Vec::new() };
+    let mut acc: BTreeMap<usize, (f64, f64, f64, f64, usize)> = BTreeMap::new();
+    for run in &point.runs {
+        let Some(rows) = series.get(&run.run_id) else { continue };
+        let end = run.metrics.get("sim_time_s").copied().unwrap_or(f64::NAN);
+        let width = rows.get(1).map_or(end, |r| r.start_s - rows[0].start_s);
+        for (k, row) in rows.iter().enumerate() {
+            let next = rows.get(k + 1).map_or(end, |r| r.start_s);
+            let dt = if next.is_finite() && next > row.start_s { next - row.start_s } else { width };
+            if dt < 0.5 * width {
+                continue; // a short final interval: its rates are mostly noise
+            }
+            let y = value(row, dt);
+            let e = acc.entry(k).or_insert((row.start_s, 0.0, f64::INFINITY, f64::NEG_INFINITY, 0));
+            e.1 += y;
+            e.2 = e.2.min(y);
+            e.3 = e.3.max(y);
+            e.4 += 1;
+        }
+    }
+    acc.into_values().map(|(x, sum, lo, hi, n)| (x, sum / n as f64, lo, hi)).collect()
+}
+
+fn time_figure(
+    data: &SweepData,
+    stem: &'static str,
+    title: &str,
+    caption: &str,
+    metrics: &[SeriesMetric],
+) -> Result<Figure, String> {
+    let Some(series) = &data.series else { return Err("timeseries table not written".into()) };
+    if series.is_empty() {
+        return Err("no time-series rows".into());
+    }
+    let f = facets(data);
+    let mut panels = Vec::new();
+    for (facet, members) in &f.panels {
+        for &(name, y_desc, value) in metrics {
+            let lines = members
+                .iter()
+                .map(|&(line, pi)| {
+                    let rows = replicate_series(data, &data.points[pi], value);
+                    Line {
+                        color: color(line, f.lines.len()),
+                        stroke: Stroke::Solid,
+                        points: rows.iter().map(|r| (r.0, r.1)).collect(),
+                        band: if data.points[pi].runs.len() > 1 {
+                            rows.iter().map(|r| (r.0, r.2, r.3)).collect()
+                        } else {
+                            Vec::new()
+                        },
+                        errors: Vec::new(),
+                        markers: false,
+                    }
+                })
+                .filter(|l| !l.points.is_empty())
+                .collect();
+            panels.push(Panel {
+                title: if facet.is_empty() { name.to_string() } else { format!("{name} — {facet}") },
+                x_desc: "simulated time (s)".into(),
+                y_desc: y_desc.into(),
+                x_log: false,
+                y_log: false,
+                y_range: None,
+                x_categories: None,
+                lines,
+                empty_note: "no intervals",
+            });
+        }
+    }
+    Ok(Figure {
+        stem,
+        title: title.into(),
+        caption: caption.into(),
+        body: Body::Lines(LineFigure {
+            legend_title: legend_title(data),
+            legend: line_keys(data, &f),
+            panels,
+            columns: metrics.len(),
+            panel_size: (500, 330),
+        }),
+    })
+}
+
+fn throughput(data: &SweepData) -> Result<Figure, String> {
+    time_figure(
+        data,
+        "fig2-throughput",
+        "Throughput over simulated time",
+        "Prompt tokens computed, tokens generated and requests completed per second of simulated time, per \
+         interval of the time series. Lines are the mean over a point's successful replicates; the shaded band \
+         spans their minimum to maximum.",
+        &[
+            ("prompt tokens", "prompt tokens / s", |r, dt| r.prompt_tokens / dt),
+            ("generated tokens", "generated tokens / s", |r, dt| r.generated_tokens / dt),
+            ("requests completed", "requests / s", |r, dt| r.requests_completed / dt),
+        ],
+    )
+}
+
+fn utilisation(data: &SweepData) -> Result<Figure, String> {
+    time_figure(
+        data,
+        "fig5-utilisation",
+        "GPU utilisation, queue depth and active workers over time",
+        "GPU busy time as a percentage of each interval (mean over workers), requests waiting and workers active \
+         at each interval's end — autoscaling shows as steps in the active-worker line. Mean over replicates, \
+         min–max band.",
+        &[
+            ("GPU utilisation", "GPU busy (%)", |r, _| 100.0 * r.gpu_busy_fraction),
+            ("queue depth", "requests waiting", |r, _| r.queue_depth),
+            ("active workers", "workers", |r, _| r.active_workers),
+        ],
+    )
+}
+
+// ---------------------------------------------------------------- figure 3
+
+fn percentiles(data: &SweepData) -> Figure {
+    // x: the numeric axis with the most values (the first of equals), else
+    // the first axis as categories, else one category.
+    let numeric: Vec<usize> = (0..data.axes.len()).filter(|&a| data.axes[a].numeric).collect();
+    let most = numeric.iter().map(|&a| sorted_values(data, a).len()).max();
+    let x_axis = numeric
+        .iter()
+        .copied()
+        .find(|&a| Some(sorted_values(data, a).len()) == most)
+        .or(if data.axes.is_empty() { None } else { Some(0) });
+    let numeric_x = x_axis.is_some_and(|a| data.axes[a].numeric);
+    let x_values: Vec<AxisValue> = x_axis.map_or_else(Vec::new, |a| sorted_values(data, a));
+    let x_of = |p: &Point| -> f64 {
+        match x_axis {
+            None => 0.0,
+            Some(a) => match &p.values[a] {
+                AxisValue::Int(v) if numeric_x => *v as f64,
+                AxisValue::Float(v) if numeric_x => *v,
+                v => x_values.iter().position(|x| x == v).expect("value listed") as f64,
+            },
+        }
+    };
+    let others: Vec<usize> = (0..data.axes.len()).filter(|&a| Some(a) != x_axis).collect();
+    let mut line_labels: Vec<String> = Vec::new();
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    for (i, p) in data.points.iter().enumerate() {
+        let label = label_of(data, p, &others);
+        match line_labels.iter().position(|l| *l == label) {
+            Some(k) => members[k].push(i),
+            None => {
+                line_labels.push(label);
+                members.push(vec![i]);
+            }
+        }
+    }
+    let n = line_labels.len();
+    // A numeric axis spanning two decades or more (bandwidths, capacities) reads best on a log scale.
+    let xs: Vec<f64> = data.points.iter().map(x_of).collect();
+    let (x_lo, x_hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    let x_log = numeric_x && x_lo > 0.0 && x_hi / x_lo >= 50.0;
+    let metrics = [
+        ("TTFT p50", "ttft_p50_ms", "TTFT p50 (ms)"),
+        ("TTFT p99", "ttft_p99_ms", "TTFT p99 (ms)"),
+        ("TPOT p50", "tpot_p50_ms", "TPOT p50 (ms)"),
+        ("TPOT p99", "tpot_p99_ms", "TPOT p99 (ms)"),
+    ];
+    let panels = metrics
+        .iter()
+        .map(|&(title, column, y_desc)| {
+            let lines: Vec<Line> = members
+                .iter()
+                .enumerate()
+                .map(|(k, pts)| {
+                    let mut rows: Vec<(f64, f64, f64, f64)> = pts
+                        .iter()
+                        .filter_map(|&i| {
+                            let p = &data.points[i];
+                            let (m, half) = mean_ci(&p.samples(column))?;
+                            // Percentiles are never negative; neither is the interval shown.
+                            // Side by side at a category, so intervals do not hide each other.
+                            let dodge =
+                                if numeric_x { 0.0 } else { (k as f64 - (n as f64 - 1.0) / 2.0) * 0.5 / n as f64 };
+                            Some((x_of(p) + dodge, m, (m - half).max(0.0), m + half))
+                        })
+                        .collect();
+                    rows.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    Line {
+                        color: color(k, n),
+                        stroke: if numeric_x { Stroke::Solid } else { Stroke::None },
+                        points: rows.iter().map(|r| (r.0, r.1)).collect(),
+                        band: Vec::new(),
+                        errors: rows.iter().filter(|r| r.3 > r.2).map(|r| (r.0, r.2, r.3)).collect(),
+                        markers: true,
+                    }
+                })
+                .filter(|l| !l.points.is_empty())
+                .collect();
+            let (lo, hi) = lines
+                .iter()
+                .flat_map(|l| l.points.iter().map(|p| p.1))
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+            Panel {
+                title: title.into(),
+                x_desc: match x_axis {
+                    Some(a) if x_log => format!("{} (log scale)", data.axes[a].label),
+                    Some(a) => data.axes[a].label.clone(),
+                    None => String::new(),
+                },
+                y_desc: y_desc.into(),
+                x_log,
+                y_log: lo > 0.0 && hi / lo > 30.0,
+                y_range: None,
+                x_categories: (!numeric_x).then(|| {
+                    if x_values.is_empty() { vec!["all runs".to_string()] } else { x_values.iter().map(show).collect() }
+                }),
+                lines,
+                empty_note: "no successful runs",
+            }
+        })
+        .collect();
+    let legend_title = others.iter().map(|&a| data.axes[a].label.as_str()).collect::<Vec<_>>().join(", ");
+    let legend = line_labels
+        .iter()
+        .zip(&members)
+        .enumerate()
+        .map(|(k, (l, pts))| {
+            let label = if l.is_empty() {
+                "mean over replicates (bars: 95 % interval)".into()
+            } else {
+                strip_names(l, &others, data)
+            };
+            Key {
+                label: no_data_note(label, pts.iter().any(|&i| !data.points[i].runs.is_empty())),
+                color: color(k, n),
+                stroke: if numeric_x { Stroke::Solid } else { Stroke::None },
+            }
+        })
+        .collect();
+    Figure {
+        stem: "fig3-percentiles",
+        title: match x_axis {
+            Some(a) if numeric_x => format!("TTFT and TPOT percentiles vs {}", data.axes[a].label),
+            Some(a) => format!("TTFT and TPOT percentiles per {}", data.axes[a].label),
+            None => "TTFT and TPOT percentiles".into(),
+        },
+        caption: "Each marker is the mean over a point's successful replicates of that run's percentile; error \
+                  bars are 95 % Student-t confidence intervals across replicates (none with a single replicate). \
+                  The y axis turns logarithmic when values span more than 30×."
+            .into(),
+        body: Body::Lines(LineFigure { legend_title, legend, panels, columns: 2, panel_size: (600, 380) }),
+    }
+}
+
+/// "a=x, b=y" → "x, y" when the legend title already names the axes.
+fn strip_names(label: &str, axes: &[usize], data: &SweepData) -> String {
+    let mut parts = Vec::new();
+    let mut rest = label;
+    for (k, &a) in axes.iter().enumerate() {
+        let prefix = format!("{}=", data.axes[a].label);
+        rest = rest.strip_prefix(&prefix).unwrap_or(rest);
+        let end = if k + 1 < axes.len() {
+            rest.find(&format!(", {}=", data.axes[axes[k + 1]].label)).unwrap_or(rest.len())
+        } else {
+            rest.len()
+        };
+        parts.push(&rest[..end]);
+        rest = rest[end..].strip_prefix(", ").unwrap_or(&rest[end..]);
+    }
+    parts.join(", ")
+}
+
+// ---------------------------------------------------------------- figure 4
+
+fn cache_bars(data: &SweepData) -> Figure {
+    let mean = |p: &Point, col: &str| mean_ci(&p.samples(col)).map_or(0.0, |m| m.0);
+    let labels: Vec<String> = data.points.iter().map(|p| data.point_label(p)).collect();
+    let hits = data
+        .points
+        .iter()
+        .map(|p| Tier::ALL.iter().map(|&t| (t, mean(p, &format!("hit_ratio_{}", t.short())))).collect())
+        .collect();
+    let bytes = data
+        .points
+        .iter()
+        .map(|p| {
+            Tier::ALL[1..]
+                .iter()
+                .map(|&t| {
+                    let s = t.short();
+                    (t, (mean(p, &format!("bytes_read_{s}")) + mean(p, &format!("bytes_written_{s}"))) / 1e9)
+                })
+                .collect()
+        })
+        .collect();
+    Figure {
+        stem: "fig4-cache",
+        title: "Prefix-cache hits and storage traffic per grid point".into(),
+        caption: "Left: fraction of prompt tokens served from each KV-cache tier (the bar's length is the total \
+                  prefix-hit ratio). Right: bytes read plus written by each storage tier's devices. Means over \
+                  successful replicates."
+            .into(),
+        body: Body::Bars(BarFigure {
+            tiers: Tier::ALL.to_vec(),
+            panels: vec![
+                BarPanel {
+                    title: "prefix-hit ratio by tier".into(),
+                    x_desc: "fraction of prompt tokens".into(),
+                    bars: labels.clone(),
+                    segments: hits,
+                    x_max: Some(1.0),
+                    empty_note: "",
+                },
+                BarPanel {
+                    title: "KV bytes moved by storage tier".into(),
+                    x_desc: "GB read + written (10⁹ bytes)".into(),
+                    bars: labels,
+                    segments: bytes,
+                    x_max: None,
+                    empty_note: "no bytes moved: no CPU, NVMe or DFS tier configured",
+                },
+            ],
+        }),
+    }
+}
+
+// ---------------------------------------------------------------- figure 6
+
+const NOT_APPLICABLE: &str = "only for sweeps with an SC25Workload stage";
+
+fn sc25(data: &SweepData) -> Result<Figure, String> {
+    let Some(rows) = &data.sc25 else { return Err(NOT_APPLICABLE.into()) };
+    if rows.is_empty() {
+        return Err("the sc25 table has no rows".into());
+    }
+    let n = data.points.len();
+    let mut lines = Vec::new();
+    let mut legend = Vec::new();
+    for (i, p) in data.points.iter().enumerate() {
+        let mut by_size: BTreeMap<u64, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+        for run in &p.runs {
+            for s in rows.get(&run.run_id).into_iter().flatten() {
+                let e = by_size.entry(s.prompt_tokens as u64).or_default();
+                e.0.extend(s.cold_ttft_ms);
+                e.1.extend(s.warm_ttft_ms);
+            }
+        }
+        if by_size.is_empty() {
+            continue;
+        }
+        let c = color(i, n);
+        for (stroke, pick) in [(Stroke::Dashed, 0), (Stroke::Solid, 1)] {
+            let points: Vec<(f64, f64)> = by_size
+                .iter()
+                .filter_map(|(&size, v)| {
+                    let v = if pick == 0 { &v.0 } else { &v.1 };
+                    mean_ci(v).map(|m| (size as f64, m.0))
+                })
+                .collect();
+            lines.push(Line { color: c, stroke, points, band: Vec::new(), errors: Vec::new(), markers: true });
+        }
+        if n > 1 {
+            legend.push(Key { label: data.point_label(p), color: c, stroke: Stroke::Solid });
+        }
+    }
+    let style_color = if n == 1 { color(0, 1) } else { BLACK };
+    legend.push(Key { label: "cold pass".into(), color: style_color, stroke: Stroke::Dashed });
+    legend.push(Key { label: "warm pass".into(), color: style_color, stroke: Stroke::Solid });
+    Ok(Figure {
+        stem: "fig6-sc25",
+        title: "SC25 benchmark: cold vs warm TTFT by prompt size".into(),
+        caption: "Cold pass: each prompt computed from scratch. Warm pass: the same prompts again, their KV blocks \
+                  found in the cache tiers. Means over successful replicates; log-scale TTFT."
+            .into(),
+        body: Body::Lines(LineFigure {
+            legend_title: String::new(),
+            legend,
+            panels: vec![Panel {
+                title: String::new(),
+                x_desc: "prompt size (tokens)".into(),
+                y_desc: "TTFT (ms, log scale)".into(),
+                x_log: false,
+                y_log: true,
+                y_range: None,
+                x_categories: None,
+                lines,
+                empty_note: "no SC25 requests completed",
+            }],
+            columns: 1,
+            panel_size: (900, 520),
+        }),
+    })
+}
+
+// ---------------------------------------------------------------- drawing
+
+const TITLE_H: u32 = 44;
+
+fn text_style(size: u32) -> TextStyle<'static> {
+    TextStyle::from((FONT, size).into_font()).color(&BLACK)
+}
+
+fn title_style() -> TextStyle<'static> {
+    TextStyle::from((FONT, 22).into_font().style(FontStyle::Bold)).color(&BLACK)
+}
+
+/// Lays legend entries out in rows; returns the height needed and the
+/// position of each entry.
+fn legend_layout<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    title: &str,
+    keys: &[Key],
+) -> Fallible<(u32, Vec<(i32, i32)>)>
+where
+    DB::ErrorType: 'static,
+{
+    let style = text_style(15);
+    let width = area.dim_in_pixel().0 as i32 - 20;
+    let title_w =
+        if title.is_empty() { 0 } else { area.estimate_text_size(&format!("{title}:"), &style)?.0 as i32 + 14 };
+    let (mut x, mut y) = (10 + title_w, 0);
+    let mut at = Vec::new();
+    for k in keys {
+        let w = 30 + area.estimate_text_size(&k.label, &style)?.0 as i32 + 20;
+        if x + w > width && x > 10 + title_w {
+            x = 10 + title_w;
+            y += 22;
+        }
+        at.push((x, y));
+        x += w;
+    }
+    Ok(((y + 30) as u32, at))
+}
+
+fn draw_legend<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, title: &str, keys: &[Key]) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let (_, at) = legend_layout(area, title, keys)?;
+    let style = text_style(15).pos(Pos::new(HPos::Left, VPos::Center));
+    if !title.is_empty() {
+        area.draw_text(&format!("{title}:"), &style, (10, 12))?;
+    }
+    for (k, &(x, y)) in keys.iter().zip(&at) {
+        let y = y + 12;
+        let line = k.color.stroke_width(3);
+        match k.stroke {
+            Stroke::Solid => area.draw(&PathElement::new(vec![(x, y), (x + 24, y)], line))?,
+            Stroke::Dashed => {
+                area.draw(&PathElement::new(vec![(x, y), (x + 9, y)], line))?;
+                area.draw(&PathElement::new(vec![(x + 15, y), (x + 24, y)], line))?;
+            }
+            Stroke::None => area.draw(&Circle::new((x + 12, y), 4, k.color.filled()))?,
+        }
+        area.draw_text(&k.label, &style, (x + 30, y))?;
+    }
+    Ok(())
+}
+
+fn data_range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
+    let (lo, hi) = values
+        .filter(|v| v.is_finite() && (!log || *v > 0.0))
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+    if !lo.is_finite() {
+        return if log { (0.1, 10.0) } else { (0.0, 1.0) };
+    }
+    if log {
+        (lo / 1.3, hi * 1.3)
+    } else if lo == hi {
+        if lo == 0.0 { (0.0, 1.0) } else { (lo - lo.abs() * 0.1, hi + hi.abs() * 0.1) }
+    } else {
+        let pad = (hi - lo) * 0.04;
+        (if lo >= 0.0 { (lo - pad).max(0.0) } else { lo - pad }, hi + pad)
+    }
+}
+
+fn draw_panel<DB: DrawingBackend>(p: &Panel, area: &DrawingArea<DB, Shift>) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let xs = p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0));
+    let (mut x0, mut x1) = data_range(xs, p.x_log);
+    if let Some(c) = &p.x_categories {
+        (x0, x1) = (-0.5, c.len() as f64 - 0.5);
+    } else if !p.x_log && p.lines.iter().all(|l| l.points.len() <= 1) {
+        let x = p.lines.first().and_then(|l| l.points.first()).map_or(0.0, |q| q.0);
+        (x0, x1) = if x == 0.0 { (-1.0, 1.0) } else { (x - x.abs() * 0.5, x + x.abs() * 0.5) };
+    }
+    let (y0, y1) = p.y_range.unwrap_or_else(|| {
+        let ys = p.lines.iter().flat_map(|l| {
+            l.points
+                .iter()
+                .map(|q| q.1)
+                .chain(l.band.iter().flat_map(|b| [b.1, b.2]))
+                .chain(l.errors.iter().flat_map(|e| [e.1, e.2]))
+        });
+        let (lo, hi) = data_range(ys, p.y_log);
+        if p.y_log { (lo, hi) } else { (lo.min(0.0), hi) }
+    });
+    match (p.x_log, p.y_log) {
+        (false, false) => panel_in(p, area, x0..x1, y0..y1),
+        (true, false) => panel_in(p, area, log_axis(x0, x1), y0..y1),
+        (false, true) => panel_in(p, area, x0..x1, log_axis(y0, y1)),
+        (true, true) => panel_in(p, area, log_axis(x0, x1), log_axis(y0, y1)),
+    }
+}
+
+/// Tick values for a log axis over [lo, hi]: labelled ticks on a 1-2-5
+/// (or sparser, or denser) sequence so that 3 to 8 are labelled, and grid
+/// lines at every 1…9 × 10^k.
+fn log_ticks(lo: f64, hi: f64) -> (Vec<f64>, Vec<f64>) {
+    let within = |mantissas: &[f64]| -> Vec<f64> {
+        let mut out = Vec::new();
+        let mut decade = 10f64.powf(lo.log10().floor());
+        while decade <= hi {
+            for m in mantissas {
+                let v = m * decade;
+                if v >= lo && v <= hi {
+                    out.push(v);
+                }
+            }
+            decade *= 10.0;
+        }
+        out
+    };
+    let mut bold = within(&[1.0, 2.0, 5.0]);
+    if bold.len() < 3 {
+        bold = within(&[1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0]);
+    } else {
+        for sparser in [&[1.0, 3.0][..], &[1.0][..]] {
+            if bold.len() > 8 {
+                bold = within(sparser);
+            }
+        }
+    }
+    (bold, within(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]))
+}
+
+fn log_axis(lo: f64, hi: f64) -> WithKeyPoints<LogCoord<f64>> {
+    let (bold, light) = log_ticks(lo, hi);
+    LogCoord::from((lo..hi).log_scale()).with_key_points(bold).with_light_points(light)
+}
+
+fn panel_in<DB, X, Y>(p: &Panel, area: &DrawingArea<DB, Shift>, x: X, y: Y) -> DrawResult
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut builder = ChartBuilder::on(area);
+    builder.margin(8).margin_right(18).x_label_area_size(46).y_label_area_size(66);
+    if !p.title.is_empty() {
+        builder.caption(&p.title, text_style(16));
+    }
+    let mut chart = builder.build_cartesian_2d(x, y)?;
+    let cats = p.x_categories.clone();
+    let x_fmt = move |v: &f64| match &cats {
+        Some(c) => {
+            let i = v.round();
+            if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
+                c[i as usize].clone()
+            } else {
+                String::new()
+            }
+        }
+        None => si(*v),
+    };
+    let x_labels = p.x_categories.as_ref().map_or(6, |c| c.len().max(1));
+    chart
+        .configure_mesh()
+        .x_desc(&p.x_desc)
+        .y_desc(&p.y_desc)
+        .x_labels(x_labels)
+        .y_labels(6)
+        .x_label_formatter(&x_fmt)
+        .y_label_formatter(&|v| si(*v))
+        .label_style(text_style(13))
+        .axis_desc_style(text_style(14))
+        .light_line_style(RGBColor(238, 238, 238))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .draw()?;
+    let (ylo, yhi) = {
+        let r = chart.y_range();
+        (r.start, r.end)
+    };
+    let clamp = |v: f64| v.clamp(ylo, yhi);
+    for l in &p.lines {
+        if l.band.len() > 1 {
+            let upper = l.band.iter().map(|b| (b.0, clamp(b.2)));
+            let lower = l.band.iter().rev().map(|b| (b.0, clamp(b.1)));
+            chart.draw_series(std::iter::once(Polygon::new(
+                upper.chain(lower).collect::<Vec<_>>(),
+                l.color.mix(0.14).filled(),
+            )))?;
+        }
+    }
+    for l in &p.lines {
+        let style = l.color.stroke_width(2);
+        let pts: Vec<(f64, f64)> = l.points.iter().map(|&(x, y)| (x, clamp(y))).collect();
+        match l.stroke {
+            Stroke::Solid => {
+                chart.draw_series(LineSeries::new(pts.clone(), style))?;
+            }
+            Stroke::Dashed => {
+                chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style))?;
+            }
+            Stroke::None => {}
+        }
+        if l.markers {
+            chart.draw_series(pts.iter().map(|&q| Circle::new(q, 3, l.color.filled())))?;
+        }
+        chart.draw_series(l.errors.iter().map(|&(x, lo, hi)| {
+            ErrorBar::new_vertical(x, clamp(lo), clamp((lo + hi) / 2.0), clamp(hi), l.color.stroke_width(1), 8)
+        }))?;
+    }
+    if p.lines.iter().all(|l| l.points.is_empty()) && !p.empty_note.is_empty() {
+        let (w, h) = chart.plotting_area().dim_in_pixel();
+        let (ox, oy) = chart.plotting_area().get_base_pixel();
+        area.draw_text(
+            p.empty_note,
+            &text_style(14).pos(Pos::new(HPos::Center, VPos::Center)),
+            (ox - area.get_base_pixel().0 + w as i32 / 2, oy - area.get_base_pixel().1 + h as i32 / 2),
+        )?;
+    }
+    Ok(())
+}
+
+fn draw_lines<DB: DrawingBackend>(title: &str, f: &LineFigure, root: &DrawingArea<DB, Shift>) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let body = root.titled(title, title_style())?;
+    let (legend_h, _) = legend_layout(&body, &f.legend_title, &f.legend)?;
+    let (legend, charts) = body.split_vertically(legend_h);
+    draw_legend(&legend, &f.legend_title, &f.legend)?;
+    let rows = f.panels.len().div_ceil(f.columns);
+    for (p, area) in f.panels.iter().zip(charts.split_evenly((rows, f.columns))) {
+        draw_panel(p, &area)?;
+    }
+    Ok(())
+}
+
+fn bars_label_width<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, f: &BarFigure) -> Fallible<u32>
+where
+    DB::ErrorType: 'static,
+{
+    let style = text_style(13);
+    let mut w = 40;
+    for label in f.panels.iter().flat_map(|p| &p.bars) {
+        w = w.max(area.estimate_text_size(label, &style)?.0 + 16);
+    }
+    Ok(w)
+}
+
+fn draw_bars<DB: DrawingBackend>(title: &str, f: &BarFigure, root: &DrawingArea<DB, Shift>) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    let body = root.titled(title, title_style())?;
+    let keys: Vec<Key> = f
+        .tiers
+        .iter()
+        .map(|&t| Key { label: t.opal_name().into(), color: tier_color(t), stroke: Stroke::Solid })
+        .collect();
+    let (legend_h, _) = legend_layout(&body, "tier", &keys)?;
+    let (legend, charts) = body.split_vertically(legend_h);
+    draw_legend(&legend, "tier", &keys)?;
+    let label_w = bars_label_width(&charts, f)?;
+    for (p, area) in f.panels.iter().zip(charts.split_evenly((1, f.panels.len()))) {
+        let k = p.bars.len();
+        let total = |s: &Vec<(Tier, f64)>| s.iter().map(|x| x.1).sum::<f64>();
+        let max = p.segments.iter().map(total).fold(0.0, f64::max);
+        let x1 = p.x_max.unwrap_or(if max > 0.0 { max * 1.05 } else { 1.0 });
+        let mut chart = ChartBuilder::on(&area)
+            .margin(8)
+            .margin_right(22)
+            .caption(&p.title, text_style(16))
+            .x_label_area_size(46)
+            .y_label_area_size(label_w)
+            .build_cartesian_2d(0.0..x1, -0.5..(k as f64 - 0.5))?;
+        let bars = p.bars.clone();
+        chart
+            .configure_mesh()
+            .x_desc(&p.x_desc)
+            .x_labels(6)
+            .y_labels(k.max(1))
+            .x_label_formatter(&|v| si(*v))
+            .y_label_formatter(&|v| {
+                let i = v.round();
+                if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < bars.len() {
+                    bars[bars.len() - 1 - i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .disable_y_mesh()
+            .label_style(text_style(13))
+            .axis_desc_style(text_style(14))
+            .light_line_style(RGBColor(238, 238, 238))
+            .bold_line_style(RGBColor(215, 215, 215))
+            .draw()?;
+        for (i, segs) in p.segments.iter().enumerate() {
+            let y = (k - 1 - i) as f64;
+            let mut x = 0.0;
+            for &(tier, v) in segs {
+                if v > 0.0 {
+                    chart.draw_series(std::iter::once(Rectangle::new(
+                        [(x, y - 0.36), ((x + v).min(x1), y + 0.36)],
+                        tier_color(tier).filled(),
+                    )))?;
+                }
+                x += v;
+            }
+        }
+        if max == 0.0 && !p.empty_note.is_empty() {
+            let (w, h) = chart.plotting_area().dim_in_pixel();
+            let (ox, oy) = chart.plotting_area().get_base_pixel();
+            let (bx, by) = area.get_base_pixel();
+            area.draw_text(
+                p.empty_note,
+                &text_style(14).pos(Pos::new(HPos::Center, VPos::Center)),
+                (ox - bx + w as i32 / 2, oy - by + h as i32 / 2),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn figure_size(f: &Figure) -> (u32, u32) {
+    match &f.body {
+        Body::Lines(l) => {
+            let rows = l.panels.len().div_ceil(l.columns) as u32;
+            let legend_rows = (l.legend.len() as u32).div_ceil(6).max(1);
+            (l.panel_size.0 * l.columns as u32, TITLE_H + 10 + 22 * legend_rows + l.panel_size.1 * rows)
+        }
+        Body::Bars(b) => {
+            let k = b.panels.first().map_or(1, |p| p.bars.len()) as u32;
+            (1400, TITLE_H + 40 + 100 + 28 * k.max(3))
+        }
+    }
+}
+
+fn draw<DB: DrawingBackend>(f: &Figure, root: DrawingArea<DB, Shift>) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    match &f.body {
+        Body::Lines(l) => draw_lines(&f.title, l, &root)?,
+        Body::Bars(b) => draw_bars(&f.title, b, &root)?,
+    }
+    root.present()?;
+    Ok(())
+}
+
+/// DejaVu Sans for rasterising (the same face the layout was measured with).
+fn font_db() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
+    static DB: std::sync::OnceLock<std::sync::Arc<resvg::usvg::fontdb::Database>> = std::sync::OnceLock::new();
+    DB.get_or_init(|| {
+        let mut db = resvg::usvg::fontdb::Database::new();
+        db.load_font_data(dejavu::sans::regular().to_vec());
+        db.load_font_data(dejavu::sans::bold().to_vec());
+        db.set_sans_serif_family("DejaVu Sans");
+        std::sync::Arc::new(db)
+    })
+    .clone()
+}
+
+/// Draws `f` as SVG with plotters, then rasterises that SVG with resvg for
+/// the PNG (plotters' own bitmap text rendering misplaces glyphs), and
+/// writes both into `dir`.
+fn render(f: &Figure, dir: &Path) -> Result<FigureFile, ReportError> {
+    let size = figure_size(f);
+    let file = FigureFile {
+        title: f.title.clone(),
+        caption: f.caption.clone(),
+        png: format!("{}.png", f.stem),
+        svg: format!("{}.svg", f.stem),
+    };
+    let fail = |name: &str, e: &dyn std::fmt::Display| {
+        ReportError::Output(format!("{}: cannot draw: {e}", dir.join(name).display()))
+    };
+    let mut svg = String::new();
+    draw(f, SVGBackend::with_string(&mut svg, size).into_drawing_area()).map_err(|e| fail(&file.svg, &e))?;
+    std::fs::write(dir.join(&file.svg), &svg).map_err(|e| fail(&file.svg, &e))?;
+    let options = resvg::usvg::Options { fontdb: font_db(), ..resvg::usvg::Options::default() };
+    let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| fail(&file.png, &e))?;
+    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.0, size.1)
+        .ok_or_else(|| fail(&file.png, &format!("size {}×{} is empty", size.0, size.1)))?;
+    pixmap.fill(resvg::tiny_skia::Color::WHITE);
+    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    pixmap.save_png(dir.join(&file.png)).map_err(|e| fail(&file.png, &e))?;
+    Ok(file)
+}
+
+/// Computes every figure the data supports and writes each as PNG and SVG
+/// into `dir` (figures are drawn in parallel; the files do not depend on it).
+pub fn draw_all(data: &SweepData, dir: &Path) -> Result<Drawn, ReportError> {
+    register_fonts();
+    let mut figures = Vec::new();
+    let mut skipped = Vec::new();
+    let mut not_applicable = Vec::new();
+    let mut add = |n: u32, what: &str, f: Result<Figure, String>| match f {
+        Ok(f) => figures.push(f),
+        Err(why) if why == NOT_APPLICABLE => not_applicable.push(format!("Figure {n} ({what}): {why}.")),
+        Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
+    };
+    if data.ok_runs() == 0 {
+        return Ok(Drawn {
+            figures: Vec::new(),
+            skipped: vec!["No figures: no run succeeded.".into()],
+            not_applicable: Vec::new(),
+        });
+    }
+    add(1, "TTFT CDF", ttft_cdf(data));
+    add(2, "throughput over time", throughput(data));
+    add(3, "percentiles", Ok(percentiles(data)));
+    add(4, "cache hits and storage traffic", Ok(cache_bars(data)));
+    add(5, "utilisation over time", utilisation(data));
+    add(6, "SC25 cold vs warm", sc25(data));
+    let files = figures.par_iter().map(|f| render(f, dir)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Drawn { figures: files, skipped, not_applicable })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn si_keeps_three_significant_digits_and_scales_large_values() {
+        assert_eq!(si(0.0), "0");
+        assert_eq!(si(1.0), "1");
+        assert_eq!(si(2.5), "2.5");
+        assert_eq!(si(12.34), "12.3");
+        assert_eq!(si(123.4), "123");
+        assert_eq!(si(9999.0), "9999");
+        assert_eq!(si(12_345.0), "12.3k");
+        assert_eq!(si(2_500_000.0), "2.5M");
+        assert_eq!(si(3e9), "3G");
+        assert_eq!(si(0.0123), "0.0123");
+        assert_eq!(si(-0.5), "-0.5");
+    }
+
+    fn interval(start_s: f64, generated_tokens: f64) -> Interval {
+        Interval { start_s, generated_tokens, ..Interval::default() }
+    }
+
+    #[test]
+    fn time_series_average_replicates_per_interval_with_a_min_max_band() {
+        use super::super::data::RunRow;
+        let run = |run_id, sim_time_s: f64| RunRow {
+            run_id,
+            replicate: run_id,
+            metrics: [("sim_time_s".to_string(), sim_time_s)].into_iter().collect(),
+        };
+        let point = Point { id: 0, values: Vec::new(), runs: vec![run(0, 6.0), run(1, 4.1)], total_runs: 2 };
+        let series = [
+            // 2 s intervals; run 0 ends at 6 s, run 1 at 4.1 s (a 0.1 s last interval, dropped).
+            (0, vec![interval(0.0, 100.0), interval(2.0, 300.0), interval(4.0, 50.0)]),
+            (1, vec![interval(0.0, 300.0), interval(2.0, 500.0), interval(4.0, 7.0)]),
+        ];
+        let data = SweepData {
+            dir: ".".into(),
+            name: String::new(),
+            spec_file: String::new(),
+            replicates: 2,
+            base_seed: 0,
+            axes: Vec::new(),
+            points: vec![point],
+            failed: Vec::new(),
+            ttft: None,
+            series: Some(series.into_iter().collect()),
+            sc25: None,
+        };
+        let rows = replicate_series(&data, &data.points[0], |r, dt| r.generated_tokens / dt);
+        // Interval 0: 50 and 150 tok/s → mean 100, band 50–150; interval 1: 150 and 250;
+        // interval 2: run 0 only (25 tok/s), run 1's 0.1 s remainder is left out.
+        assert_eq!(rows, [(0.0, 100.0, 50.0, 150.0), (2.0, 200.0, 150.0, 250.0), (4.0, 25.0, 25.0, 25.0)]);
+    }
+
+    #[test]
+    fn log_ticks_label_three_to_eight_values() {
+        assert_eq!(log_ticks(1.5, 70.0).0, [2.0, 5.0, 10.0, 20.0, 50.0]);
+        assert_eq!(log_ticks(2.0, 9.0).0, [2.0, 3.0, 4.0, 5.0, 7.0]);
+        assert_eq!(log_ticks(0.01, 1e6).0, [0.01, 0.1, 1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6].map(|v: f64| v));
+        let light = log_ticks(1.5, 70.0).1;
+        assert_eq!(light.first(), Some(&2.0));
+        assert_eq!(light.last(), Some(&70.0));
+    }
+
+    #[test]
+    fn more_than_ten_lines_take_colours_from_a_gradient() {
+        assert_eq!(color(3, 10), PALETTE[3]);
+        let a = color(0, 11);
+        let b = color(10, 11);
+        assert_ne!(a, b);
+        assert!(!PALETTE.contains(&b));
+    }
+}

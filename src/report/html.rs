@@ -1,0 +1,175 @@
+//! The report page: one self-contained `index.html` (inline style, no
+//! scripts, nothing fetched from the network) with the summary table, the
+//! figures (PNG, each linking to its SVG) and what was left out.
+
+use super::data::{SweepData, mean_ci};
+use super::figures::{Drawn, si};
+use std::fmt::Write;
+
+/// Escapes text for HTML element content and attribute values.
+fn esc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+const STYLE: &str = "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:2rem auto;max-width:1500px;\
+padding:0 1rem;color:#222}h1{margin-bottom:.2rem}.meta{color:#555;margin-top:0}\
+table{border-collapse:collapse;font-size:.9rem;margin:1rem 0}th,td{border-bottom:1px solid #ddd;padding:.3rem .6rem;\
+text-align:right;white-space:nowrap}th{background:#f4f4f4;position:sticky;top:0}td.l,th.l{text-align:left}\
+figure{margin:2.5rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}\
+figcaption{color:#444;max-width:70rem;margin-top:.4rem}.warn{background:#fff4e5;border-left:4px solid #f0a030;\
+padding:.6rem 1rem}td.err{text-align:left;white-space:normal;max-width:60rem}";
+
+/// Columns of the summary table: header, runs-table column, scale.
+const COLUMNS: [(&str, &str, f64); 11] = [
+    ("req/s", "requests_per_s", 1.0),
+    ("prompt tok/s", "input_tokens_per_s", 1.0),
+    ("output tok/s", "output_tokens_per_s", 1.0),
+    ("TTFT p50 (ms)", "ttft_p50_ms", 1.0),
+    ("TTFT p99 (ms)", "ttft_p99_ms", 1.0),
+    ("TPOT p50 (ms)", "tpot_p50_ms", 1.0),
+    ("TPOT p99 (ms)", "tpot_p99_ms", 1.0),
+    ("E2E p99 (ms)", "e2e_p99_ms", 1.0),
+    ("prefix hit", "prefix_hit_ratio", 1.0),
+    ("GPU util (%)", "gpu_utilization", 100.0),
+    ("preemptions", "preemptions", 1.0),
+];
+
+fn summary_table(data: &SweepData, out: &mut String) {
+    out.push_str("<table>\n<tr><th>point</th>");
+    for a in &data.axes {
+        let _ = write!(out, "<th class=\"l\" title=\"{}\">{}</th>", esc(&a.path), esc(&a.label));
+    }
+    out.push_str("<th>runs ok</th>");
+    for (h, _, _) in COLUMNS {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>\n");
+    for p in &data.points {
+        let _ = write!(out, "<tr><td>{}</td>", p.id);
+        for v in &p.values {
+            let _ = write!(out, "<td class=\"l\">{}</td>", esc(&super::data::show(v)));
+        }
+        let _ = write!(out, "<td>{}/{}</td>", p.runs.len(), p.total_runs);
+        for (_, col, scale) in COLUMNS {
+            let cell = match mean_ci(&p.samples(col)) {
+                None => "—".to_string(),
+                Some((m, h)) if h > 0.0 => format!("{} ± {}", si(m * scale), si(h * scale)),
+                Some((m, _)) => si(m * scale),
+            };
+            let _ = write!(out, "<td>{}</td>", esc(&cell));
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</table>\n");
+}
+
+fn failures(data: &SweepData, out: &mut String) {
+    if data.failed.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "<div class=\"warn\"><p><strong>{} failed run{} {} left out</strong> of every figure and of the table's means:</p>\n\
+         <table><tr><th>run</th><th>point</th><th>replicate</th><th class=\"l\">error</th></tr>\n",
+        data.failed.len(),
+        if data.failed.len() == 1 { "" } else { "s" },
+        if data.failed.len() == 1 { "is" } else { "are" },
+    );
+    for f in &data.failed {
+        let label = data.points.iter().find(|p| p.id == f.point_id).map(|p| data.point_label(p)).unwrap_or_default();
+        let mut msg: String = f.error.lines().next().unwrap_or("").chars().take(400).collect();
+        if msg.len() < f.error.len() {
+            msg.push_str(" …");
+        }
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td class=\"l\">{} ({})</td><td>{}</td><td class=\"err\">{}</td></tr>",
+            f.run_id,
+            f.point_id,
+            esc(&label),
+            f.replicate,
+            esc(&msg)
+        );
+    }
+    out.push_str("</table></div>\n");
+}
+
+/// The page for `data` with the figures in `drawn`.
+pub fn page(data: &SweepData, drawn: &Drawn) -> String {
+    let mut out = String::new();
+    let title =
+        if data.name.is_empty() { "sweep report".to_string() } else { format!("{} — sweep report", data.name) };
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n<h1>{}</h1>\n",
+        esc(&title),
+        esc(&title)
+    );
+    let axes = if data.axes.is_empty() {
+        "no axes".to_string()
+    } else {
+        data.axes.iter().map(|a| a.path.as_str()).collect::<Vec<_>>().join(" × ")
+    };
+    let _ = writeln!(
+        out,
+        "<p class=\"meta\">{} grid point{}, {} replicate{} each (seed = {} + replicate) — {} run{} succeeded, {} failed. \
+         Axes: {}. Spec: <code>{}</code>. Made by opal {} from the tables in <code>{}</code>.</p>",
+        data.points.len(),
+        if data.points.len() == 1 { "" } else { "s" },
+        data.replicates,
+        if data.replicates == 1 { "" } else { "s" },
+        data.base_seed,
+        data.ok_runs(),
+        if data.ok_runs() == 1 { "" } else { "s" },
+        data.failed.len(),
+        esc(&axes),
+        esc(&data.spec_file),
+        env!("CARGO_PKG_VERSION"),
+        esc(&data.dir.display().to_string()),
+    );
+    failures(data, &mut out);
+    out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
+    summary_table(data, &mut out);
+    for (i, f) in drawn.figures.iter().enumerate() {
+        let _ = write!(
+            out,
+            "<figure id=\"fig{}\">\n<h2>{}</h2>\n<a href=\"{}\"><img src=\"{}\" alt=\"{}\"></a>\n<figcaption>{} (Click for the SVG.)</figcaption>\n</figure>\n",
+            i + 1,
+            esc(&f.title),
+            esc(&f.svg),
+            esc(&f.png),
+            esc(&f.title),
+            esc(&f.caption)
+        );
+    }
+    if !drawn.skipped.is_empty() || !drawn.not_applicable.is_empty() {
+        out.push_str("<h2>Not shown</h2>\n<ul>\n");
+        for s in drawn.skipped.iter().chain(&drawn.not_applicable) {
+            let _ = writeln!(out, "<li>{}</li>", esc(s));
+        }
+        out.push_str("</ul>\n");
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_is_escaped_for_html() {
+        assert_eq!(esc(r#"<a href="x">&'"#), "&lt;a href=&quot;x&quot;&gt;&amp;&#39;");
+    }
+}

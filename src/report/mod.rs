@@ -1,0 +1,71 @@
+//! What people read: terminal summaries ([`text`]) and the sweep report
+//! (`opal-sweep report`): an `index.html` with a summary table and figures
+//! drawn with `plotters` as PNG and SVG, made from a results directory's
+//! Parquet tables and manifest alone ([`data`]).
+
+pub mod data;
+pub mod figures;
+mod html;
+pub mod text;
+
+use std::path::{Path, PathBuf};
+
+/// Why a report could not be made.
+#[derive(Debug)]
+pub enum ReportError {
+    /// The results directory is missing, incomplete or unreadable.
+    Input(String),
+    /// Writing the report failed.
+    Output(String),
+}
+
+impl std::fmt::Display for ReportError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReportError::Input(m) | ReportError::Output(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for ReportError {}
+
+/// What a report contains.
+#[derive(Clone, Debug)]
+pub struct ReportSummary {
+    /// The page.
+    pub index: PathBuf,
+    /// Figure files written (PNG and SVG), in page order.
+    pub files: Vec<PathBuf>,
+    /// Successful runs drawn.
+    pub runs: usize,
+    /// Failed runs left out.
+    pub failed: usize,
+    /// Figures left out, with the reason.
+    pub skipped: Vec<String>,
+}
+
+/// The default report directory of a results directory.
+pub fn default_dir(results: &Path) -> PathBuf {
+    results.join("report")
+}
+
+/// Reads the results in `results` and writes the report into `out`
+/// (created if needed; files of an earlier report there are replaced).
+pub fn write_report(results: &Path, out: &Path) -> Result<ReportSummary, ReportError> {
+    let data = data::SweepData::load(results)?;
+    std::fs::create_dir_all(out).map_err(|e| ReportError::Output(format!("{}: cannot create: {e}", out.display())))?;
+    let drawn = figures::draw_all(&data, out)?;
+    let index = out.join("index.html");
+    let page = html::page(&data, &drawn);
+    let tmp = out.join(format!("index.html.tmp-{}", std::process::id()));
+    std::fs::write(&tmp, page)
+        .and_then(|_| std::fs::rename(&tmp, &index))
+        .map_err(|e| ReportError::Output(format!("{}: cannot write: {e}", index.display())))?;
+    Ok(ReportSummary {
+        index,
+        files: drawn.figures.iter().flat_map(|f| [out.join(&f.png), out.join(&f.svg)]).collect(),
+        runs: data.ok_runs(),
+        failed: data.failed.len(),
+        skipped: drawn.skipped.clone(),
+    })
+}

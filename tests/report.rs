@@ -1,0 +1,212 @@
+//! `opal-sweep report`: the page and its figures from a results directory,
+//! failed runs, and bad input.
+
+use crate::sweep::{read, setup};
+use arrow_array::cast::AsArray;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// 2 policies × 2 rates × 2 replicates of 40 requests; the report is made
+/// at the end of the sweep.
+const SPEC: &str = r#"
+[sweep]
+name = "r"
+replicates = 2
+base_seed = 3
+report = true
+
+[grid]
+"router.router_params.policy" = ["RoundRobin", "MaxPrefix"]
+"workload.stages.0.workload_params.request_rate" = [4.0, 8.0]
+
+[simulation]
+num_workers = 2
+
+[model.model_params]
+name = "llama-3.1-8b"
+
+[[workload.stages]]
+type = "ExponentialReqRate"
+[workload.stages.workload_params]
+total_requests = 40
+prompt_size_min = 100
+prompt_size_max = 2000
+output_tokens_min = 10
+output_tokens_max = 60
+"#;
+
+/// Every `src="…"` and `href="…"` target of the page.
+fn referenced(html: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for attr in ["src=\"", "href=\""] {
+        let mut rest = html;
+        while let Some(i) = rest.find(attr) {
+            rest = &rest[i + attr.len()..];
+            let end = rest.find('"').expect("closed attribute");
+            out.insert(rest[..end].to_string());
+            rest = &rest[end..];
+        }
+    }
+    out
+}
+
+/// Files in the report directory other than the page, after checking each
+/// is a non-empty PNG or SVG.
+fn figure_files(dir: &Path) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let name = e.unwrap().file_name().to_string_lossy().into_owned();
+        if name == "index.html" {
+            continue;
+        }
+        let bytes = std::fs::read(dir.join(&name)).unwrap();
+        if name.ends_with(".png") {
+            assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n"), "{name} is not a PNG");
+            assert!(bytes.len() > 5_000, "{name} is nearly empty ({} bytes)", bytes.len());
+        } else if name.ends_with(".svg") {
+            let s = String::from_utf8(bytes).unwrap();
+            assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{name} is not an SVG");
+            assert!(s.contains("<text") && s.contains("<polyline") || s.contains("<rect"), "{name} draws nothing");
+        } else {
+            panic!("unexpected file {name} in the report");
+        }
+        out.insert(name);
+    }
+    out
+}
+
+#[test]
+fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_them() {
+    let dir = setup("report-small", SPEC);
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("report: out/report/index.html (5 figures"), "{}", text(&o));
+    let report = dir.join("out/report");
+    let files = figure_files(&report);
+    let expected: BTreeSet<String> =
+        ["fig1-ttft-cdf", "fig2-throughput", "fig3-percentiles", "fig4-cache", "fig5-utilisation"]
+            .iter()
+            .flat_map(|s| [format!("{s}.png"), format!("{s}.svg")])
+            .collect();
+    assert_eq!(files, expected);
+    let html = std::fs::read_to_string(report.join("index.html")).unwrap();
+    assert_eq!(referenced(&html), files, "the page links exactly the figure files");
+    assert!(
+        html.contains("Figure 6 (SC25 cold vs warm): only for sweeps with an SC25Workload stage"),
+        "says why figure 6 is missing"
+    );
+    assert!(!html.contains("http://") && !html.contains("https://"), "the page needs no network");
+
+    // The summary table's TTFT p99 of point 0 is the mean of its two runs' p99s.
+    let runs = read(&dir.join("out/runs.parquet"));
+    let p99 = opal::output::f64_column(&runs, "ttft_p99_ms").unwrap();
+    let point = runs.column_by_name("point_id").unwrap().as_primitive::<arrow_array::types::UInt32Type>();
+    let zero: Vec<f64> = (0..runs.num_rows()).filter(|&i| point.value(i) == 0).map(|i| p99[i].unwrap()).collect();
+    assert_eq!(zero.len(), 2);
+    let (mean, half) = opal::report::data::mean_ci(&zero).unwrap();
+    // Two samples: t(0.975, 1) = 12.706, half-width 12.706 · |a − b| / 2.
+    assert!((half - 12.706 * (zero[0] - zero[1]).abs() / 2.0).abs() < 1e-9);
+    let row0 = html.split("<tr><td>0</td>").nth(1).expect("row of point 0");
+    let row0 = &row0[..row0.find("</tr>").unwrap()];
+    let cell =
+        if half > 0.0 { format!("{} ± ", opal::report::figures::si(mean)) } else { opal::report::figures::si(mean) };
+    assert!(row0.contains(&cell), "row 0 {row0} lacks {cell}");
+
+    // The CDF of a point merges its replicates' histograms: every completed request counted once.
+    let data = opal::report::data::SweepData::load(&dir.join("out")).unwrap();
+    let done = opal::output::f64_column(&runs, "requests_completed").unwrap();
+    for p in &data.points {
+        let expected: f64 = (0..runs.num_rows()).filter(|&i| point.value(i) == p.id).map(|i| done[i].unwrap()).sum();
+        assert_eq!(data.ttft.as_ref().unwrap()[&p.id].len() as f64, expected, "point {}", p.id);
+    }
+}
+
+#[test]
+fn a_report_leaves_failed_runs_out_and_says_so() {
+    let spec = SPEC.replace(
+        "\"router.router_params.policy\" = [\"RoundRobin\", \"MaxPrefix\"]",
+        "\"model.model_params.name\" = [\"llama-3.1-8b\", \"llama-3.1-70b\"]",
+    );
+    let dir = setup("report-failed", &spec);
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let o = opal_sweep(&["report", "out", "-o", "pictures"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("4 failed runs left out"), "{}", text(&o));
+    let html = std::fs::read_to_string(dir.join("pictures/index.html")).unwrap();
+    assert!(html.contains("4 failed runs are left out"), "the page says runs failed");
+    for run in 4..8 {
+        assert!(html.contains(&format!("<tr><td>{run}</td>")), "failed run {run} is listed");
+    }
+    assert!(html.contains("does not fit in GPU memory"), "with the reason");
+    assert!(html.contains("<td>0/2</td>"), "the failed points show no successful runs");
+    assert_eq!(referenced(&html), figure_files(&dir.join("pictures")));
+}
+
+#[test]
+fn an_sc25_sweep_gets_the_cold_vs_warm_figure() {
+    let dir = setup(
+        "report-sc25",
+        r#"
+        [sweep]
+        name = "s"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "SC25Workload"
+        "#,
+    );
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = opal_sweep(&["report", "out"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let files = figure_files(&dir.join("out/report"));
+    assert!(files.contains("fig6-sc25.png") && files.contains("fig6-sc25.svg"), "{files:?}");
+    let svg = std::fs::read_to_string(dir.join("out/report/fig6-sc25.svg")).unwrap();
+    assert!(svg.contains("prompt size (tokens)") && svg.contains("cold pass") && svg.contains("warm pass"));
+}
+
+#[test]
+fn missing_or_corrupt_tables_are_clear_errors() {
+    let dir = setup("report-bad", SPEC.replace("report = true", "report = false").as_str());
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!dir.join("out/report").exists(), "no report unless asked for");
+
+    let o = opal_sweep(&["report", "."], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("manifest.json") && err.contains("results directory"), "{err}");
+
+    std::fs::write(dir.join("out/histograms.parquet"), b"not parquet at all").unwrap();
+    let o = opal_sweep(&["report", "out"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("histograms.parquet") && err.contains("not a readable Parquet file"), "{err}");
+
+    std::fs::remove_file(dir.join("out/histograms.parquet")).unwrap();
+    let o = opal_sweep(&["report", "out"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("histograms.parquet") && err.contains("missing"), "{err}");
+
+    std::fs::remove_file(dir.join("out/runs.parquet")).unwrap();
+    let o = opal_sweep(&["report", "out"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("runs.parquet") && err.contains("missing"), "{err}");
+}
