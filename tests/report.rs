@@ -1,15 +1,11 @@
 //! `opal-sweep report`: the page and its figures from a results directory,
 //! failed runs, and bad input.
 
-use crate::sweep::{read, setup};
+use crate::sweep::{opal_sweep, read, setup};
 use arrow_array::cast::AsArray;
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
-}
+use std::process::Output;
 
 fn text(o: &Output) -> String {
     format!(

@@ -27,7 +27,7 @@ fn content(path: &Path) -> RecordBatch {
     }
 }
 
-fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
+pub fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
 }
 
