@@ -76,7 +76,10 @@ fn figure_files(dir: &Path) -> BTreeSet<String> {
         } else if name.ends_with(".svg") {
             let s = String::from_utf8(bytes).unwrap();
             assert!(s.starts_with("<svg") && s.trim_end().ends_with("</svg>"), "{name} is not an SVG");
-            assert!(s.contains("<text") && s.contains("<polyline") || s.contains("<rect"), "{name} draws nothing");
+            assert!(
+                s.contains("<text") && (s.contains("<polyline") || s.matches("<rect").count() > 1),
+                "{name} draws nothing"
+            );
         } else {
             panic!("unexpected file {name} in the report");
         }
@@ -122,6 +125,14 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
         if half > 0.0 { format!("{} ± ", opal::report::figures::si(mean)) } else { opal::report::figures::si(mean) };
     assert!(row0.contains(&cell), "row 0 {row0} lacks {cell}");
 
+    // Determinism: the same tables give the same bytes, page and pictures.
+    let o = opal_sweep(&["report", "out", "-o", "again"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    for f in files.iter().chain(std::iter::once(&"index.html".to_string())) {
+        let (a, b) = (std::fs::read(report.join(f)).unwrap(), std::fs::read(dir.join("again").join(f)).unwrap());
+        assert!(a == b, "{f} differs between two reports of the same tables");
+    }
+
     // The CDF of a point merges its replicates' histograms: every completed request counted once.
     let data = opal::report::data::SweepData::load(&dir.join("out")).unwrap();
     let done = opal::output::f64_column(&runs, "requests_completed").unwrap();
@@ -151,6 +162,54 @@ fn a_report_leaves_failed_runs_out_and_says_so() {
     assert!(html.contains("does not fit in GPU memory"), "with the reason");
     assert!(html.contains("<td>0/2</td>"), "the failed points show no successful runs");
     assert_eq!(referenced(&html), figure_files(&dir.join("pictures")));
+}
+
+#[test]
+fn a_sweep_where_every_run_failed_still_gets_a_page_that_says_so() {
+    // Every run meets a malformed trace line (the spec itself is valid).
+    let dir = setup(
+        "report-all-failed",
+        r#"
+        [sweep]
+        name = "f"
+        replicates = 2
+        report = true
+        [grid]
+        "router.router_params.policy" = ["RoundRobin", "MaxPrefix"]
+        "simulation.num_workers" = [1, 2]
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "bad.jsonl"
+        "#,
+    );
+    let good = r#"{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}"#;
+    std::fs::write(dir.join("bad.jsonl"), format!("{good}\n{{\"timestamp\": 5, \"input_length\": \"x\"}}\n")).unwrap();
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let html = std::fs::read_to_string(dir.join("out/report/index.html")).unwrap();
+    assert!(html.contains("8 failed runs are left out") && html.contains("No figures: no run succeeded."));
+    assert!(figure_files(&dir.join("out/report")).is_empty());
+    assert!(referenced(&html).is_empty());
+}
+
+#[test]
+fn zipped_axes_are_one_axis_of_the_report() {
+    let spec = SPEC.replace(
+        "\"workload.stages.0.workload_params.request_rate\" = [4.0, 8.0]",
+        "[[zip]]\n\"workload.stages.0.workload_params.prompt_size_min\" = [100, 1000]\n\"workload.stages.0.workload_params.prompt_size_max\" = [500, 4000]",
+    );
+    let dir = setup("report-zip", &spec);
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let data = opal::report::data::SweepData::load(&dir.join("out")).unwrap();
+    let labels: Vec<&str> = data.axes.iter().map(|a| a.label.as_str()).collect();
+    assert_eq!(labels, ["policy", "prompt_size_min / prompt_size_max"]);
+    assert_eq!(data.axes[1].values, ["100 / 500", "1000 / 4000"]);
+    let svg = std::fs::read_to_string(dir.join("out/report/fig3-percentiles.svg")).unwrap();
+    assert!(svg.contains("vs prompt_size_min / prompt_size_max"), "the zipped pair is the x axis");
 }
 
 #[test]

@@ -12,15 +12,21 @@ use hdrhistogram::Histogram;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// A grid axis as the report shows it.
+/// A grid axis as the report shows it. Columns that always change together
+/// (a `[[zip]]` group) form one axis.
 #[derive(Clone, Debug)]
 pub struct Axis {
-    /// Dotted path, as in the spec and the runs table's column name.
+    /// Dotted path(s), as in the spec and the runs table's column names (" / " between zipped ones).
     pub path: String,
     /// Short name for labels (the path's last component, or more if that is ambiguous).
     pub label: String,
-    /// True for integer and float axes.
+    /// True when the (first) column is an integer or float.
     pub numeric: bool,
+    /// The axis's values as shown, in order: numerically for numeric axes,
+    /// else by first appearance.
+    pub values: Vec<String>,
+    /// For a numeric axis, the number of each value (NaN otherwise).
+    pub numbers: Vec<f64>,
 }
 
 /// One run's numbers from the runs table (every numeric column, by name).
@@ -39,8 +45,8 @@ pub struct RunRow {
 pub struct Point {
     /// Point id.
     pub id: u32,
-    /// Values of the axes, in axis order.
-    pub values: Vec<AxisValue>,
+    /// Index of the point's value in each axis's `values`, in axis order.
+    pub at: Vec<usize>,
     /// Successful runs (replicates), by replicate.
     pub runs: Vec<RunRow>,
     /// Runs of this point in the table, successful or not.
@@ -143,8 +149,12 @@ fn column<'a>(batch: &'a RecordBatch, path: &Path, name: &str) -> Result<&'a arr
 }
 
 fn numbers(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<Option<f64>>, ReportError> {
-    column(batch, path, name)?;
-    f64_column(batch, name).ok_or_else(|| rerr(path, format!("column `{name}` is not numeric")))
+    let col = column(batch, path, name)?;
+    let t = col.data_type();
+    match f64_column(batch, name) {
+        Some(v) if t.is_numeric() => Ok(v),
+        _ => Err(rerr(path, format!("column `{name}` is {t}, not a number"))),
+    }
 }
 
 fn ids(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<u32>, ReportError> {
@@ -247,14 +257,11 @@ impl SweepData {
         let replicates = ids(&runs, &runs_path, "replicate")?;
         let status = strings(&runs, &runs_path, "status")?;
         let errors = strings(&runs, &runs_path, "error")?;
-        let labels = short_labels(&axis_paths);
-        let mut axes = Vec::new();
-        let mut axis_cols = Vec::new();
-        for (p, label) in axis_paths.iter().zip(labels) {
-            let (numeric, values) = axis_values(&runs, &runs_path, p)?;
-            axes.push(Axis { path: p.clone(), label, numeric });
-            axis_cols.push(values);
+        let mut columns = Vec::new();
+        for p in &axis_paths {
+            columns.push(axis_values(&runs, &runs_path, p)?);
         }
+        let (axes, point_at) = group_axes(runs.num_rows(), &axis_paths, &columns);
         let mut metric_cols = Vec::new();
         for f in runs.schema().fields() {
             let name = f.name();
@@ -269,7 +276,7 @@ impl SweepData {
         for i in 0..runs.num_rows() {
             let point = points.entry(point_ids[i]).or_insert_with(|| Point {
                 id: point_ids[i],
-                values: axis_cols.iter().map(|c| c[i].clone()).collect(),
+                at: point_at[i].clone(),
                 runs: Vec::new(),
                 total_runs: 0,
             });
@@ -316,22 +323,81 @@ impl SweepData {
         self.points.iter().map(|p| p.runs.len()).sum()
     }
 
-    /// A point's label: its axis values joined (or "all runs" for a sweep without axes).
+    /// A point's label over `axes` ("policy=MaxPrefix, request_rate=20").
+    pub fn label(&self, point: &Point, axes: &[usize]) -> String {
+        axes.iter()
+            .map(|&a| format!("{}={}", self.axes[a].label, self.axes[a].values[point.at[a]]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// A point's label over every axis (or "all runs" for a sweep without axes).
     pub fn point_label(&self, point: &Point) -> String {
         if self.axes.is_empty() {
             return "all runs".into();
         }
-        self.axes
-            .iter()
-            .zip(&point.values)
-            .map(|(a, v)| format!("{}={}", a.label, show(v)))
-            .collect::<Vec<_>>()
-            .join(", ")
+        self.label(point, &(0..self.axes.len()).collect::<Vec<_>>())
     }
 }
 
+/// Groups axis columns into the axes the report shows (a column whose
+/// values map one to one onto an earlier column's, row by row, joins it:
+/// that is a `[[zip]]` group) and gives each row its value index per axis.
+fn group_axes(rows: usize, paths: &[String], columns: &[(bool, Vec<AxisValue>)]) -> (Vec<Axis>, Vec<Vec<usize>>) {
+    let shown: Vec<Vec<String>> = columns.iter().map(|(_, c)| c.iter().map(show).collect()).collect();
+    let same_partition = |i: usize, j: usize| {
+        let mut fwd: BTreeMap<&str, &str> = BTreeMap::new();
+        let mut back: BTreeMap<&str, &str> = BTreeMap::new();
+        (0..rows).all(|r| {
+            let (a, b) = (shown[i][r].as_str(), shown[j][r].as_str());
+            *fwd.entry(a).or_insert(b) == b && *back.entry(b).or_insert(a) == a
+        })
+    };
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for j in 0..columns.len() {
+        match groups.iter_mut().find(|g| same_partition(g[0], j)) {
+            Some(g) => g.push(j),
+            None => groups.push(vec![j]),
+        }
+    }
+    let short = short_labels(paths);
+    let mut axes = Vec::new();
+    let mut at = vec![Vec::with_capacity(groups.len()); rows];
+    for g in &groups {
+        let numeric = columns[g[0]].0;
+        let row_text = |r: usize| g.iter().map(|&c| shown[c][r].as_str()).collect::<Vec<_>>().join(" / ");
+        let number = |r: usize| match &columns[g[0]].1[r] {
+            AxisValue::Int(v) => *v as f64,
+            AxisValue::Float(v) => *v,
+            _ => f64::NAN,
+        };
+        let mut values: Vec<(String, f64)> = Vec::new();
+        for r in 0..rows {
+            let t = row_text(r);
+            if !values.iter().any(|(v, _)| *v == t) {
+                values.push((t, number(r)));
+            }
+        }
+        if numeric {
+            values.sort_by(|a, b| a.1.total_cmp(&b.1));
+        }
+        for (r, row) in at.iter_mut().enumerate() {
+            let t = row_text(r);
+            row.push(values.iter().position(|(v, _)| *v == t).expect("every row's value is listed"));
+        }
+        axes.push(Axis {
+            path: g.iter().map(|&c| paths[c].as_str()).collect::<Vec<_>>().join(" / "),
+            label: g.iter().map(|&c| short[c].as_str()).collect::<Vec<_>>().join(" / "),
+            numeric,
+            numbers: values.iter().map(|v| v.1).collect(),
+            values: values.into_iter().map(|v| v.0).collect(),
+        });
+    }
+    (axes, at)
+}
+
 /// An axis value as text (floats without trailing zeros).
-pub fn show(v: &AxisValue) -> String {
+fn show(v: &AxisValue) -> String {
     match v {
         AxisValue::Int(x) => x.to_string(),
         AxisValue::Float(x) => format!("{x}"),
@@ -340,8 +406,7 @@ pub fn show(v: &AxisValue) -> String {
     }
 }
 
-/// Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1…30
-/// (standard table values; beyond 30 the normal 1.96 is within 4 %).
+/// Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1…30 (standard table values).
 const T975: [f64; 30] = [
     12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
     2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
@@ -349,18 +414,30 @@ const T975: [f64; 30] = [
 
 /// Mean of `samples` and the half-width of its 95 % confidence interval
 /// (Student t with n − 1 degrees of freedom; 0 for a single sample).
+/// Non-finite samples are left out.
 pub fn mean_ci(samples: &[f64]) -> Option<(f64, f64)> {
-    let n = samples.len();
+    let finite: Vec<f64> = samples.iter().copied().filter(|v| v.is_finite()).collect();
+    let n = finite.len();
     if n == 0 {
         return None;
     }
-    let mean = samples.iter().sum::<f64>() / n as f64;
+    let mean = finite.iter().sum::<f64>() / n as f64;
     if n == 1 {
         return Some((mean, 0.0));
     }
-    let var = samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    let t = T975.get(n - 2).copied().unwrap_or(1.96);
-    Some((mean, t * (var / n as f64).sqrt()))
+    let var = finite.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
+    Some((mean, t975(n - 1) * (var / n as f64).sqrt()))
+}
+
+/// t(0.975, df): the table up to 30 degrees of freedom, then the
+/// Cornish–Fisher expansion z + (z³ + z)/4ν + (5z⁵ + 16z³ + 3z)/96ν²
+/// (within 10⁻³ of the exact value from 31 on).
+fn t975(df: usize) -> f64 {
+    if let Some(&t) = T975.get(df.wrapping_sub(1)) {
+        return t;
+    }
+    let (z, v) = (1.959_964_f64, df as f64);
+    z + (z.powi(3) + z) / (4.0 * v) + (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / (96.0 * v * v)
 }
 
 fn missing_listed(path: &Path) -> Result<(), ReportError> {
@@ -483,6 +560,40 @@ mod tests {
         assert_eq!(acc.len(), 5);
         assert_eq!(acc.value_at_quantile(0.5), 500);
         assert!(acc.equivalent(acc.max(), 5_000_000));
+    }
+
+    #[test]
+    fn t_quantiles_continue_smoothly_past_the_table() {
+        assert_eq!(t975(1), 12.706);
+        assert_eq!(t975(30), 2.042);
+        // Exact values: t(0.975, 31) = 2.0395, t(0.975, 60) = 2.0003, t(0.975, 120) = 1.9799.
+        for (df, exact) in [(31, 2.0395), (60, 2.0003), (120, 1.9799)] {
+            assert!((t975(df) - exact).abs() < 1e-3, "df {df}: {}", t975(df));
+        }
+    }
+
+    #[test]
+    fn zipped_columns_form_one_axis_and_values_sort_numerically() {
+        let paths: Vec<String> = ["a.policy", "b.min", "b.max"].iter().map(|s| s.to_string()).collect();
+        let s = |v: &str| AxisValue::Str(v.into());
+        let i = AxisValue::Int;
+        // policy × (min, max) zipped: 2 × 2 points.
+        let columns = vec![
+            (false, vec![s("RR"), s("RR"), s("LL"), s("LL")]),
+            (true, vec![i(1024), i(128), i(1024), i(128)]),
+            (true, vec![i(4096), i(512), i(4096), i(512)]),
+        ];
+        let (axes, at) = group_axes(4, &paths, &columns);
+        assert_eq!(axes.len(), 2);
+        assert_eq!(axes[0].values, ["RR", "LL"]);
+        assert_eq!(axes[1].label, "min / max");
+        assert_eq!(axes[1].values, ["128 / 512", "1024 / 4096"]);
+        assert_eq!(axes[1].numbers, [128.0, 1024.0]);
+        assert_eq!(at, [[0, 1], [0, 0], [1, 1], [1, 0]]);
+        // No axes: every row is at the one point of an empty grid.
+        let (axes, at) = group_axes(2, &[], &[]);
+        assert!(axes.is_empty());
+        assert_eq!(at, [Vec::<usize>::new(), Vec::new()]);
     }
 
     #[test]

@@ -8,9 +8,8 @@
 //! for time series, a 95 % Student-t interval for percentiles.
 
 use super::ReportError;
-use super::data::{Interval, Point, SweepData, mean_ci, show};
+use super::data::{Interval, Point, SweepData, mean_ci};
 use crate::kvcache::Tier;
-use crate::output::AxisValue;
 use plotters::coord::Shift;
 use plotters::coord::combinators::{LogCoord, WithKeyPoints};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
@@ -111,8 +110,8 @@ struct Line {
     points: Vec<(f64, f64)>,
     /// Min–max band around the line, (x, low, high).
     band: Vec<(f64, f64, f64)>,
-    /// Interval per point, (x, low, high).
-    errors: Vec<(f64, f64, f64)>,
+    /// Interval per point, (x, low, mean, high).
+    errors: Vec<(f64, f64, f64, f64)>,
     markers: bool,
 }
 
@@ -188,6 +187,8 @@ struct Figure {
 /// A figure as written.
 #[derive(Clone, Debug)]
 pub struct FigureFile {
+    /// Its number (1–6, as the page and the issue list them).
+    pub number: u32,
     /// Title shown above it.
     pub title: String,
     /// What it shows and how replicates are combined.
@@ -211,57 +212,49 @@ pub struct Drawn {
 
 // ---------------------------------------------------------------- grouping
 
+/// The points of a panel: (line index, point index).
+type Members = Vec<(usize, usize)>;
+
 /// Points split into lines (by the first axis) and panels (by the others).
 struct Facets {
     /// Line labels (values of the first axis), in order.
     lines: Vec<String>,
-    /// Panels: title and, per point in it, (line index, point index).
-    panels: Vec<(String, Vec<(usize, usize)>)>,
-}
-
-fn sorted_values(data: &SweepData, axis: usize) -> Vec<AxisValue> {
-    let mut vals: Vec<AxisValue> = Vec::new();
-    for p in &data.points {
-        if !vals.contains(&p.values[axis]) {
-            vals.push(p.values[axis].clone());
-        }
-    }
-    if data.axes[axis].numeric {
-        let key = |v: &AxisValue| match v {
-            AxisValue::Int(x) => *x as f64,
-            AxisValue::Float(x) => *x,
-            _ => 0.0,
-        };
-        vals.sort_by(|a, b| key(a).total_cmp(&key(b)));
-    }
-    vals
-}
-
-fn label_of(data: &SweepData, p: &Point, axes: &[usize]) -> String {
-    axes.iter().map(|&a| format!("{}={}", data.axes[a].label, show(&p.values[a]))).collect::<Vec<_>>().join(", ")
+    /// Panels: title and, per point in it, (line index, point index);
+    /// at most [`MAX_PANELS`].
+    panels: Vec<(String, Members)>,
+    /// Panels before the cap.
+    total_panels: usize,
 }
 
 fn facets(data: &SweepData) -> Facets {
     if data.axes.is_empty() {
         let all = data.points.iter().enumerate().map(|(i, _)| (0, i)).collect();
-        return Facets { lines: vec!["all runs".into()], panels: vec![(String::new(), all)] };
+        return Facets { lines: vec!["all runs".into()], panels: vec![(String::new(), all)], total_panels: 1 };
     }
-    let line_values = sorted_values(data, 0);
     let others: Vec<usize> = (1..data.axes.len()).collect();
-    let mut panels: Vec<(String, Vec<(usize, usize)>)> = Vec::new();
+    let mut panels: Vec<(Vec<usize>, String, Members)> = Vec::new();
     for (i, p) in data.points.iter().enumerate() {
-        let title = label_of(data, p, &others);
-        let line = line_values.iter().position(|v| *v == p.values[0]).expect("value listed");
-        match panels.iter_mut().find(|(t, _)| *t == title) {
-            Some((_, members)) => members.push((line, i)),
-            None => panels.push((title, vec![(line, i)])),
+        let key: Vec<usize> = others.iter().map(|&a| p.at[a]).collect();
+        match panels.iter_mut().find(|(k, _, _)| *k == key) {
+            Some((_, _, members)) => members.push((p.at[0], i)),
+            None => panels.push((key, data.label(p, &others), vec![(p.at[0], i)])),
         }
     }
-    for (_, members) in &mut panels {
-        members.sort();
-    }
-    Facets { lines: line_values.iter().map(show).collect(), panels }
+    panels.sort_by(|a, b| a.0.cmp(&b.0));
+    let total_panels = panels.len();
+    let panels = panels
+        .into_iter()
+        .take(MAX_PANELS)
+        .map(|(_, title, mut members)| {
+            members.sort();
+            (title, members)
+        })
+        .collect();
+    Facets { lines: data.axes[0].values.clone(), panels, total_panels }
 }
+
+/// At most this many panels in a small-multiples figure (the rest are named as left out).
+const MAX_PANELS: usize = 24;
 
 /// A legend label, marked when every run of its line failed (so the line is missing).
 fn no_data_note(label: String, has_data: bool) -> String {
@@ -291,6 +284,30 @@ fn grid_columns(panels: usize, max: usize) -> usize {
 
 // ---------------------------------------------------------------- figure 1
 
+/// The CDF of a histogram in µs as (ms, fraction ≤) points, starting at
+/// (min, 0). Thinned for drawing: a point is kept when it is 0.5 % further
+/// in x or 0.1 % higher than the last kept one; the last is always kept.
+fn cdf_points(h: &hdrhistogram::Histogram<u64>) -> Vec<(f64, f64)> {
+    let total = h.len() as f64;
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    let mut pending = None;
+    let mut seen = 0u64;
+    for v in h.iter_recorded() {
+        seen += v.count_at_value();
+        let q = (h.highest_equivalent(v.value_iterated_to()) as f64 / 1e3, seen as f64 / total);
+        match points.last() {
+            None => points.extend([(q.0, 0.0), q]),
+            Some(&(px, py)) if q.0 < px * 1.005 && q.1 - py < 0.001 => pending = Some(q),
+            Some(_) => {
+                points.push(q);
+                pending = None;
+            }
+        }
+    }
+    points.extend(pending);
+    points
+}
+
 fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
     let Some(hists) = &data.ttft else { return Err("histograms table not written".into()) };
     if hists.is_empty() {
@@ -304,28 +321,8 @@ fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
             let lines = members
                 .iter()
                 .filter_map(|&(line, pi)| {
-                    let h = hists.get(&data.points[pi].id)?;
-                    if h.is_empty() {
-                        return None;
-                    }
-                    let total = h.len() as f64;
-                    let mut points: Vec<(f64, f64)> = Vec::new();
-                    let mut seen = 0u64;
-                    for v in h.iter_recorded() {
-                        seen += v.count_at_value();
-                        let x = h.highest_equivalent(v.value_iterated_to()) as f64 / 1e3;
-                        let y = seen as f64 / total;
-                        // Thin the curve: keep a point per 0.5 % of x or 0.1 % of y.
-                        match points.last() {
-                            Some(&(px, py)) if x < px * 1.005 && y - py < 0.001 => {
-                                *points.last_mut().expect("non-empty") = (x, y);
-                            }
-                            _ => points.push((x, y)),
-                        }
-                    }
-                    let first = points[0];
-                    points.insert(0, (first.0, 0.0));
-                    Some(Line {
+                    let points = cdf_points(hists.get(&data.points[pi].id)?);
+                    (!points.is_empty()).then(|| Line {
                         color: color(line, f.lines.len()),
                         stroke: Stroke::Solid,
                         points,
@@ -367,11 +364,23 @@ fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
 
 // ---------------------------------------------------------------- figures 2 and 5
 
-/// A time-series metric: title, axis label and value of an interval of `dt` seconds.
-type SeriesMetric = (&'static str, &'static str, fn(&Interval, f64) -> f64);
+/// A time-series metric.
+#[derive(Clone, Copy)]
+struct SeriesMetric {
+    title: &'static str,
+    y_desc: &'static str,
+    /// The value of an interval `dt` seconds long.
+    value: fn(&Interval, f64) -> f64,
+    /// A rate over the interval (else a gauge sampled at its end).
+    rate: bool,
+}
 
-/// Mean and min–max per interval index over the replicates of a point.
-fn replicate_series(data: &SweepData, point: &Point, value: fn(&Interval, f64) -> f64) -> Vec<(f64, f64, f64, f64)> {
+/// Mean and min–max per interval index over the replicates of a point:
+/// (interval start, mean, min, max). Near the end only the replicates
+/// still running contribute. A rate is not shown for a final interval
+/// shorter than half the others (it would be mostly noise); non-finite
+/// values are left out.
+fn replicate_series(data: &SweepData, point: &Point, m: SeriesMetric) -> Vec<(f64, f64, f64, f64)> {
     let Some(series) = &data.series else { return Vec::new() };
     let mut acc: BTreeMap<usize, (f64, f64, f64, f64, usize)> = BTreeMap::new();
     for run in &point.runs {
@@ -381,10 +390,10 @@ fn replicate_series(data: &SweepData, point: &Point, value: fn(&Interval, f64) -
         for (k, row) in rows.iter().enumerate() {
             let next = rows.get(k + 1).map_or(end, |r| r.start_s);
             let dt = if next.is_finite() && next > row.start_s { next - row.start_s } else { width };
-            if dt < 0.5 * width {
-                continue; // a short final interval: its rates are mostly noise
+            let y = (m.value)(row, dt);
+            if (m.rate && dt < 0.5 * width) || !y.is_finite() {
+                continue;
             }
-            let y = value(row, dt);
             let e = acc.entry(k).or_insert((row.start_s, 0.0, f64::INFINITY, f64::NEG_INFINITY, 0));
             e.1 += y;
             e.2 = e.2.min(y);
@@ -409,11 +418,11 @@ fn time_figure(
     let f = facets(data);
     let mut panels = Vec::new();
     for (facet, members) in &f.panels {
-        for &(name, y_desc, value) in metrics {
+        for &m in metrics {
             let lines = members
                 .iter()
                 .map(|&(line, pi)| {
-                    let rows = replicate_series(data, &data.points[pi], value);
+                    let rows = replicate_series(data, &data.points[pi], m);
                     Line {
                         color: color(line, f.lines.len()),
                         stroke: Stroke::Solid,
@@ -430,9 +439,9 @@ fn time_figure(
                 .filter(|l| !l.points.is_empty())
                 .collect();
             panels.push(Panel {
-                title: if facet.is_empty() { name.to_string() } else { format!("{name} — {facet}") },
+                title: if facet.is_empty() { m.title.to_string() } else { format!("{} — {facet}", m.title) },
                 x_desc: "simulated time (s)".into(),
-                y_desc: y_desc.into(),
+                y_desc: m.y_desc.into(),
                 x_log: false,
                 y_log: false,
                 y_range: None,
@@ -462,12 +471,27 @@ fn throughput(data: &SweepData) -> Result<Figure, String> {
         "fig2-throughput",
         "Throughput over simulated time",
         "Prompt tokens computed, tokens generated and requests completed per second of simulated time, per \
-         interval of the time series. Lines are the mean over a point's successful replicates; the shaded band \
-         spans their minimum to maximum.",
+         interval of the time series. Lines are the mean over a point's successful replicates (near the end, \
+         over those still running); the shaded band spans their minimum to maximum.",
         &[
-            ("prompt tokens", "prompt tokens / s", |r, dt| r.prompt_tokens / dt),
-            ("generated tokens", "generated tokens / s", |r, dt| r.generated_tokens / dt),
-            ("requests completed", "requests / s", |r, dt| r.requests_completed / dt),
+            SeriesMetric {
+                title: "prompt tokens",
+                y_desc: "prompt tokens / s",
+                value: |r, dt| r.prompt_tokens / dt,
+                rate: true,
+            },
+            SeriesMetric {
+                title: "generated tokens",
+                y_desc: "generated tokens / s",
+                value: |r, dt| r.generated_tokens / dt,
+                rate: true,
+            },
+            SeriesMetric {
+                title: "requests completed",
+                y_desc: "requests / s",
+                value: |r, dt| r.requests_completed / dt,
+                rate: true,
+            },
         ],
     )
 }
@@ -481,9 +505,14 @@ fn utilisation(data: &SweepData) -> Result<Figure, String> {
          at each interval's end — autoscaling shows as steps in the active-worker line. Mean over replicates, \
          min–max band.",
         &[
-            ("GPU utilisation", "GPU busy (%)", |r, _| 100.0 * r.gpu_busy_fraction),
-            ("queue depth", "requests waiting", |r, _| r.queue_depth),
-            ("active workers", "workers", |r, _| r.active_workers),
+            SeriesMetric {
+                title: "GPU utilisation",
+                y_desc: "GPU busy (%)",
+                value: |r, _| 100.0 * r.gpu_busy_fraction,
+                rate: false,
+            },
+            SeriesMetric { title: "queue depth", y_desc: "requests waiting", value: |r, _| r.queue_depth, rate: false },
+            SeriesMetric { title: "active workers", y_desc: "workers", value: |r, _| r.active_workers, rate: false },
         ],
     )
 }
@@ -493,48 +522,46 @@ fn utilisation(data: &SweepData) -> Result<Figure, String> {
 fn percentiles(data: &SweepData) -> Figure {
     // x: the numeric axis with the most values (the first of equals), else
     // the first axis as categories, else one category.
-    let numeric: Vec<usize> = (0..data.axes.len()).filter(|&a| data.axes[a].numeric).collect();
-    let most = numeric.iter().map(|&a| sorted_values(data, a).len()).max();
-    let x_axis = numeric
-        .iter()
-        .copied()
-        .find(|&a| Some(sorted_values(data, a).len()) == most)
+    let most = data.axes.iter().filter(|a| a.numeric).map(|a| a.values.len()).max();
+    let x_axis = (0..data.axes.len())
+        .find(|&a| data.axes[a].numeric && Some(data.axes[a].values.len()) == most)
         .or(if data.axes.is_empty() { None } else { Some(0) });
     let numeric_x = x_axis.is_some_and(|a| data.axes[a].numeric);
-    let x_values: Vec<AxisValue> = x_axis.map_or_else(Vec::new, |a| sorted_values(data, a));
     let x_of = |p: &Point| -> f64 {
         match x_axis {
             None => 0.0,
-            Some(a) => match &p.values[a] {
-                AxisValue::Int(v) if numeric_x => *v as f64,
-                AxisValue::Float(v) if numeric_x => *v,
-                v => x_values.iter().position(|x| x == v).expect("value listed") as f64,
-            },
+            Some(a) if numeric_x => data.axes[a].numbers[p.at[a]],
+            Some(a) => p.at[a] as f64,
         }
     };
+    // Lines: one per combination of the other axes' values.
     let others: Vec<usize> = (0..data.axes.len()).filter(|&a| Some(a) != x_axis).collect();
-    let mut line_labels: Vec<String> = Vec::new();
-    let mut members: Vec<Vec<usize>> = Vec::new();
+    let mut lines_of: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
     for (i, p) in data.points.iter().enumerate() {
-        let label = label_of(data, p, &others);
-        match line_labels.iter().position(|l| *l == label) {
-            Some(k) => members[k].push(i),
-            None => {
-                line_labels.push(label);
-                members.push(vec![i]);
-            }
+        let key: Vec<usize> = others.iter().map(|&a| p.at[a]).collect();
+        match lines_of.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, m)) => m.push(i),
+            None => lines_of.push((key, vec![i])),
         }
     }
+    lines_of.sort_by(|a, b| a.0.cmp(&b.0));
+    let line_labels: Vec<String> = lines_of
+        .iter()
+        .map(|(key, _)| {
+            key.iter().zip(&others).map(|(&v, &a)| data.axes[a].values[v].as_str()).collect::<Vec<_>>().join(", ")
+        })
+        .collect();
+    let members: Vec<Vec<usize>> = lines_of.into_iter().map(|(_, m)| m).collect();
     let n = line_labels.len();
     // A numeric axis spanning two decades or more (bandwidths, capacities) reads best on a log scale.
     let xs: Vec<f64> = data.points.iter().map(x_of).collect();
     let (x_lo, x_hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     let x_log = numeric_x && x_lo > 0.0 && x_hi / x_lo >= 50.0;
     let metrics = [
-        ("TTFT p50", "ttft_p50_ms", "TTFT p50 (ms)"),
-        ("TTFT p99", "ttft_p99_ms", "TTFT p99 (ms)"),
-        ("TPOT p50", "tpot_p50_ms", "TPOT p50 (ms)"),
-        ("TPOT p99", "tpot_p99_ms", "TPOT p99 (ms)"),
+        ("TTFT p50", "ttft_p50_ms", "TTFT p50 (ms"),
+        ("TTFT p99", "ttft_p99_ms", "TTFT p99 (ms"),
+        ("TPOT p50", "tpot_p50_ms", "TPOT p50 (ms"),
+        ("TPOT p99", "tpot_p99_ms", "TPOT p99 (ms"),
     ];
     let panels = metrics
         .iter()
@@ -554,6 +581,7 @@ fn percentiles(data: &SweepData) -> Figure {
                                 if numeric_x { 0.0 } else { (k as f64 - (n as f64 - 1.0) / 2.0) * 0.5 / n as f64 };
                             Some((x_of(p) + dodge, m, (m - half).max(0.0), m + half))
                         })
+                        .filter(|r| r.0.is_finite())
                         .collect();
                     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
                     Line {
@@ -561,7 +589,7 @@ fn percentiles(data: &SweepData) -> Figure {
                         stroke: if numeric_x { Stroke::Solid } else { Stroke::None },
                         points: rows.iter().map(|r| (r.0, r.1)).collect(),
                         band: Vec::new(),
-                        errors: rows.iter().filter(|r| r.3 > r.2).map(|r| (r.0, r.2, r.3)).collect(),
+                        errors: rows.iter().filter(|r| r.3 > r.2).map(|r| (r.0, r.2, r.1, r.3)).collect(),
                         markers: true,
                     }
                 })
@@ -571,20 +599,20 @@ fn percentiles(data: &SweepData) -> Figure {
                 .iter()
                 .flat_map(|l| l.points.iter().map(|p| p.1))
                 .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+            let y_log = lo > 0.0 && hi / lo > 30.0;
             Panel {
                 title: title.into(),
                 x_desc: match x_axis {
                     Some(a) if x_log => format!("{} (log scale)", data.axes[a].label),
                     Some(a) => data.axes[a].label.clone(),
-                    None => String::new(),
+                    None => "(the sweep has no axes)".into(),
                 },
-                y_desc: y_desc.into(),
+                y_desc: if y_log { format!("{y_desc}, log scale)") } else { format!("{y_desc})") },
                 x_log,
-                y_log: lo > 0.0 && hi / lo > 30.0,
+                y_log,
                 y_range: None,
-                x_categories: (!numeric_x).then(|| {
-                    if x_values.is_empty() { vec!["all runs".to_string()] } else { x_values.iter().map(show).collect() }
-                }),
+                x_categories: (!numeric_x)
+                    .then(|| x_axis.map_or_else(|| vec!["all runs".to_string()], |a| data.axes[a].values.clone())),
                 lines,
                 empty_note: "no successful runs",
             }
@@ -596,11 +624,7 @@ fn percentiles(data: &SweepData) -> Figure {
         .zip(&members)
         .enumerate()
         .map(|(k, (l, pts))| {
-            let label = if l.is_empty() {
-                "mean over replicates (bars: 95 % interval)".into()
-            } else {
-                strip_names(l, &others, data)
-            };
+            let label = if l.is_empty() { "mean over replicates (bars: 95 % interval)".into() } else { l.clone() };
             Key {
                 label: no_data_note(label, pts.iter().any(|&i| !data.points[i].runs.is_empty())),
                 color: color(k, n),
@@ -621,24 +645,6 @@ fn percentiles(data: &SweepData) -> Figure {
             .into(),
         body: Body::Lines(LineFigure { legend_title, legend, panels, columns: 2, panel_size: (600, 380) }),
     }
-}
-
-/// "a=x, b=y" → "x, y" when the legend title already names the axes.
-fn strip_names(label: &str, axes: &[usize], data: &SweepData) -> String {
-    let mut parts = Vec::new();
-    let mut rest = label;
-    for (k, &a) in axes.iter().enumerate() {
-        let prefix = format!("{}=", data.axes[a].label);
-        rest = rest.strip_prefix(&prefix).unwrap_or(rest);
-        let end = if k + 1 < axes.len() {
-            rest.find(&format!(", {}=", data.axes[axes[k + 1]].label)).unwrap_or(rest.len())
-        } else {
-            rest.len()
-        };
-        parts.push(&rest[..end]);
-        rest = rest[end..].strip_prefix(", ").unwrap_or(&rest[end..]);
-    }
-    parts.join(", ")
 }
 
 // ---------------------------------------------------------------- figure 4
@@ -853,9 +859,6 @@ where
     let (mut x0, mut x1) = data_range(xs, p.x_log);
     if let Some(c) = &p.x_categories {
         (x0, x1) = (-0.5, c.len() as f64 - 0.5);
-    } else if !p.x_log && p.lines.iter().all(|l| l.points.len() <= 1) {
-        let x = p.lines.first().and_then(|l| l.points.first()).map_or(0.0, |q| q.0);
-        (x0, x1) = if x == 0.0 { (-1.0, 1.0) } else { (x - x.abs() * 0.5, x + x.abs() * 0.5) };
     }
     let (y0, y1) = p.y_range.unwrap_or_else(|| {
         let ys = p.lines.iter().flat_map(|l| {
@@ -863,7 +866,7 @@ where
                 .iter()
                 .map(|q| q.1)
                 .chain(l.band.iter().flat_map(|b| [b.1, b.2]))
-                .chain(l.errors.iter().flat_map(|e| [e.1, e.2]))
+                .chain(l.errors.iter().flat_map(|e| [e.1, e.3]))
         });
         let (lo, hi) = data_range(ys, p.y_log);
         if p.y_log { (lo, hi) } else { (lo.min(0.0), hi) }
@@ -929,14 +932,7 @@ where
     let mut chart = builder.build_cartesian_2d(x, y)?;
     let cats = p.x_categories.clone();
     let x_fmt = move |v: &f64| match &cats {
-        Some(c) => {
-            let i = v.round();
-            if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < c.len() {
-                c[i as usize].clone()
-            } else {
-                String::new()
-            }
-        }
+        Some(c) => category(c, *v),
         None => si(*v),
     };
     let x_labels = p.x_categories.as_ref().map_or(6, |c| c.len().max(1));
@@ -983,20 +979,44 @@ where
         if l.markers {
             chart.draw_series(pts.iter().map(|&q| Circle::new(q, 3, l.color.filled())))?;
         }
-        chart.draw_series(l.errors.iter().map(|&(x, lo, hi)| {
-            ErrorBar::new_vertical(x, clamp(lo), clamp((lo + hi) / 2.0), clamp(hi), l.color.stroke_width(1), 8)
+        chart.draw_series(l.errors.iter().map(|&(x, lo, mean, hi)| {
+            ErrorBar::new_vertical(x, clamp(lo), clamp(mean), clamp(hi), l.color.stroke_width(1), 8)
         }))?;
     }
-    if p.lines.iter().all(|l| l.points.is_empty()) && !p.empty_note.is_empty() {
-        let (w, h) = chart.plotting_area().dim_in_pixel();
-        let (ox, oy) = chart.plotting_area().get_base_pixel();
-        area.draw_text(
-            p.empty_note,
-            &text_style(14).pos(Pos::new(HPos::Center, VPos::Center)),
-            (ox - area.get_base_pixel().0 + w as i32 / 2, oy - area.get_base_pixel().1 + h as i32 / 2),
-        )?;
+    if p.lines.iter().all(|l| l.points.is_empty()) {
+        note_in_plot(area, chart.plotting_area(), p.empty_note)?;
     }
     Ok(())
+}
+
+/// Writes `note` (if any) in the middle of a chart's plotting area `plot`, which lies in `area`.
+fn note_in_plot<DB: DrawingBackend, CT: CoordTranslate>(
+    area: &DrawingArea<DB, Shift>,
+    plot: &DrawingArea<DB, CT>,
+    note: &str,
+) -> DrawResult
+where
+    DB::ErrorType: 'static,
+{
+    if note.is_empty() {
+        return Ok(());
+    }
+    let (w, h) = plot.dim_in_pixel();
+    let (ox, oy) = plot.get_base_pixel();
+    let (bx, by) = area.get_base_pixel();
+    let centre = (ox - bx + w as i32 / 2, oy - by + h as i32 / 2);
+    area.draw_text(note, &text_style(14).pos(Pos::new(HPos::Center, VPos::Center)), centre)?;
+    Ok(())
+}
+
+/// The name of category `v` of `names` (empty between categories).
+fn category(names: &[String], v: f64) -> String {
+    let i = v.round();
+    if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < names.len() {
+        names[i as usize].clone()
+    } else {
+        String::new()
+    }
 }
 
 fn draw_lines<DB: DrawingBackend>(title: &str, f: &LineFigure, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -1052,21 +1072,15 @@ where
             .x_label_area_size(46)
             .y_label_area_size(label_w)
             .build_cartesian_2d(0.0..x1, -0.5..(k as f64 - 0.5))?;
-        let bars = p.bars.clone();
+        // Bar i is drawn at y = k − 1 − i, so the first bar is on top.
+        let bars: Vec<String> = p.bars.iter().rev().cloned().collect();
         chart
             .configure_mesh()
             .x_desc(&p.x_desc)
             .x_labels(6)
             .y_labels(k.max(1))
             .x_label_formatter(&|v| si(*v))
-            .y_label_formatter(&|v| {
-                let i = v.round();
-                if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < bars.len() {
-                    bars[bars.len() - 1 - i as usize].clone()
-                } else {
-                    String::new()
-                }
-            })
+            .y_label_formatter(&|v| category(&bars, *v))
             .disable_y_mesh()
             .label_style(text_style(13))
             .axis_desc_style(text_style(14))
@@ -1086,15 +1100,8 @@ where
                 x += v;
             }
         }
-        if max == 0.0 && !p.empty_note.is_empty() {
-            let (w, h) = chart.plotting_area().dim_in_pixel();
-            let (ox, oy) = chart.plotting_area().get_base_pixel();
-            let (bx, by) = area.get_base_pixel();
-            area.draw_text(
-                p.empty_note,
-                &text_style(14).pos(Pos::new(HPos::Center, VPos::Center)),
-                (ox - bx + w as i32 / 2, oy - by + h as i32 / 2),
-            )?;
+        if max == 0.0 {
+            note_in_plot(&area, chart.plotting_area(), p.empty_note)?;
         }
     }
     Ok(())
@@ -1143,9 +1150,10 @@ fn font_db() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
 /// Draws `f` as SVG with plotters, then rasterises that SVG with resvg for
 /// the PNG (plotters' own bitmap text rendering misplaces glyphs), and
 /// writes both into `dir`.
-fn render(f: &Figure, dir: &Path) -> Result<FigureFile, ReportError> {
+fn render(number: u32, f: &Figure, dir: &Path) -> Result<FigureFile, ReportError> {
     let size = figure_size(f);
     let file = FigureFile {
+        number,
         title: f.title.clone(),
         caption: f.caption.clone(),
         png: format!("{}.png", f.stem),
@@ -1156,14 +1164,15 @@ fn render(f: &Figure, dir: &Path) -> Result<FigureFile, ReportError> {
     };
     let mut svg = String::new();
     draw(f, SVGBackend::with_string(&mut svg, size).into_drawing_area()).map_err(|e| fail(&file.svg, &e))?;
-    std::fs::write(dir.join(&file.svg), &svg).map_err(|e| fail(&file.svg, &e))?;
+    super::write_atomic(&dir.join(&file.svg), svg.as_bytes())?;
     let options = resvg::usvg::Options { fontdb: font_db(), ..resvg::usvg::Options::default() };
     let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| fail(&file.png, &e))?;
     let mut pixmap = resvg::tiny_skia::Pixmap::new(size.0, size.1)
-        .ok_or_else(|| fail(&file.png, &format!("size {}×{} is empty", size.0, size.1)))?;
+        .ok_or_else(|| fail(&file.png, &format!("cannot allocate a {}×{} pixel image", size.0, size.1)))?;
     pixmap.fill(resvg::tiny_skia::Color::WHITE);
     resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
-    pixmap.save_png(dir.join(&file.png)).map_err(|e| fail(&file.png, &e))?;
+    let png = pixmap.encode_png().map_err(|e| fail(&file.png, &e))?;
+    super::write_atomic(&dir.join(&file.png), &png)?;
     Ok(file)
 }
 
@@ -1174,26 +1183,50 @@ pub fn draw_all(data: &SweepData, dir: &Path) -> Result<Drawn, ReportError> {
     let mut figures = Vec::new();
     let mut skipped = Vec::new();
     let mut not_applicable = Vec::new();
-    let mut add = |n: u32, what: &str, f: Result<Figure, String>| match f {
-        Ok(f) => figures.push(f),
-        Err(why) if why == NOT_APPLICABLE => not_applicable.push(format!("Figure {n} ({what}): {why}.")),
-        Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
-    };
     if data.ok_runs() == 0 {
-        return Ok(Drawn {
-            figures: Vec::new(),
-            skipped: vec!["No figures: no run succeeded.".into()],
-            not_applicable: Vec::new(),
-        });
+        skipped.push("No figures: no run succeeded.".into());
+    } else {
+        let total_panels = facets(data).total_panels;
+        if total_panels > MAX_PANELS {
+            skipped.push(format!(
+                "Figures 1, 2 and 5 draw the first {MAX_PANELS} of {total_panels} panels (combinations of the axes \
+                 after the first); vary fewer axes together, or read the tables, for the rest."
+            ));
+        }
+        let candidates = [
+            (1, "TTFT CDF", ttft_cdf(data)),
+            (2, "throughput over time", throughput(data)),
+            (3, "percentiles", Ok(percentiles(data))),
+            (4, "cache hits and storage traffic", Ok(cache_bars(data))),
+            (5, "utilisation over time", utilisation(data)),
+            (6, "SC25 cold vs warm", sc25(data)),
+        ];
+        for (n, what, f) in candidates {
+            match f {
+                Ok(f) => figures.push((n, f)),
+                Err(why) if why == NOT_APPLICABLE => not_applicable.push(format!("Figure {n} ({what}): {why}.")),
+                Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
+            }
+        }
     }
-    add(1, "TTFT CDF", ttft_cdf(data));
-    add(2, "throughput over time", throughput(data));
-    add(3, "percentiles", Ok(percentiles(data)));
-    add(4, "cache hits and storage traffic", Ok(cache_bars(data)));
-    add(5, "utilisation over time", utilisation(data));
-    add(6, "SC25 cold vs warm", sc25(data));
-    let files = figures.par_iter().map(|f| render(f, dir)).collect::<Result<Vec<_>, _>>()?;
+    // Rendered in parallel; the first failure in figure order is the one reported.
+    let results: Vec<Result<FigureFile, ReportError>> = figures.par_iter().map(|(n, f)| render(*n, f, dir)).collect();
+    let files = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    remove_stale_figures(dir, &files);
     Ok(Drawn { figures: files, skipped, not_applicable })
+}
+
+/// Removes figure files of an earlier report in `dir` that this one did not
+/// draw, so the directory holds exactly what the page shows.
+fn remove_stale_figures(dir: &Path, drawn: &[FigureFile]) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.filter_map(Result::ok) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("fig") && (name.ends_with(".png") || name.ends_with(".svg"));
+        if ours && !drawn.iter().any(|f| f.png == name || f.svg == name) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1227,7 +1260,7 @@ mod tests {
             replicate: run_id,
             metrics: [("sim_time_s".to_string(), sim_time_s)].into_iter().collect(),
         };
-        let point = Point { id: 0, values: Vec::new(), runs: vec![run(0, 6.0), run(1, 4.1)], total_runs: 2 };
+        let point = Point { id: 0, at: Vec::new(), runs: vec![run(0, 6.0), run(1, 4.1)], total_runs: 2 };
         let series = [
             // 2 s intervals; run 0 ends at 6 s, run 1 at 4.1 s (a 0.1 s last interval, dropped).
             (0, vec![interval(0.0, 100.0), interval(2.0, 300.0), interval(4.0, 50.0)]),
@@ -1246,10 +1279,35 @@ mod tests {
             series: Some(series.into_iter().collect()),
             sc25: None,
         };
-        let rows = replicate_series(&data, &data.points[0], |r, dt| r.generated_tokens / dt);
+        let rate =
+            SeriesMetric { title: "", y_desc: "", value: |r: &Interval, dt| r.generated_tokens / dt, rate: true };
+        let rows = replicate_series(&data, &data.points[0], rate);
         // Interval 0: 50 and 150 tok/s → mean 100, band 50–150; interval 1: 150 and 250;
         // interval 2: run 0 only (25 tok/s), run 1's 0.1 s remainder is left out.
         assert_eq!(rows, [(0.0, 100.0, 50.0, 150.0), (2.0, 200.0, 150.0, 250.0), (4.0, 25.0, 25.0, 25.0)]);
+        // A gauge keeps the short interval: (50 + 7) / 2.
+        let gauge = SeriesMetric { value: |r: &Interval, _| r.generated_tokens, rate: false, ..rate };
+        assert_eq!(replicate_series(&data, &data.points[0], gauge)[2], (4.0, 28.5, 7.0, 50.0));
+    }
+
+    #[test]
+    fn the_cdf_rises_from_zero_at_the_minimum_to_one_at_the_maximum() {
+        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        // Below 2,048 µs a 3-digit histogram is exact (above, x is a bucket's
+        // highest equivalent value, as HDR percentiles are).
+        h.record(500).unwrap(); // 0.5 ms
+        h.record(1_000).unwrap();
+        h.record_n(2_000, 2).unwrap();
+        assert_eq!(cdf_points(&h), [(0.5, 0.0), (0.5, 0.25), (1.0, 0.5), (2.0, 1.0)]);
+        // 100,000 values 1 µs apart: thinned, but the curve still ends at the maximum.
+        let mut dense = hdrhistogram::Histogram::<u64>::new(3).unwrap();
+        for v in 1_000..101_000 {
+            dense.record(v).unwrap();
+        }
+        let pts = cdf_points(&dense);
+        assert!(pts.len() < 2_000, "{} points", pts.len());
+        assert_eq!(pts.last().unwrap().1, 1.0);
+        assert!(pts.windows(2).all(|w| w[1].1 - w[0].1 <= 0.011), "no step hides more than 1 % of requests");
     }
 
     #[test]

@@ -57,8 +57,8 @@ fn summary_table(data: &SweepData, out: &mut String) {
     out.push_str("</tr>\n");
     for p in &data.points {
         let _ = write!(out, "<tr><td>{}</td>", p.id);
-        for v in &p.values {
-            let _ = write!(out, "<td class=\"l\">{}</td>", esc(&super::data::show(v)));
+        for (a, &v) in data.axes.iter().zip(&p.at) {
+            let _ = write!(out, "<td class=\"l\">{}</td>", esc(&a.values[v]));
         }
         let _ = write!(out, "<td>{}/{}</td>", p.runs.len(), p.total_runs);
         for (_, col, scale) in COLUMNS {
@@ -141,11 +141,12 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
     failures(data, &mut out);
     out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
     summary_table(data, &mut out);
-    for (i, f) in drawn.figures.iter().enumerate() {
+    for f in &drawn.figures {
         let _ = write!(
             out,
-            "<figure id=\"fig{}\">\n<h2>{}</h2>\n<a href=\"{}\"><img src=\"{}\" alt=\"{}\"></a>\n<figcaption>{} (Click for the SVG.)</figcaption>\n</figure>\n",
-            i + 1,
+            "<figure id=\"fig{}\">\n<h2>Figure {}. {}</h2>\n<a href=\"{}\"><img src=\"{}\" alt=\"{}\"></a>\n<figcaption>{} (Click for the SVG.)</figcaption>\n</figure>\n",
+            f.number,
+            f.number,
             esc(&f.title),
             esc(&f.svg),
             esc(&f.png),

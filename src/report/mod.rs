@@ -44,23 +44,30 @@ pub struct ReportSummary {
     pub skipped: Vec<String>,
 }
 
+/// Writes `bytes` to `path` through a temporary file and a rename, so a
+/// reader never sees half a file.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ReportError> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    std::fs::write(&tmp, bytes)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|e| ReportError::Output(format!("{}: cannot write: {e}", path.display())))
+}
+
 /// The default report directory of a results directory.
 pub fn default_dir(results: &Path) -> PathBuf {
     results.join("report")
 }
 
 /// Reads the results in `results` and writes the report into `out`
-/// (created if needed; files of an earlier report there are replaced).
+/// (created if needed; an earlier report there is replaced, figures it had
+/// that this one lacks are removed).
 pub fn write_report(results: &Path, out: &Path) -> Result<ReportSummary, ReportError> {
     let data = data::SweepData::load(results)?;
     std::fs::create_dir_all(out).map_err(|e| ReportError::Output(format!("{}: cannot create: {e}", out.display())))?;
     let drawn = figures::draw_all(&data, out)?;
     let index = out.join("index.html");
-    let page = html::page(&data, &drawn);
-    let tmp = out.join(format!("index.html.tmp-{}", std::process::id()));
-    std::fs::write(&tmp, page)
-        .and_then(|_| std::fs::rename(&tmp, &index))
-        .map_err(|e| ReportError::Output(format!("{}: cannot write: {e}", index.display())))?;
+    write_atomic(&index, html::page(&data, &drawn).as_bytes())?;
     Ok(ReportSummary {
         index,
         files: drawn.figures.iter().flat_map(|f| [out.join(&f.png), out.join(&f.svg)]).collect(),
