@@ -14,9 +14,15 @@ fn stderr(o: &Output) -> String {
 
 /// Writes `text` as `spec.toml` in a fresh directory and runs it.
 fn run_spec(name: &str, text: &str) -> Output {
+    run_spec_in(name, text).1
+}
+
+/// [`run_spec`], also giving the directory it ran in.
+fn run_spec_in(name: &str, text: &str) -> (std::path::PathBuf, Output) {
     let dir = temp_dir(name);
     std::fs::write(dir.join("spec.toml"), text).unwrap();
-    opal_sweep(&["spec.toml", "-o", "out"], &dir)
+    let o = opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    (dir, o)
 }
 
 fn assert_input_error(o: &Output, needles: &[&str]) {
@@ -171,4 +177,25 @@ fn a_broken_opal_json_names_the_line() {
     std::fs::write(dir.join("d.json"), "{\"simulation\": {\"num_workers\": \"two\"}}").unwrap();
     let o = opal_sweep(&["d.json"], &dir);
     assert_input_error(&o, &["d.json", "simulation.num_workers"]);
+}
+
+#[test]
+fn the_shipped_trace_replays_from_sweeps_and_prints_cache_hit_ratios() {
+    // The scenario of sweeps/dfs-bandwidth.toml (the shipped Mooncake trace
+    // on CPU + DFS tiers), cut to 300 requests.
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("sweeps/dfs-bandwidth.toml");
+    let spec = format!(
+        "[sweep]\nname = \"trace\"\nbase = {:?}\n[grid]\n\"workload.stages.0.workload_params.total_requests\" = [300]\n",
+        base.display().to_string()
+    );
+    let (dir, o) = run_spec_in("trace-hits", &spec);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let line = out.lines().find(|l| l.starts_with("KV cache: prefix hit ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(line.contains("GPU ") && line.contains("DistributedFS "), "{line}");
+    // The printed ratio is the runs table's.
+    let runs = crate::sweep::read(&dir.join("out/runs.parquet"));
+    let ratio = opal::output::f64_column(&runs, "prefix_hit_ratio").unwrap()[0].unwrap();
+    assert!(ratio > 0.0);
+    assert!(line.starts_with(&format!("KV cache: prefix hit {:.1} % ", 100.0 * ratio)), "{line} vs {ratio}");
 }

@@ -21,6 +21,7 @@ pub fn summary_table(s: &RunSummary) -> String {
         s.preemptions,
         s.workers
     );
+    out.push_str(&cache_line(&s.tiers));
     let _ = writeln!(
         out,
         "{:<12}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -40,6 +41,39 @@ pub fn summary_table(s: &RunSummary) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The KV-cache line of a run summary: the prefix-hit ratio, its split by
+/// tier (GPU always; a storage tier when it served hits or moved bytes) and
+/// the bytes each storage tier read and wrote.
+fn cache_line(t: &crate::metrics::TierSummary) -> String {
+    use crate::kvcache::Tier;
+    let used = |tier: Tier| {
+        let i = tier.index();
+        tier == Tier::Gpu || t.hit_tokens[i] > 0 || t.bytes_read[i] > 0 || t.bytes_written[i] > 0
+    };
+    let split: Vec<String> = Tier::ALL
+        .iter()
+        .filter(|&&tier| used(tier))
+        .map(|&tier| format!("{} {:.1} %", tier.opal_name(), 100.0 * t.hit_ratio(tier)))
+        .collect();
+    let mut line =
+        format!("KV cache: prefix hit {:.1} % of prompt tokens ({})", 100.0 * t.prefix_hit_ratio(), split.join(", "));
+    for &tier in &Tier::ALL[1..] {
+        if used(tier) {
+            let i = tier.index();
+            let gb = |b: u64| b as f64 / 1e9;
+            let _ = write!(
+                line,
+                "   {} read {:.2} GB, wrote {:.2} GB",
+                tier.opal_name(),
+                gb(t.bytes_read[i]),
+                gb(t.bytes_written[i])
+            );
+        }
+    }
+    line.push('\n');
+    line
 }
 
 /// Cold vs warm TTFT per prompt size of an `SC25Workload` stage.
@@ -111,11 +145,12 @@ pub fn dry_run(plan: &crate::sweep::SweepPlan) -> String {
     out
 }
 
-/// One line per grid point: replicate means of key metrics.
+/// One line per grid point: replicate means of key metrics (TTFT and
+/// TPOT in ms, requests/s, GPU utilisation, prefix-hit ratio).
 pub fn sweep_table(plan: &crate::sweep::SweepPlan, runs: &[(crate::output::RunMeta, Option<RunSummary>)]) -> String {
     let mut out = format!(
-        "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9} {:>9}  point\n",
-        "point", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "req/s", "GPU %"
+        "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}  point\n",
+        "point", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "req/s", "GPU %", "hit %"
     );
     for p in &plan.points {
         let ok: Vec<&RunSummary> =
@@ -129,7 +164,7 @@ pub fn sweep_table(plan: &crate::sweep::SweepPlan, runs: &[(crate::output::RunMe
         };
         let _ = writeln!(
             out,
-            "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9.2} {:>9.1}  {}",
+            "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9.2} {:>9.1} {:>7.1}  {}",
             p.id,
             format!("{}/{n}", ok.len()),
             format_ms(mean(&|s| s.ttft_ms.p50)),
@@ -137,6 +172,7 @@ pub fn sweep_table(plan: &crate::sweep::SweepPlan, runs: &[(crate::output::RunMe
             format_ms(mean(&|s| s.tpot_ms.p50)),
             mean(&|s| s.requests_per_s),
             100.0 * mean(&|s| s.gpu_utilization),
+            100.0 * mean(&|s| s.tiers.prefix_hit_ratio()),
             p.describe()
         );
     }
@@ -201,4 +237,28 @@ pub fn slurm_script(job: &SlurmJob<'_>) -> String {
         q(job.output)
     );
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::TierSummary;
+
+    #[test]
+    fn the_cache_line_splits_hits_by_tier_and_names_storage_traffic() {
+        let t = TierSummary {
+            prompt_tokens: 1000,
+            hit_tokens: [250, 0, 0, 125],
+            bytes_read: [0, 0, 0, 3_000_000_000],
+            bytes_written: [0, 500_000_000, 0, 1_250_000_000],
+            ..TierSummary::default()
+        };
+        // 375 of 1,000 tokens hit: 250 on the GPU, 125 from the DFS; the CPU
+        // tier served nothing but was written to, NVMe is unused.
+        assert_eq!(
+            cache_line(&t),
+            "KV cache: prefix hit 37.5 % of prompt tokens (GPU 25.0 %, CPUMemory 0.0 %, DistributedFS 12.5 %)   \
+             CPUMemory read 0.00 GB, wrote 0.50 GB   DistributedFS read 3.00 GB, wrote 1.25 GB\n"
+        );
+    }
 }
