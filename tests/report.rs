@@ -121,8 +121,12 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
     assert!((half - 12.706 * (zero[0] - zero[1]).abs() / 2.0).abs() < 1e-9);
     let row0 = html.split("<tr><td>0</td>").nth(1).expect("row of point 0");
     let row0 = &row0[..row0.find("</tr>").unwrap()];
-    let cell =
-        if half > 0.0 { format!("{} ± ", opal::report::figures::si(mean)) } else { opal::report::figures::si(mean) };
+    use opal::report::figures::{si, sig};
+    let cell = if half > 0.0 {
+        format!("<td>{} <small>± {}</small></td>", si(mean), sig(half, 2))
+    } else {
+        format!("<td>{}</td>", si(mean))
+    };
     assert!(row0.contains(&cell), "row 0 {row0} lacks {cell}");
 
     // Determinism: the same tables give the same bytes, page and pictures.

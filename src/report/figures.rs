@@ -65,6 +65,12 @@ fn register_fonts() {
 /// A number for a tick label or a table: at most three significant digits,
 /// with k/M/G for large values.
 pub fn si(v: f64) -> String {
+    sig(v, 3)
+}
+
+/// `v` with at most `digits` significant digits after scaling to k/M/G
+/// (from 10⁴, 10⁶, 10⁹); trailing zeros dropped.
+pub fn sig(v: f64, digits: i32) -> String {
     let a = v.abs();
     let (x, suffix) = match a {
         _ if a >= 1e9 => (v / 1e9, "G"),
@@ -73,14 +79,9 @@ pub fn si(v: f64) -> String {
         _ => (v, ""),
     };
     let ax = x.abs();
-    let digits = match ax {
-        _ if ax == 0.0 => 0,
-        _ if ax >= 100.0 => 0,
-        _ if ax >= 10.0 => 1,
-        _ if ax >= 1.0 => 2,
-        _ => (2.0 - ax.log10().floor()).clamp(2.0, 8.0) as usize,
-    };
-    let mut s = format!("{x:.digits$}");
+    let decimals =
+        if ax == 0.0 || !ax.is_finite() { 0 } else { (digits - 1 - ax.log10().floor() as i32).clamp(0, 8) as usize };
+    let mut s = format!("{x:.decimals$}");
     if s.contains('.') {
         s = s.trim_end_matches('0').trim_end_matches('.').to_string();
     }
@@ -954,13 +955,15 @@ where
         (r.start, r.end)
     };
     let clamp = |v: f64| v.clamp(ylo, yhi);
+    // Overlapping bands add up: the more lines, the fainter each band.
+    let band_alpha = (0.3 / p.lines.len().max(1) as f64).clamp(0.06, 0.16);
     for l in &p.lines {
         if l.band.len() > 1 {
             let upper = l.band.iter().map(|b| (b.0, clamp(b.2)));
             let lower = l.band.iter().rev().map(|b| (b.0, clamp(b.1)));
             chart.draw_series(std::iter::once(Polygon::new(
                 upper.chain(lower).collect::<Vec<_>>(),
-                l.color.mix(0.14).filled(),
+                l.color.mix(band_alpha).filled(),
             )))?;
         }
     }
@@ -1246,6 +1249,10 @@ mod tests {
         assert_eq!(si(3e9), "3G");
         assert_eq!(si(0.0123), "0.0123");
         assert_eq!(si(-0.5), "-0.5");
+        assert_eq!(si(0.58834), "0.588");
+        assert_eq!(sig(0.007412, 2), "0.0074");
+        assert_eq!(sig(2163.0, 2), "2163");
+        assert_eq!(sig(12_345.0, 2), "12k");
     }
 
     fn interval(start_s: f64, generated_tokens: f64) -> Interval {

@@ -3,7 +3,7 @@
 //! figures (PNG, each linking to its SVG) and what was left out.
 
 use super::data::{SweepData, mean_ci};
-use super::figures::{Drawn, si};
+use super::figures::{Drawn, si, sig};
 use std::fmt::Write;
 
 /// Escapes text for HTML element content and attribute values.
@@ -28,7 +28,8 @@ table{border-collapse:collapse;font-size:.9rem;margin:1rem 0}th,td{border-bottom
 text-align:right;white-space:nowrap}th{background:#f4f4f4;position:sticky;top:0}td.l,th.l{text-align:left}\
 figure{margin:2.5rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}\
 figcaption{color:#444;max-width:70rem;margin-top:.4rem}.warn{background:#fff4e5;border-left:4px solid #f0a030;\
-padding:.6rem 1rem}td.err{text-align:left;white-space:normal;max-width:60rem}";
+padding:.6rem 1rem}td.err{text-align:left;white-space:normal;max-width:60rem}.scroll{overflow-x:auto}\
+td small{color:#777}";
 
 /// Columns of the summary table: header, runs-table column, scale.
 const COLUMNS: [(&str, &str, f64); 11] = [
@@ -46,7 +47,7 @@ const COLUMNS: [(&str, &str, f64); 11] = [
 ];
 
 fn summary_table(data: &SweepData, out: &mut String) {
-    out.push_str("<table>\n<tr><th>point</th>");
+    out.push_str("<div class=\"scroll\"><table>\n<tr><th>point</th>");
     for a in &data.axes {
         let _ = write!(out, "<th class=\"l\" title=\"{}\">{}</th>", esc(&a.path), esc(&a.label));
     }
@@ -64,14 +65,16 @@ fn summary_table(data: &SweepData, out: &mut String) {
         for (_, col, scale) in COLUMNS {
             let cell = match mean_ci(&p.samples(col)) {
                 None => "—".to_string(),
-                Some((m, h)) if h > 0.0 => format!("{} ± {}", si(m * scale), si(h * scale)),
-                Some((m, _)) => si(m * scale),
+                Some((m, h)) if h > 0.0 => {
+                    format!("{} <small>± {}</small>", esc(&si(m * scale)), esc(&sig(h * scale, 2)))
+                }
+                Some((m, _)) => esc(&si(m * scale)),
             };
-            let _ = write!(out, "<td>{}</td>", esc(&cell));
+            let _ = write!(out, "<td>{cell}</td>");
         }
         out.push_str("</tr>\n");
     }
-    out.push_str("</table>\n");
+    out.push_str("</table></div>\n");
 }
 
 fn failures(data: &SweepData, out: &mut String) {
