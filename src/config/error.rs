@@ -30,6 +30,8 @@ pub struct ConfigError {
     pub message: String,
     /// How to fix it (what is allowed, or the closest valid key).
     pub hint: Option<String>,
+    /// The problem is a key the schema does not know (always a schema error).
+    pub unknown_key: bool,
 }
 
 impl ConfigError {
@@ -42,6 +44,7 @@ impl ConfigError {
             key: None,
             message: message.into(),
             hint: None,
+            unknown_key: false,
         }
     }
 
@@ -54,6 +57,12 @@ impl ConfigError {
     pub fn hint(mut self, hint: impl Into<String>) -> ConfigError {
         self.hint = Some(hint.into());
         self
+    }
+
+    /// Marks it as an unknown key (a schema error).
+    pub fn unknown_key(mut self) -> ConfigError {
+        self.unknown_key = true;
+        self.schema()
     }
 
     /// Marks it as a schema error.

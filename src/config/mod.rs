@@ -154,7 +154,7 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
             None if valid.is_empty() => "remove it; this table takes no keys".into(),
             None => format!("valid keys here: {}", valid.join(", ")),
         });
-        return err.schema();
+        return err.unknown_key();
     }
     if let Some(rest) = message.strip_prefix("unknown variant ") {
         return ConfigError::key(source, key, format!("unknown value {rest}")).schema();

@@ -102,7 +102,7 @@ pub fn import(
     for _ in 0..1000 {
         match validate(&out.table) {
             Ok(()) => break,
-            Err(e) if e.message.starts_with("unknown key `") => {
+            Err(e) if e.unknown_key => {
                 let key = e.key.clone().unwrap_or_default();
                 if key.is_empty() || !remove_path(&mut out.table, &key) {
                     return Err(e);

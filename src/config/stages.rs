@@ -394,7 +394,7 @@ impl StageCx<'_> {
                     format!("unknown key `{extra}` for a {kind} distribution"),
                     format!("valid keys: dist, {}", allowed.join(", ")),
                 )
-                .schema());
+                .unknown_key());
         }
         let get = |name: &str| -> Result<Option<f64>, ConfigError> {
             let key = format!("{k}.{name}");
