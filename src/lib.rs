@@ -18,7 +18,8 @@
 //! series and per-request records.
 //!
 //! Module map: [`time`], [`ids`], [`rng`] (foundations) · [`engine`] ·
-//! [`config`] · [`workload`] · [`router`] · [`worker`] · [`request`] ·
+//! [`config`] · [`workload`] · [`router`] · [`worker`] · [`kvcache`] ·
+//! [`storage`] · [`request`] ·
 //! [`cluster`] · [`metrics`] · [`output`] (Parquet) · [`sweep`] · [`report`] (terminal
 //! summaries and the HTML sweep report).
 

@@ -342,11 +342,7 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
 fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
     out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
-    let wants_report = opal::sweep::runner::manifests(dir)
-        .ok()
-        .and_then(|m| m.first().and_then(|(_, v)| v.get("report").and_then(serde_json::Value::as_bool)))
-        .unwrap_or(false);
-    if wants_report {
+    if opal::sweep::runner::report_requested(dir) {
         auto_report(dir);
     }
     Ok(ExitCode::SUCCESS)

@@ -52,15 +52,7 @@ fn write_trace(path: &std::path::Path, lines: u64) {
 
 /// Reads the whole trace; returns (requests, peak live heap above the start in bytes).
 fn read_all(path: &std::path::Path) -> (u64, usize) {
-    let cfg = TraceStage {
-        path: path.to_path_buf(),
-        chunk_size: 512,
-        multiplier_to_sec: 0.001,
-        time_scale: 1.0,
-        start_offset: 0.0,
-        total: None,
-        skip_bad_lines: false,
-    };
+    let cfg = TraceStage::whole_file(path.to_path_buf());
     let base = LIVE.load(Relaxed);
     PEAK.store(base, Relaxed);
     let mut reader = TraceReader::open(&cfg).unwrap();

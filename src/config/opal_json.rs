@@ -9,8 +9,10 @@
 //!   `worker.vllm_params.enable_prefix_caching`.
 //! - **Opal's defaults where ours differ**: a key the JSON does not set gets
 //!   the value Opal would use — GPU prefix caching off and the whole of
-//!   `memory_gb` for vLLM (`gpu_memory_utilization = 1`) — so the imported
-//!   scenario means what it meant to Opal.
+//!   `memory_gb` for vLLM (`gpu_memory_utilization = 1`), and trace
+//!   timestamps in seconds (`multiplier_to_sec = 1`, where our default reads
+//!   Mooncake's milliseconds) — so the imported scenario means what it meant
+//!   to Opal.
 //! - **Keys with no counterpart** (plotting, logging, output paths, …) are
 //!   removed and listed by name; nothing is dropped silently. `null` values
 //!   mean "the default".
@@ -96,6 +98,7 @@ pub fn import(
             out.notes.push(format!("{section}.{key} = {} ({why})", t[key]));
         }
     }
+    trace_seconds(&mut out);
     anchor_paths(&mut out, path.parent().unwrap_or(Path::new(".")));
     // Remove keys the schema does not know, one at a time, until it validates
     // or fails for another reason (which is a real error in the file).
@@ -199,6 +202,28 @@ fn table_at<'a>(root: &'a mut toml::Table, dotted: &str) -> &'a mut toml::Table 
         }
         slot.as_table_mut().expect("made a table above")
     })
+}
+
+/// Opal's `multiplier_to_sec` defaults to 1 (ours to 0.001, for Mooncake's
+/// milliseconds): a `Trace` stage of the JSON that leaves it out gets 1.
+fn trace_seconds(out: &mut Imported) {
+    let Some(stages) = out.table.get_mut("workload").and_then(|w| w.get_mut("stages")).and_then(|s| s.as_array_mut())
+    else {
+        return;
+    };
+    for (i, stage) in stages.iter_mut().enumerate() {
+        let Some(stage) = stage.as_table_mut().filter(|s| s.get("type").and_then(|t| t.as_str()) == Some("Trace"))
+        else {
+            continue;
+        };
+        let params = stage.entry("workload_params").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(p) = params.as_table_mut().filter(|p| !p.contains_key("multiplier_to_sec")) {
+            p.insert("multiplier_to_sec".into(), toml::Value::Float(1.0));
+            out.notes.push(format!(
+                "workload.stages.{i}.workload_params.multiplier_to_sec = 1.0 (Opal reads trace timestamps as seconds unless told)"
+            ));
+        }
+    }
 }
 
 fn rename_gpu_apc(out: &mut Imported) {
@@ -323,6 +348,19 @@ mod tests {
         assert!(notes.contains("simulation.seed is null"), "{notes}");
         assert!(notes.contains("enable_gpu_apc → worker.vllm_params.enable_prefix_caching"), "{notes}");
         assert!(notes.contains("gpu_memory_utilization = 1.0"), "{notes}");
+    }
+
+    #[test]
+    fn a_trace_stage_without_multiplier_to_sec_reads_seconds_as_opal_does() {
+        let json = r#"{"workload": {"stages": [
+            {"type": "Trace", "workload_params": {"trace_file": "t.jsonl"}},
+            {"type": "Trace", "workload_params": {"trace_file": "t.jsonl", "multiplier_to_sec": 0.001}},
+            {"type": "UniformReqRate", "workload_params": {}}]}}"#;
+        let out = import(json, Path::new("c.json"), |_| Ok(())).unwrap();
+        let stages = out.table["workload"]["stages"].as_array().unwrap();
+        let m = |i: usize| stages[i]["workload_params"].get("multiplier_to_sec").and_then(|v| v.as_float());
+        assert_eq!((m(0), m(1), m(2)), (Some(1.0), Some(0.001), None));
+        assert!(out.notes.iter().any(|n| n.starts_with("workload.stages.0.workload_params.multiplier_to_sec = 1.0")));
     }
 
     #[test]

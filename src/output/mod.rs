@@ -9,6 +9,8 @@
 //! runs.parquet         one row per run
 //! histograms.parquet   run_id, metric, count, hdr (HDR histogram, compressed V2 encoding, µs)
 //! timeseries.parquet   one row per run and interval
+//! workers.parquet      one row per run and worker
+//! sc25.parquet         cold and warm TTFT per prompt size (with an SC25Workload stage)
 //! requests.parquet     one row per request (only when asked for)
 //! parts/               part files of runs finished but not yet merged
 //! ```

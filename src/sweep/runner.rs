@@ -176,6 +176,15 @@ fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), Sweep
         .map_err(|e| SweepError(format!("{}: cannot write: {e}", path.display())))
 }
 
+/// True when the sweep in `dir` asked for the HTML report (`[sweep] report
+/// = true`, recorded in its manifest).
+pub fn report_requested(dir: &Path) -> bool {
+    manifests(dir)
+        .ok()
+        .and_then(|m| m.first().and_then(|(_, v)| v.get("report").and_then(serde_json::Value::as_bool)))
+        .unwrap_or(false)
+}
+
 /// Manifests found in a sweep directory (the final one and the shards').
 pub fn manifests(dir: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>, SweepError> {
     let mut paths = vec![dir.join("manifest.json")];

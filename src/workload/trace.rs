@@ -40,6 +40,22 @@ pub struct TraceStage {
     pub skip_bad_lines: bool,
 }
 
+impl TraceStage {
+    /// The whole of `path`, as Mooncake traces are written (512 tokens per
+    /// hash id, millisecond timestamps), at recorded speed, failing on a bad line.
+    pub fn whole_file(path: PathBuf) -> TraceStage {
+        TraceStage {
+            path,
+            chunk_size: 512,
+            multiplier_to_sec: 0.001,
+            time_scale: 1.0,
+            start_offset: 0.0,
+            total: None,
+            skip_bad_lines: false,
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct Row {
     timestamp: f64,
@@ -217,15 +233,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.jsonl");
         std::fs::write(&path, text).unwrap();
-        TraceStage {
-            path,
-            chunk_size: 512,
-            multiplier_to_sec: 0.001,
-            time_scale: 1.0,
-            start_offset: 0.0,
-            total: None,
-            skip_bad_lines: false,
-        }
+        TraceStage::whole_file(path)
     }
 
     #[test]
