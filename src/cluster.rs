@@ -850,6 +850,7 @@ impl<'a> Cluster<'a> {
                 if n > 0 { wrong as f64 / n as f64 } else { 0.0 }
             },
             trace_lines_skipped: self.workload.skipped_lines(),
+            sessions_truncated: self.workload.sessions_truncated(),
         };
         let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
         let workers = self
@@ -916,22 +917,33 @@ fn record(r: &Request) -> RequestRecord {
     }
 }
 
-/// Pairs the cold and warm requests of `SC25Workload` stages, in sending order.
+/// Pairs the cold and warm requests of each `SC25Workload` stage, in
+/// sending order (the warm pass repeats the cold one's sizes in order). A
+/// cold request whose warm one was never sent (the stage was cut short)
+/// gets a row without warm numbers.
 fn sc25_rows(requests: &[Request]) -> Vec<Sc25Row> {
-    let pass = |warm: bool| requests.iter().filter(move |r| r.label == Label::Sc25 { warm });
     let ttft_ms = |r: &Request| r.first_token.map(|t| (t - r.arrival).as_secs_f64() * 1e3);
-    pass(false)
-        .zip(pass(true))
-        .map(|(c, w)| Sc25Row {
-            prompt_tokens: c.prompt_tokens,
-            cold_ttft_ms: ttft_ms(c),
-            warm_ttft_ms: ttft_ms(w),
-            cold_prefill_tokens: c.prefill_tokens_computed,
-            warm_prefill_tokens: w.prefill_tokens_computed,
-            warm_hit_tokens: w.hit_tokens,
-            warm_kv_fetch_ms: w.fetch_time.map(|d| d.as_secs_f64() * 1e3),
-        })
-        .collect()
+    let mut stages: Vec<_> =
+        requests.iter().filter(|r| matches!(r.label, Label::Sc25 { .. })).map(|r| r.stage).collect();
+    stages.dedup();
+    let mut rows = Vec::new();
+    for stage in stages {
+        let pass = |warm: bool| requests.iter().filter(move |r| r.stage == stage && r.label == Label::Sc25 { warm });
+        let mut warm = pass(true);
+        for c in pass(false) {
+            let w = warm.next();
+            rows.push(Sc25Row {
+                prompt_tokens: c.prompt_tokens,
+                cold_ttft_ms: ttft_ms(c),
+                warm_ttft_ms: w.and_then(ttft_ms),
+                cold_prefill_tokens: c.prefill_tokens_computed,
+                warm_prefill_tokens: w.map_or(0, |w| w.prefill_tokens_computed),
+                warm_hit_tokens: w.map_or([0; 4], |w| w.hit_tokens),
+                warm_kv_fetch_ms: w.and_then(|w| w.fetch_time).map(|d| d.as_secs_f64() * 1e3),
+            });
+        }
+    }
+    rows
 }
 
 impl Model for Cluster<'_> {

@@ -219,3 +219,122 @@ fn bad_distributions_and_stage_parameters_name_their_key() {
     let e = err("", "Sesions");
     assert!(e.hint.as_deref().unwrap().contains("did you mean `Sessions`"), "{e}");
 }
+
+#[test]
+fn trace_tokens_beyond_the_hash_ids_are_unique_to_each_request() {
+    // Two requests of 600 tokens with the same single hash id (512 tokens):
+    // the second hits exactly those 512, not the 88 that follow (block 16
+    // would let a shared tail add 80 more).
+    let dir = crate::temp_dir("trace-unique-tail");
+    let row = |t: u32| format!(r#"{{"timestamp": {t}, "input_length": 600, "output_length": 4, "hash_ids": [7]}}"#);
+    std::fs::write(dir.join("t.jsonl"), format!("{}\n{}\n", row(0), row(5000))).unwrap();
+    let out = run(&scenario(&format!(
+        r#"
+        [kvc]
+        kvc_tiers = []
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{}"
+        "#,
+        dir.join("t.jsonl").display()
+    )));
+    assert_eq!(out.requests.len(), 2);
+    assert_eq!(out.requests[0].hit_tokens[0], 0);
+    assert_eq!(out.requests[1].hit_tokens[0], 512);
+}
+
+#[test]
+fn a_closed_loop_stage_stops_at_its_time_limit_and_the_next_stage_follows_its_last_request() {
+    let out = run(&scenario(
+        r#"
+        [[workload.stages]]
+        type = "Sessions"
+        [workload.stages.workload_params]
+        total_sessions = 1000
+        session_rate = 4.0
+        turns = 20
+        think_time_sec = { dist = "fixed", value = 0.5 }
+        time_duration_sec = 5.0
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 10
+        request_rate = 10.0
+        "#,
+    ));
+    let first: Vec<_> = out.requests.iter().filter(|r| r.stage == 0).collect();
+    let second: Vec<_> = out.requests.iter().filter(|r| r.stage == 1).collect();
+    assert!(first.len() > 20, "sessions ran: {}", first.len());
+    assert!(first.iter().all(|r| r.arrival_s < 5.0), "nothing of stage 0 is sent at or after its 5 s limit");
+    assert!(first.iter().all(|r| r.completed), "turns in flight at the limit finish");
+    let last = first.iter().map(|r| r.arrival_s + r.e2e_s.unwrap()).fold(0.0, f64::max);
+    assert!(last > 5.0, "some turn was still running at the limit");
+    let start = second.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
+    assert!((start - last).abs() < 1e-9, "stage 1 starts when stage 0's last request completes: {start} vs {last}");
+    assert_eq!(second.len(), 10);
+}
+
+#[test]
+fn a_token_distribution_may_have_a_standard_deviation_below_one_token() {
+    let resolve = |dist: &str| {
+        let text = format!(
+            "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nprompt_size = {dist}\n"
+        );
+        let file = opal::config::parse_spec(&text, "s.toml").unwrap();
+        opal::config::resolve(&file, "s.toml", std::path::Path::new("."))
+    };
+    assert!(resolve("{ dist = \"normal\", mean = 500, std = 0.5 }").is_ok());
+    assert!(resolve("{ dist = \"lognormal\", mean = 500, std = 0 }").is_ok());
+    let e = resolve("{ dist = \"normal\", mean = 500, std = -1 }").unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.prompt_size.std"), "{e}");
+    let e = resolve("{ dist = \"normal\", mean = 0.5, std = 1 }").unwrap_err();
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.prompt_size.mean"), "a length is ≥ 1: {e}");
+}
+
+#[test]
+fn sc25_rows_pair_cold_and_warm_within_each_stage_even_when_one_is_cut_short() {
+    // Stage 0 is cut at 3 s: both cold requests (2 s apart) go out, then the
+    // first warm one; the second warm one is never sent. Stage 1 runs whole.
+    let out = sc25(
+        r#"
+        [workload.stages.workload_params]
+        prompt_sizes = [4092, 8184]
+        gap_sec = 1.0
+        time_duration_sec = 3.0
+        [[workload.stages]]
+        type = "SC25Workload"
+        [workload.stages.workload_params]
+        prompt_sizes = [16368]
+        "#,
+    );
+    let rows: Vec<(u32, bool)> = out.sc25.iter().map(|r| (r.prompt_tokens, r.warm_ttft_ms.is_some())).collect();
+    assert_eq!(rows, [(4092, true), (8184, false), (16368, true)]);
+    for r in out.sc25.iter().filter(|r| r.warm_ttft_ms.is_some()) {
+        assert!(r.warm_ttft_ms < r.cold_ttft_ms, "{r:?}");
+    }
+}
+
+#[test]
+fn sessions_that_outgrow_max_context_tokens_end_early_and_are_counted() {
+    // Turn k's prompt = 100 (system) + k·100 (inputs) + (k − 1)·100 (answers);
+    // with its 100-token answer it needs 200k + 100 tokens: turns 1 and 2 fit
+    // in 650, turn 3 (700) does not, so each of the 5 sessions stops after 2.
+    let out = run(&scenario(
+        r#"
+        [[workload.stages]]
+        type = "Sessions"
+        [workload.stages.workload_params]
+        total_sessions = 5
+        turns = 10
+        system_prompt_size = 100
+        input_tokens = 100
+        output_tokens = 100
+        max_context_tokens = 650
+        "#,
+    ));
+    assert_eq!(out.summary.requests_completed, 10);
+    assert_eq!(out.summary.sessions_truncated, 5);
+    let col = out.summary.columns().into_iter().find(|(n, _)| n == "sessions_truncated");
+    assert!(col.is_some(), "the runs table has the column");
+}

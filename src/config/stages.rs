@@ -356,7 +356,9 @@ impl StageCx<'_> {
         const FORMS: &str = "a number, or a table such as { dist = \"lognormal\", mean = 2000, std = 1000, max = 32768 }; dist is one of fixed, uniform, normal, lognormal, exponential, empirical";
         let number = |v: &toml::Value| v.as_float().or_else(|| v.as_integer().map(|i| i as f64));
         let floor = unit.floor();
-        let checked = |key: &str, x: f64| {
+        // Values, means and bounds are lengths or times (at least `floor`);
+        // a standard deviation only needs to be ≥ 0.
+        let checked = |key: &str, x: f64, floor: f64| {
             if x.is_finite() && x >= floor {
                 Ok(x)
             } else {
@@ -364,7 +366,7 @@ impl StageCx<'_> {
             }
         };
         if let Some(x) = number(v) {
-            return Ok(Dist::Fixed(checked(k, x)?));
+            return Ok(Dist::Fixed(checked(k, x, floor)?));
         }
         let Some(t) = v.as_table() else {
             return Err(self.err(k, format!("expected a number or a distribution table, got {v}"), FORMS).schema());
@@ -401,7 +403,7 @@ impl StageCx<'_> {
             match t.get(name) {
                 None => Ok(None),
                 Some(v) => match number(v) {
-                    Some(x) => checked(&key, x).map(Some),
+                    Some(x) => checked(&key, x, if name == "std" { 0.0 } else { floor }).map(Some),
                     None => Err(self.err(&key, format!("must be a number, got {v}"), FORMS).schema()),
                 },
             }

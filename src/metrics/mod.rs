@@ -363,6 +363,8 @@ pub struct RunSummary {
     pub routing_mispredictions: f64,
     /// Malformed trace lines skipped.
     pub trace_lines_skipped: u64,
+    /// Sessions ended early: their next turn would exceed `max_context_tokens`.
+    pub sessions_truncated: u64,
 }
 
 /// A typed value of a summary column.
@@ -409,6 +411,7 @@ impl Default for RunSummary {
             kv_staleness_ms: none,
             routing_mispredictions: 0.0,
             trace_lines_skipped: 0,
+            sessions_truncated: 0,
         }
     }
 }
@@ -468,6 +471,7 @@ impl RunSummary {
         c.push(("kv_event_batches".into(), Count(self.kv_event_batches)));
         c.push(("routing_mispredictions".into(), Real(self.routing_mispredictions)));
         c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
+        c.push(("sessions_truncated".into(), Count(self.sessions_truncated)));
         c
     }
 }

@@ -60,6 +60,8 @@ pub(crate) struct RagSource {
     arrivals: Arrivals,
     sent: u64,
     chosen: Vec<u32>,
+    /// Document popularity (`None`: uniform).
+    zipf: Option<Zipf<f64>>,
 }
 
 impl RagSource {
@@ -73,6 +75,8 @@ impl RagSource {
             arrivals: Arrivals::new(process, cfg.rate, seeds.stream(&format!("workload.stage{stage}.arrivals"))),
             sent: 0,
             chosen: Vec::new(),
+            zipf: (cfg.zipf > 0.0)
+                .then(|| Zipf::new(f64::from(cfg.num_documents), cfg.zipf).expect("validated: n ≥ 1, exponent > 0")),
         }
     }
 
@@ -80,8 +84,7 @@ impl RagSource {
     fn choose(&mut self) {
         let (n, k) = (self.cfg.num_documents, self.cfg.docs_per_request);
         self.chosen.clear();
-        if self.cfg.zipf > 0.0 {
-            let zipf = Zipf::new(f64::from(n), self.cfg.zipf).expect("validated: n ≥ 1, exponent > 0");
+        if let Some(zipf) = &self.zipf {
             while self.chosen.len() < k as usize {
                 let d = zipf.sample(&mut self.docs) as u32 - 1;
                 if !self.chosen.contains(&d) {

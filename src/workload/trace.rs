@@ -78,11 +78,13 @@ pub struct TraceRequest {
     pub content: Content,
 }
 
-/// Streams a trace file.
+/// Streams a trace file: one reused line buffer, one row at a time.
 #[derive(Debug)]
 pub struct TraceReader {
     cfg: TraceStage,
-    lines: Option<std::io::Lines<BufReader<File>>>,
+    /// The open file; `None` once the replay is over.
+    file: Option<BufReader<File>>,
+    line: String,
     line_no: u64,
     sent: u64,
     /// Malformed lines skipped.
@@ -93,54 +95,64 @@ impl TraceReader {
     /// Opens the trace.
     pub fn open(cfg: &TraceStage) -> Result<TraceReader, String> {
         let file = File::open(&cfg.path).map_err(|e| format!("{}: cannot open the trace: {e}", cfg.path.display()))?;
-        Ok(TraceReader { cfg: cfg.clone(), lines: Some(BufReader::new(file).lines()), line_no: 0, sent: 0, skipped: 0 })
-    }
-
-    /// Closes the file (the stage is over).
-    pub fn close(&mut self) {
-        self.lines = None;
+        Ok(TraceReader {
+            cfg: cfg.clone(),
+            file: Some(BufReader::new(file)),
+            line: String::new(),
+            line_no: 0,
+            sent: 0,
+            skipped: 0,
+        })
     }
 
     /// The next request, `Ok(None)` at the end (or after `total`), or an
-    /// error naming the file, line and problem.
+    /// error naming the file, line and problem. Its request-unique content
+    /// (the tokens its hash ids do not cover) is keyed by `unique_key`.
     pub fn next_request(&mut self, unique_key: u64) -> Result<Option<TraceRequest>, String> {
         if self.cfg.total.is_some_and(|t| self.sent >= t) {
-            self.lines = None;
+            self.file = None;
         }
         loop {
-            let Some(lines) = self.lines.as_mut() else { return Ok(None) };
-            let Some(line) = lines.next() else {
-                self.lines = None;
-                return Ok(None);
-            };
+            let Some(file) = self.file.as_mut() else { return Ok(None) };
+            self.line.clear();
             self.line_no += 1;
-            let at = format!("{}:{}", self.cfg.path.display(), self.line_no);
-            let line = line.map_err(|e| format!("{at}: cannot read: {e}"))?;
-            if line.trim().is_empty() {
+            let read = file.read_line(&mut self.line);
+            let at = || format!("{}:{}", self.cfg.path.display(), self.line_no);
+            match read {
+                Ok(0) => {
+                    self.file = None;
+                    return Ok(None);
+                }
+                Ok(_) => {}
+                Err(e) => return Err(format!("{}: cannot read: {e}", at())),
+            }
+            if self.line.trim().is_empty() {
                 continue;
             }
-            match self.parse(&line, unique_key) {
+            match self.parse(unique_key) {
                 Ok(r) => {
                     self.sent += 1;
                     return Ok(Some(r));
                 }
-                Err(e) if self.cfg.skip_bad_lines => {
-                    let _ = e;
-                    self.skipped += 1;
-                }
+                Err(_) if self.cfg.skip_bad_lines => self.skipped += 1,
                 Err(e) => {
                     return Err(format!(
-                        "{at}: {e}\n  fix: each line must be {{\"timestamp\": number, \"input_length\": integer ≥ 1, \"output_length\": integer, \"hash_ids\": [integers]}}, or set skip_bad_lines = true"
+                        "{}: {e}\n  fix: each line must be {{\"timestamp\": number, \"input_length\": integer ≥ 1, \"output_length\": integer, \"hash_ids\": [integers]}}, or set skip_bad_lines = true",
+                        at()
                     ));
                 }
             }
         }
     }
 
-    fn parse(&self, line: &str, unique_key: u64) -> Result<TraceRequest, String> {
-        let row: Row = serde_json::from_str(line).map_err(|e| {
-            let msg = e.to_string();
-            msg.split(" at line ").next().unwrap_or(&msg).to_string()
+    fn parse(&self, unique_key: u64) -> Result<TraceRequest, String> {
+        let mut de = serde_json::Deserializer::from_str(&self.line);
+        let row: Row = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let field = e.path().to_string();
+            let msg = e.into_inner().to_string();
+            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+            // A missing field names itself; a wrong value is named by its path.
+            if field == "." { msg } else { format!("field `{field}`: {msg}") }
         })?;
         if !(row.timestamp.is_finite() && row.timestamp >= 0.0) {
             return Err(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp));
@@ -175,36 +187,28 @@ impl TraceReader {
 #[derive(Debug)]
 pub(crate) struct TraceSource {
     cfg: TraceStage,
+    /// Opened when the stage starts (it closes its file at the end).
     reader: Option<TraceReader>,
     pending: Option<TraceRequest>,
     start: SimTime,
-    skipped: u64,
     stage: usize,
 }
 
 impl TraceSource {
     /// Stage `stage`'s trace, not yet opened.
     pub fn new(cfg: &TraceStage, stage: usize) -> TraceSource {
-        TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, skipped: 0, stage }
+        TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, stage }
     }
 
     /// Malformed lines skipped so far.
     pub fn skipped(&self) -> u64 {
-        self.skipped + self.reader.as_ref().map_or(0, |r| r.skipped)
+        self.reader.as_ref().map_or(0, |r| r.skipped)
     }
 
     fn read_next(&mut self, key: u64) -> Result<Due, String> {
         let reader = self.reader.as_mut().expect("the trace is open while its stage runs");
         self.pending = reader.next_request(key)?;
-        Ok(match &self.pending {
-            Some(p) => Due::At(self.start + p.offset),
-            None => {
-                // Keep the skip count, drop the file handle.
-                self.skipped += reader.skipped;
-                self.reader = None;
-                Due::Done
-            }
-        })
+        Ok(self.pending.as_ref().map_or(Due::Done, |p| Due::At(self.start + p.offset)))
     }
 }
 
@@ -269,6 +273,7 @@ mod tests {
         let e = r.next_request(2).unwrap_err();
         assert!(e.contains("t.jsonl:3:"), "{e}");
         assert!(e.contains("input_length") || e.contains("invalid type"), "{e}");
+        assert!(e.contains("field `input_length`: invalid type"), "the field is named: {e}");
         let mut skip = cfg.clone();
         skip.skip_bad_lines = true;
         let mut r = TraceReader::open(&skip).unwrap();
