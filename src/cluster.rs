@@ -3,20 +3,16 @@
 //! turned into events here.
 //!
 //! KV flow per request: on reaching a worker its block hashes are computed;
-//! under an I/O slot the cluster looks up the longest cached prefix (GPU
-//! prefix cache, then the tiers below, chunk by chunk, each chunk from the
-//! fastest tier holding it) and, if part of it is below the GPU, allocates
-//! GPU blocks and reads those chunks (pinned until read) from the tiers'
-//! devices; when every read is done the request is ready. After its last
-//! token its chunks are written to the tiers (write-through or spill,
-//! synchronously or not).
+//! the worker's scheduler decides, with the KV connector, what the request
+//! already has (GPU prefix, then the tiers) and starts loads; the connector's
+//! device timers, finished loads and finished saves come back here as
+//! effects and are dispatched to the worker, the router and the metrics.
+//! After its last token the connector saves the request's KV to the tiers.
 
 use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{
-    BlockHash, ChunkStore, KvEvent, KvEventKind, Reserve, Tier, WriteMode, WritePolicy, block_hashes,
-};
+use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent, Tier, block_hashes};
 use crate::metrics::{
     Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, TierSummary,
     TimeSeries, WorkerRow,
@@ -26,7 +22,7 @@ use crate::rng::{SeedTree, StreamRng};
 use crate::router::{
     Autoscaler, KvIndex, Match, Policy, RouteContext, RoutingPolicy, SystemEvent, WorkerLoad, autoscale::ScaleAction,
 };
-use crate::storage::{Device, DeviceOutput, DeviceTimer, OpId, OpKind};
+use crate::storage::DeviceTimer;
 use crate::time::{SimDuration, SimTime};
 use crate::worker::{StepOutcome, Worker};
 use crate::workload::{Label, NewRequest, Workload};
@@ -106,23 +102,6 @@ pub struct RunOutput {
     pub routing_wall_s: Option<f64>,
 }
 
-/// One tier's store and device (per worker for CPU/NVMe, one for the DFS).
-struct TierInstance {
-    tier: Tier,
-    store: ChunkStore,
-    device: Device,
-}
-
-enum Purpose {
-    Fetch { request: RequestId, keys: Vec<BlockHash> },
-    Write { keys: Vec<BlockHash>, waiter: Option<RequestId>, worker: WorkerId },
-}
-
-struct IoOp {
-    instance: u32,
-    purpose: Purpose,
-}
-
 /// The state of one run.
 pub struct Cluster<'a> {
     scenario: &'a Scenario,
@@ -146,12 +125,10 @@ pub struct Cluster<'a> {
     workload: Workload,
     new_requests: Vec<NewRequest>,
     outcome: StepOutcome,
-    instances: Vec<TierInstance>,
-    /// Per worker: its tier instances in lookup order.
-    worker_tiers: Vec<Vec<u32>>,
-    ops: Vec<Option<IoOp>>,
-    free_ops: Vec<u32>,
-    dev_out: DeviceOutput,
+    connector: KvConnector,
+    /// Effects of connector calls not yet applied, and a spare buffer.
+    conn_out: ConnectorOutput,
+    conn_spare: ConnectorOutput,
     kv_pending: Vec<Vec<(SimTime, KvEvent)>>,
     kv_events: u64,
     kv_batches: u64,
@@ -191,11 +168,9 @@ impl<'a> Cluster<'a> {
             workload: Workload::new(scenario.stages.clone(), &seeds),
             new_requests: Vec::new(),
             outcome: StepOutcome::default(),
-            instances: Vec::new(),
-            worker_tiers: Vec::new(),
-            ops: Vec::new(),
-            free_ops: Vec::new(),
-            dev_out: DeviceOutput::default(),
+            connector: KvConnector::new(&scenario.kvc, scenario.worker.block_size),
+            conn_out: ConnectorOutput::default(),
+            conn_spare: ConnectorOutput::default(),
             kv_pending: Vec::new(),
             kv_events: 0,
             kv_batches: 0,
@@ -215,15 +190,6 @@ impl<'a> Cluster<'a> {
         c
     }
 
-    fn new_instance(&mut self, t: &crate::kvcache::TierConfig) -> u32 {
-        self.instances.push(TierInstance {
-            tier: t.tier,
-            store: ChunkStore::new(t.capacity_bytes, t.eviction),
-            device: Device::new(t.device),
-        });
-        (self.instances.len() - 1) as u32
-    }
-
     /// Adds a worker with cold caches (and its per-worker tiers) at `now`.
     fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
@@ -233,16 +199,7 @@ impl<'a> Cluster<'a> {
         self.system.push(SystemEvent::default());
         self.reported_busy.push(SimDuration(0));
         self.worker_stats.push(WorkerStats { started: now, ..WorkerStats::default() });
-        let mut tiers = Vec::new();
-        for t in &self.scenario.kvc.tiers {
-            let shared = t.tier == Tier::Dfs;
-            let existing = if shared { self.instances.iter().position(|i| i.tier == Tier::Dfs) } else { None };
-            tiers.push(match existing {
-                Some(i) => i as u32,
-                None => self.new_instance(t),
-            });
-        }
-        self.worker_tiers.push(tiers);
+        self.connector.add_worker();
         id
     }
 
@@ -302,7 +259,6 @@ impl<'a> Cluster<'a> {
             *acc += t.elapsed();
         }
         self.workers[w.index()].enqueue(id);
-        self.pump(now, w, sched);
         self.kick(now, w, sched);
     }
 
@@ -316,11 +272,12 @@ impl<'a> Cluster<'a> {
         }));
         let mut chunks = 0;
         if self.scenario.router.policy.reads_kv_events() {
+            // The chunks the connector would look up: every full block's.
             let r = &self.requests[id.index()];
-            let limit = self.scenario.worker.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len()) as u64;
+            let limit = (r.seq.num_tokens / self.scenario.worker.block_size).min(r.blocks.len() as u64);
             self.keys.clear();
             let mut j = 0;
-            while let Some((key, _, _)) = self.chunk(&r.blocks, j, limit) {
+            while let Some((key, _, _)) = self.scenario.kvc.chunk(&r.blocks, j, limit) {
                 self.keys.push(key);
                 j += 1;
             }
@@ -337,193 +294,61 @@ impl<'a> Cluster<'a> {
         r.worker = Some(w);
         if chunks > 0 || self.scenario.router.policy.reads_kv_events() {
             let matched = self.scores.get(w.index()).map_or(0, |m| u64::from(m.chunks));
-            let cfg = &self.scenario.worker;
-            let max_hit = cfg.max_hit_blocks(r.seq.num_tokens) as u64 * cfg.block_size;
-            r.predicted_hit_tokens = Some((matched * self.scenario.kvc.chunk_blocks * cfg.block_size).min(max_hit));
+            let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+            // The last token is always computed.
+            r.predicted_hit_tokens = Some((matched * chunk_tokens).min(r.seq.num_tokens - 1));
         }
         w
     }
 
-    /// Starts a step on `w` if it is idle and has work.
+    /// Lets worker `w` react to a change (see [`Worker::poll`]) and applies
+    /// every effect that follows.
     fn kick(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
-        if let Some((end, version)) = self.workers[w.index()].try_start(now, &mut self.requests, &self.scenario.worker)
+        self.poll_worker(now, w, sched);
+        self.apply_connector(now, sched);
+    }
+
+    /// [`Self::kick`] without applying the connector's effects.
+    fn poll_worker(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        let worker = &mut self.workers[w.index()];
+        if let Some((end, version)) =
+            worker.poll(now, &mut self.requests, &self.scenario.worker, &mut self.connector, &mut self.conn_out)
         {
             sched.at(end, Event::StepEnd { worker: w, version });
         }
-        self.drain_cache(now, w, sched);
+        self.drain_cache(now, w);
     }
 
-    /// The chunk of blocks `[j·m, …)` of a `limit`-block prefix: its key and block range.
-    fn chunk(&self, blocks: &[BlockHash], j: u64, limit: u64) -> Option<(BlockHash, u64, u64)> {
-        let m = self.scenario.kvc.chunk_blocks;
-        let start = j * m;
-        let end = ((j + 1) * m).min(limit);
-        if end <= start || (end < (j + 1) * m && !self.scenario.kvc.save_unfull_chunk) {
-            return None;
-        }
-        Some((blocks[end as usize - 1], start, end))
-    }
-
-    /// Starts KV fetches for the head of `w`'s waiting queue: looks up each
-    /// candidate's cached prefix (GPU first, then the tiers chunk by chunk,
-    /// each chunk from the fastest tier holding it) and, if part of it is
-    /// below the GPU, allocates GPU blocks for it and reads it (pinned until
-    /// read). A request is searched once, when it comes within `io_slots` of
-    /// the head (chunks written after that are not used by it).
-    fn pump(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
-        if self.worker_tiers[w.index()].is_empty() {
-            return;
-        }
-        let cfg = &self.scenario.worker;
-        let m = self.scenario.kvc.chunk_blocks;
-        for id in self.workers[w.index()].fetch_candidates(&self.requests, cfg) {
-            if !self.workers[w.index()].io_slot_free(cfg) {
-                break;
+    /// Applies the connector's effects until none are left (applying them
+    /// can make more: a finished load lets its worker start others).
+    fn apply_connector(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
+        while !self.conn_out.is_empty() {
+            let mut out = std::mem::replace(&mut self.conn_out, std::mem::take(&mut self.conn_spare));
+            for &(t, instance, timer) in &out.timers {
+                sched.at(t, Event::Device { instance, timer });
             }
-            let r = &self.requests[id.index()];
-            let limit = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
-            let worker = &mut self.workers[w.index()];
-            let gpu = worker.cache_mut().lookup(&r.blocks[..limit]) as u64;
-            let mut runs: Vec<(u32, u64, Vec<BlockHash>)> = Vec::new(); // (instance, blocks, keys)
-            let mut next = gpu;
-            let mut j = gpu / m;
-            while let Some((key, _, end)) = self.chunk(&r.blocks, j, limit as u64) {
-                let Some(&inst) =
-                    self.worker_tiers[w.index()].iter().find(|&&i| self.instances[i as usize].store.contains(key))
-                else {
-                    break;
-                };
-                match runs.last_mut() {
-                    Some(run) if run.0 == inst => {
-                        run.1 += end - next;
-                        run.2.push(key);
-                    }
-                    _ => runs.push((inst, end - next, vec![key])),
+            for &(tier, bytes) in &out.moved {
+                self.series.on_tier_bytes(now, tier, bytes);
+            }
+            for &(w, e) in &out.events {
+                self.kv_event(now, w, e, sched);
+            }
+            for d in &out.loaded {
+                let r = &mut self.requests[d.request.index()];
+                for (acc, b) in r.read_bytes.iter_mut().zip(d.bytes) {
+                    *acc += b;
                 }
-                next = end;
-                j += 1;
-            }
-            let fetched = next - gpu;
-            if fetched == 0 {
-                self.requests[id.index()].seq.tiers_checked = true;
-                continue;
-            }
-            let worker = &mut self.workers[w.index()];
-            let idle = worker.running() == 0;
-            let cache = worker.cache_mut();
-            let path = cache.acquire(&self.requests[id.index()].blocks, gpu as usize, now);
-            if !cache.can_allocate(fetched, now, idle) {
-                cache.release(path, now);
-                break; // retried when blocks are freed
-            }
-            cache.allocate(fetched, now, idle);
-            worker.begin_fetch(id, &mut self.requests);
-            let bb = self.scenario.kvc.block_bytes;
-            let r = &mut self.requests[id.index()];
-            r.seq.tiers_checked = true;
-            r.seq.path = path;
-            r.seq.registered = gpu;
-            r.seq.computed = (gpu + fetched) * cfg.block_size;
-            r.fetch = Some((now, runs.len() as u32));
-            r.fetched =
-                Some((gpu, runs.iter().map(|(inst, n, _)| (self.instances[*inst as usize].tier, *n)).collect()));
-            for (inst, n, keys) in runs {
-                let store = &mut self.instances[inst as usize].store;
-                for &k in &keys {
-                    store.pin(k);
-                    store.touch(k);
-                }
-                self.submit(now, inst, OpKind::Read, n * bb, w, Purpose::Fetch { request: id, keys }, sched);
-            }
-        }
-        self.drain_cache(now, w, sched);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &mut self,
-        now: SimTime,
-        inst: u32,
-        kind: OpKind,
-        bytes: u64,
-        w: WorkerId,
-        purpose: Purpose,
-        sched: &mut Scheduler<'_, Event>,
-    ) {
-        let op = IoOp { instance: inst, purpose };
-        let id = match self.free_ops.pop() {
-            Some(i) => {
-                self.ops[i as usize] = Some(op);
-                i
-            }
-            None => {
-                self.ops.push(Some(op));
-                (self.ops.len() - 1) as u32
-            }
-        };
-        let mut out = std::mem::take(&mut self.dev_out);
-        self.instances[inst as usize].device.submit(now, OpId(id), kind, bytes, w.0, &mut out);
-        self.apply_device(now, inst, &mut out, sched);
-        self.dev_out = out;
-    }
-
-    fn apply_device(&mut self, now: SimTime, inst: u32, out: &mut DeviceOutput, sched: &mut Scheduler<'_, Event>) {
-        for &(t, timer) in &out.timers {
-            sched.at(t, Event::Device { instance: inst, timer });
-        }
-        out.timers.clear();
-        // Completions can submit new operations (re-entering this device's
-        // output), so they are taken out first.
-        let mut completed = std::mem::take(&mut out.completed);
-        for &c in &completed {
-            self.series.on_tier_bytes(now, self.instances[inst as usize].tier, c.bytes);
-            let op = self.ops[c.op.0 as usize].take().expect("completed op is live");
-            self.free_ops.push(c.op.0);
-            self.op_done(now, op, c.bytes, sched);
-        }
-        completed.clear();
-        if out.completed.is_empty() {
-            out.completed = completed;
-        }
-    }
-
-    fn op_done(&mut self, now: SimTime, op: IoOp, bytes: u64, sched: &mut Scheduler<'_, Event>) {
-        let tier = self.instances[op.instance as usize].tier;
-        match op.purpose {
-            Purpose::Fetch { request, keys } => {
-                let store = &mut self.instances[op.instance as usize].store;
-                keys.iter().for_each(|&k| store.unpin(k));
-                let cfg = &self.scenario.worker;
-                let r = &mut self.requests[request.index()];
-                r.read_bytes[tier.index()] += bytes;
-                let (start, left) = r.fetch.expect("fetching");
-                if left > 1 {
-                    r.fetch = Some((start, left - 1));
-                    return;
-                }
-                r.fetch = None;
-                let took = now - start;
-                r.fetch_time = Some(took);
+                let took = now - d.started;
+                r.fetch_time.get_or_insert(took);
                 self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
-                let w = r.worker.expect("routed");
-                self.workers[w.index()].fetched(request, now, &mut self.requests, cfg);
-                self.pump(now, w, sched);
-                self.kick(now, w, sched);
+                self.workers[d.worker.index()].fetched(d.request, now, &mut self.requests, &self.scenario.worker);
+                self.poll_worker(now, d.worker, sched);
             }
-            Purpose::Write { keys, waiter, worker } => {
-                for k in keys {
-                    if self.instances[op.instance as usize].store.complete(k) {
-                        self.kv_event(now, worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }, sched);
-                    }
-                }
-                if let Some(id) = waiter {
-                    let r = &mut self.requests[id.index()];
-                    r.pending_writes -= 1;
-                    if r.pending_writes == 0 {
-                        self.respond(now, id, sched);
-                    }
-                }
+            for &id in &out.saved {
+                self.respond(now, id, sched);
             }
+            out.clear();
+            self.conn_spare = out;
         }
     }
 
@@ -539,90 +364,21 @@ impl<'a> Cluster<'a> {
     }
 
     /// Moves the worker's prefix-cache events to its pending KV events and
-    /// writes back evicted chunk-ending blocks if configured.
-    fn drain_cache(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+    /// has the connector write back evicted chunk-ending blocks if configured.
+    /// (The flush of pending events is scheduled when they are next applied.)
+    fn drain_cache(&mut self, now: SimTime, w: WorkerId) {
         let cache = self.workers[w.index()].cache_mut();
         if cache.events.is_empty() && cache.evicted.is_empty() {
             return;
         }
         let mut events = std::mem::take(&mut cache.events);
         let mut evicted = std::mem::take(&mut cache.evicted);
-        let pending = &mut self.kv_pending[w.index()];
-        if pending.is_empty() && !events.is_empty() {
-            sched.at(now + self.scenario.kvc.event_coalesce, Event::KvFlush(w));
-        }
-        pending.extend(events.drain(..).map(|e| (now, e)));
-        if !evicted.is_empty() {
-            // Only reported when write-back on eviction is on (and there is a tier).
-            let first = self.worker_tiers[w.index()][0];
-            let bytes = self.scenario.kvc.chunk_blocks * self.scenario.kvc.block_bytes;
-            let chunks: Vec<(BlockHash, u64)> = evicted.drain(..).map(|(h, _)| (h, bytes)).collect();
-            self.write_chunks(now, w, first, &chunks, None, sched);
-        }
+        self.conn_out.events.extend(events.drain(..).map(|e| (w, e)));
+        // Only reported when write-back on eviction is on.
+        self.connector.save_evicted(now, w, evicted.drain(..).map(|(h, _)| h), &mut self.conn_out);
         let cache = self.workers[w.index()].cache_mut();
         cache.events = events;
         cache.evicted = evicted;
-    }
-
-    /// Reserves and writes `chunks` to tier instance `inst`; with the spill
-    /// policy, what it evicts goes on to the next tier. Returns write ops issued.
-    fn write_chunks(
-        &mut self,
-        now: SimTime,
-        w: WorkerId,
-        inst: u32,
-        chunks: &[(BlockHash, u64)],
-        waiter: Option<RequestId>,
-        sched: &mut Scheduler<'_, Event>,
-    ) -> u32 {
-        let tier = self.instances[inst as usize].tier;
-        let mut keys = Vec::with_capacity(chunks.len());
-        let mut bytes = 0;
-        let mut spilled = Vec::new();
-        for &(k, b) in chunks {
-            if self.instances[inst as usize].store.reserve(k, b, &mut spilled) == Reserve::Reserved {
-                keys.push(k);
-                bytes += b;
-            }
-        }
-        for &(v, _) in &spilled {
-            self.kv_event(now, w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }, sched);
-        }
-        let mut ops = 0;
-        if !keys.is_empty() {
-            self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Write { keys, waiter, worker: w }, sched);
-            ops += 1;
-        }
-        if self.scenario.kvc.write_policy == WritePolicy::Spill && !spilled.is_empty() {
-            let tiers = &self.worker_tiers[w.index()];
-            if let Some(pos) = tiers.iter().position(|&i| i == inst)
-                && let Some(&next) = tiers.get(pos + 1)
-            {
-                ops += self.write_chunks(now, w, next, &spilled, waiter, sched);
-            }
-        }
-        ops
-    }
-
-    /// Writes a finished request's chunks to the tiers; returns write ops issued.
-    fn store(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) -> u32 {
-        let w = self.requests[id.index()].worker.expect("routed");
-        if self.worker_tiers[w.index()].is_empty() {
-            return 0;
-        }
-        let kvc = &self.scenario.kvc;
-        let r = &self.requests[id.index()];
-        let full = (r.seq.computed / self.scenario.worker.block_size).min(r.blocks.len() as u64);
-        let chunks: Vec<(BlockHash, u64)> = (0..full.div_ceil(kvc.chunk_blocks))
-            .filter_map(|j| self.chunk(&r.blocks, j, full))
-            .map(|(key, start, end)| (key, (end - start) * kvc.block_bytes))
-            .collect();
-        let waiter = (kvc.write_mode == WriteMode::Sync).then_some(id);
-        let targets = match kvc.write_policy {
-            WritePolicy::WriteThrough => self.worker_tiers[w.index()].len(),
-            WritePolicy::Spill => 1,
-        };
-        (0..targets).map(|i| self.write_chunks(now, w, self.worker_tiers[w.index()][i], &chunks, waiter, sched)).sum()
     }
 
     fn on_step_end(&mut self, now: SimTime, worker: WorkerId, version: u32, sched: &mut Scheduler<'_, Event>) {
@@ -655,16 +411,14 @@ impl<'a> Cluster<'a> {
                     .get_mut(LatencyMetric::Tpot)
                     .record(SimDuration(decode / u64::from(r.output_tokens - 1)));
             }
-            let ops = self.store(now, id, sched);
-            if ops > 0 && self.scenario.kvc.write_mode == WriteMode::Sync {
-                self.requests[id.index()].pending_writes = ops;
-            } else {
+            // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
+            let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
+            let waits = self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.conn_out);
+            if !waits {
                 self.respond(now, id, sched);
             }
         }
         self.outcome.completed = done;
-        self.drain_cache(now, worker, sched);
-        self.pump(now, worker, sched);
         self.kick(now, worker, sched);
     }
 
@@ -795,17 +549,18 @@ impl<'a> Cluster<'a> {
             }
         }
         tiers.prompt_tokens = prompt;
+        tiers.hit_tokens_total = self.requests.iter().map(|r| r.hit_tokens_total).sum();
+        tiers.prefill_tokens_computed = self.requests.iter().map(|r| r.prefill_tokens_computed).sum();
         let mut instances = [0u64; 4];
-        for inst in &self.instances {
-            let s = inst.device.stats_at(end);
+        for inst in self.connector.report(end) {
             let t = inst.tier.index();
-            tiers.bytes_read[t] += s.bytes_read;
-            tiers.bytes_written[t] += s.bytes_written;
-            tiers.device_busy_s[t] += s.busy.as_secs_f64();
+            tiers.bytes_read[t] += inst.stats.bytes_read;
+            tiers.bytes_written[t] += inst.stats.bytes_written;
+            tiers.device_busy_s[t] += inst.stats.busy.as_secs_f64();
             instances[t] += 1;
-            let cap = inst.store.capacity();
-            if cap > 0 {
-                tiers.occupancy_peak[t] = tiers.occupancy_peak[t].max(inst.store.peak() as f64 / cap as f64);
+            if inst.capacity_bytes > 0 {
+                tiers.occupancy_peak[t] =
+                    tiers.occupancy_peak[t].max(inst.peak_bytes as f64 / inst.capacity_bytes as f64);
             }
         }
         for ((util, busy), &n) in tiers.device_utilization.iter_mut().zip(&tiers.device_busy_s).zip(&instances) {
@@ -911,6 +666,7 @@ fn record(r: &Request) -> RequestRecord {
         preemptions: r.preemptions,
         completed: r.responded.is_some(),
         hit_tokens: r.hit_tokens,
+        hit_tokens_total: r.hit_tokens_total,
         read_bytes: r.read_bytes,
         kv_fetch_s: r.fetch_time.map(SimDuration::as_secs_f64),
         label: r.label,
@@ -954,10 +710,8 @@ impl Model for Cluster<'_> {
             Event::Arrival(stage) => self.on_arrival(now, stage, sched),
             Event::StepEnd { worker, version } => self.on_step_end(now, worker, version, sched),
             Event::Device { instance, timer } => {
-                let mut out = std::mem::take(&mut self.dev_out);
-                self.instances[instance as usize].device.on_timer(now, timer, &mut out);
-                self.apply_device(now, instance, &mut out, sched);
-                self.dev_out = out;
+                self.connector.on_timer(now, instance, timer, &mut self.conn_out);
+                self.apply_connector(now, sched);
             }
             Event::KvFlush(w) => {
                 let batch = std::mem::take(&mut self.kv_pending[w.index()]);
@@ -1017,8 +771,7 @@ impl Model for Cluster<'_> {
     /// Done when every request has responded and every storage operation
     /// (asynchronous writes included) has completed.
     fn finished(&self) -> bool {
-        self.fatal.is_some()
-            || (self.workload.finished() && self.in_system.count() == 0 && self.free_ops.len() == self.ops.len())
+        self.fatal.is_some() || (self.workload.finished() && self.in_system.count() == 0 && self.connector.idle())
     }
 
     fn advance_to(&mut self, now: SimTime) {

@@ -46,18 +46,16 @@ pub struct Request {
     pub prefill_tokens_computed: u64,
     /// Times it was preempted.
     pub preemptions: u32,
-    /// Prompt tokens found cached, per tier (indexed by `Tier::index`).
+    /// Tokens found cached at its first admission, per tier (indexed by
+    /// `Tier::index`): what the prefix-hit ratio counts.
     pub hit_tokens: [u64; 4],
-    /// Bytes fetched from each tier.
+    /// Tokens found cached over all its admissions (a preempted request is
+    /// admitted again and looks its prefix up again), every tier.
+    pub hit_tokens_total: u64,
+    /// Bytes loaded from each tier, over all its loads.
     pub read_bytes: [u64; 4],
-    /// When its KV fetch started, and how many reads are still in flight.
-    pub fetch: Option<(SimTime, u32)>,
-    /// What its fetch brought in: the first fetched block and `(tier, blocks)` runs.
-    pub fetched: Option<(u64, Vec<(crate::kvcache::Tier, u64)>)>,
-    /// How long its KV fetch took.
+    /// How long its first KV load took.
     pub fetch_time: Option<SimDuration>,
-    /// Chunk writes a synchronous store still waits for.
-    pub pending_writes: u32,
     /// Prompt tokens the router expected to find cached on the worker it chose.
     pub predicted_hit_tokens: Option<u64>,
 }
@@ -87,11 +85,9 @@ impl Request {
             prefill_tokens_computed: 0,
             preemptions: 0,
             hit_tokens: [0; 4],
+            hit_tokens_total: 0,
             read_bytes: [0; 4],
-            fetch: None,
-            fetched: None,
             fetch_time: None,
-            pending_writes: 0,
             predicted_hit_tokens: None,
         }
     }
@@ -130,11 +126,12 @@ pub struct SeqState {
     pub admit_seq: u64,
     /// Whether it holds one of the worker's I/O slots.
     pub holds_io_slot: bool,
-    /// Whether a KV fetch for it is in flight.
+    /// Whether a KV load for it is in flight (vLLM's `WAITING_FOR_REMOTE_KVS`).
     pub fetching: bool,
-    /// Whether the tiers were searched for its prefix (once, when it came
-    /// within `io_slots` of the queue head; again after a preemption).
-    pub tiers_checked: bool,
+    /// What the current admission attempt starts with, per tier: the GPU
+    /// prefix it holds and the tokens it loads (or loaded) from each tier.
+    /// Credited as hits when it is admitted.
+    pub hit: [u64; 4],
     /// When its latest token was produced (for the inter-token gap after a preemption).
     pub last_token_at: SimTime,
     /// Decode-group bookkeeping; valid while it is decoding.

@@ -126,12 +126,12 @@ fn an_opal_json_config_runs_unchanged_and_reports_what_it_ignores() {
     assert!(o.status.success(), "{}", stderr(&o));
     let err = stderr(&o);
     for key in [
-        "simulation.log_level",
-        "simulation.output_dir",
-        "simulation.plot",
-        "worker.hw.power_watts",
-        "kvc.DistributedFS.mount_point",
-        "workload.stages.0.workload_params.show_progress",
+        "simulation.save_simulation_data",
+        "simulation.show_progress",
+        "simulation.max_wall_time_sec",
+        "worker.worker_params.worker_local_queue_capacity",
+        "worker.hw.num_gpus",
+        "worker.vllm_params.lookahead_reqs",
     ] {
         assert!(err.contains(&format!("ignored `{key}`")), "{key} not reported:\n{err}");
     }
@@ -147,7 +147,8 @@ fn convert_writes_toml_that_runs_to_identical_results() {
     let o = opal_sweep(&["convert", OPAL_JSON, "-o", toml_path.to_str().unwrap()], root);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = std::fs::read_to_string(&toml_path).unwrap();
-    assert!(text.contains("# ignored (no counterpart here): simulation.plot"), "{text}");
+    assert!(text.contains("# ignored (no counterpart here): simulation.show_progress"), "{text}");
+    assert!(text.contains("prompt_content = \"single_sequence\""), "{text}");
     assert!(text.contains("enable_prefix_caching = true"), "{text}");
     // A second convert refuses to overwrite without --force.
     let again = opal_sweep(&["convert", OPAL_JSON, "-o", toml_path.to_str().unwrap()], root);
@@ -198,4 +199,63 @@ fn the_shipped_trace_replays_from_sweeps_and_prints_cache_hit_ratios() {
     let ratio = opal::output::f64_column(&runs, "prefix_hit_ratio").unwrap()[0].unwrap();
     assert!(ratio > 0.0);
     assert!(line.starts_with(&format!("KV cache: prefix hit {:.1} % ", 100.0 * ratio)), "{line} vs {ratio}");
+}
+
+/// `opal-sweep` with `HF_HOME` set to `hf_home` (so that no Hugging Face
+/// cache of the machine's can interfere).
+fn opal_sweep_hf(args: &[&str], cwd: &Path, hf_home: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_opal-sweep"))
+        .args(args)
+        .current_dir(cwd)
+        .env("HF_HOME", hf_home)
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .expect("binary runs")
+}
+
+#[test]
+fn an_opal_json_with_a_misspelt_key_exits_2_with_a_did_you_mean() {
+    let dir = temp_dir("opal-json-typo");
+    let json = "{\"workload\": {\"stages\": [{\"type\": \"ExponentialReqRate\",\n  \"workload_params\": {\"request_rte\": 12.0, \"total_requests\": 5}}]}}";
+    std::fs::write(dir.join("c.json"), json).unwrap();
+    let o = opal_sweep(&["c.json"], &dir);
+    assert_input_error(&o, &["c.json:2:", "request_rte", "did you mean `request_rate`"]);
+    assert!(!dir.join("results").exists(), "nothing ran");
+}
+
+#[test]
+fn an_opal_json_hf_url_runs_the_model_it_names_or_fails_clearly() {
+    let dir = temp_dir("opal-json-hf");
+    let hf_home = dir.join("hf");
+    let json = |url: &str| {
+        format!(
+            r#"{{"model": {{"model_params": {{"hf_url": "{url}"}}}},
+                "worker": {{"hw": {{"tp": 4}}}},
+                "workload": {{"stages": [{{"type": "UniformReqRate", "workload_params": {{"total_requests": 3}}}}]}}}}"#
+        )
+    };
+    // A preset, named by its Hugging Face id or URL, runs as that model.
+    std::fs::write(dir.join("70b.json"), json("https://huggingface.co/meta-llama/Llama-3.1-70B")).unwrap();
+    let spec = opal::config::load_spec(&dir.join("70b.json")).unwrap_or_else(|e| panic!("{e}"));
+    let plan = opal::sweep::plan(&spec).unwrap();
+    let scenario = opal::sweep::run_scenario(&plan.runs().next().unwrap()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((scenario.model.name.as_str(), scenario.model.num_layers), ("llama-3.1-70b", 80));
+    let o = opal_sweep_hf(&["70b.json", "-q", "-o", "out70"], &dir, &hf_home);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("hf_url = \"https://huggingface.co/meta-llama/Llama-3.1-70B\" → the preset"));
+
+    // Neither a preset nor in the Hugging Face cache: exit 2, saying how to provide it.
+    std::fs::write(dir.join("other.json"), json("acme/tiny-llama")).unwrap();
+    let o = opal_sweep_hf(&["other.json"], &dir, &hf_home);
+    assert_input_error(&o, &["other.json:1:", "model.model_params.hf_url", "acme/tiny-llama", "config_path"]);
+
+    // In the cache (where Opal's transformers would have put it): that config.json.
+    let snapshot = hf_home.join("hub/models--acme--tiny-llama/snapshots/0123abc");
+    std::fs::create_dir_all(&snapshot).unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/opal/models/llama-3.1-8b/config.json");
+    std::fs::copy(fixture, snapshot.join("config.json")).unwrap();
+    let o = opal_sweep_hf(&["convert", "other.json", "-o", "-"], &dir, &hf_home);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let toml = String::from_utf8_lossy(&o.stdout);
+    assert!(toml.contains("config_path") && toml.contains("0123abc"), "{toml}");
 }

@@ -49,9 +49,9 @@ fn the_reference_hit_function_follows_the_prefix_property() {
     assert_eq!(sequential_hits(&rows, 512, 16), vec![0, 1008, 512, 592]);
 }
 
-#[test]
-fn trace_replay_into_one_unbounded_worker_hits_exactly_what_the_hash_ids_predict() {
-    let rows: Vec<(u64, Vec<u64>)> = std::fs::read_to_string(TRACE)
+/// The shipped trace's rows: `(input_length, hash_ids)`.
+fn trace_rows() -> Vec<(u64, Vec<u64>)> {
+    std::fs::read_to_string(TRACE)
         .unwrap()
         .lines()
         .map(|l| {
@@ -59,20 +59,20 @@ fn trace_replay_into_one_unbounded_worker_hits_exactly_what_the_hash_ids_predict
             let ids = v["hash_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
             (v["input_length"].as_u64().unwrap(), ids)
         })
-        .collect();
-    let expected = sequential_hits(&rows, 512, 16);
-    // One worker with memory for the whole trace, requests one at a time so
-    // each sees every earlier one cached; the step model is irrelevant here.
+        .collect()
+}
+
+/// Replays the whole shipped trace into one worker (Llama-3.1-8B, a fixed
+/// 1 ms step: the step model is irrelevant here) one request at a time —
+/// each is sent when the previous one has responded — with the extra
+/// settings `extra`; checks that every request found exactly the `expected`
+/// tokens cached at its first admission and returns the run's prefix-hit
+/// ratio and the reference's (hit tokens over prompt tokens).
+fn replay_serially(extra: &str, rows: &[(u64, Vec<u64>)], expected: &[u64]) -> (f64, f64) {
     let out = run(&scenario(&format!(
         r#"
         [model.model_params]
         name = "llama-3.1-8b"
-        [worker.hw]
-        memory_gb = 10000
-        [kvc]
-        kvc_tiers = ["CPUMemory"]
-        [kvc.CPUMemory]
-        capacity_GB = 1000000
         [worker.inference_params]
         model = "synthetic"
         mean_latency_secs = 0.001
@@ -81,11 +81,12 @@ fn trace_replay_into_one_unbounded_worker_hits_exactly_what_the_hash_ids_predict
         [workload.stages.workload_params]
         trace_file = "{TRACE}"
         max_outstanding_requests = 1
+        {extra}
         "#
     )));
     assert_eq!(out.requests.len(), rows.len());
     let got: Vec<u64> = out.requests.iter().map(|r| r.hit_tokens.iter().sum()).collect();
-    let first_diff = got.iter().zip(&expected).position(|(a, b)| a != b);
+    let first_diff = got.iter().zip(expected).position(|(a, b)| a != b);
     assert_eq!(
         first_diff,
         None,
@@ -94,9 +95,17 @@ fn trace_replay_into_one_unbounded_worker_hits_exactly_what_the_hash_ids_predict
         first_diff.map(|i| expected[i])
     );
     let prompt: u64 = rows.iter().map(|r| r.0).sum();
-    let ratio = expected.iter().sum::<u64>() as f64 / prompt as f64;
-    assert_eq!(out.summary.tiers.prefix_hit_ratio(), ratio);
-    assert!(ratio > 0.3, "the conversation trace reuses a lot of context ({ratio})");
+    (out.summary.tiers.prefix_hit_ratio(), expected.iter().sum::<u64>() as f64 / prompt as f64)
+}
+
+#[test]
+fn trace_replay_into_one_unbounded_gpu_hits_exactly_what_the_hash_ids_predict() {
+    let rows = trace_rows();
+    // A GPU that holds the whole trace, no tier below it.
+    let extra = "[worker.hw]\nmemory_gb = 20000\n[kvc]\nkvc_tiers = []";
+    let (got, want) = replay_serially(extra, &rows, &sequential_hits(&rows, 512, 16));
+    assert_eq!(got, want);
+    assert!(want > 0.3, "the conversation trace reuses a lot of context ({want})");
 }
 
 /// 40 requests, one every 2 s, of 2,100 tokens sharing a 2,048-token prefix;
@@ -335,4 +344,151 @@ fn kv_events_are_coalesced_per_worker_window() {
         rarely.summary.sim_time_s
     );
     assert!(often.summary.kv_event_batches > 10 * rarely.summary.kv_event_batches);
+}
+
+/// One worker serving Llama-3.1-8B on an H100 with GPU prefix caching off,
+/// CPU memory and the DFS below it, and a KV pool of `util` × 80 GiB − 15 GiB
+/// of weights. Stage 0 writes the first 16,384 tokens of one sequence to the
+/// tiers; stage 1 sends 400 Poisson requests at 12 req/s whose prompts (32 –
+/// 16,384 tokens) are all prefixes of that sequence, as the Python Opal's are.
+fn one_sequence(util: f64) -> opal::RunOutput {
+    run(&scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [worker.vllm_params]
+        enable_prefix_caching = false
+        gpu_memory_utilization = {util}
+        max_model_len = 16512
+        [kvc]
+        kvc_tiers = ["CPUMemory", "DistributedFS"]
+        write_mode = "sync"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 16384
+        output_tokens = 1
+        prompt_content = "single_sequence"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 12.0
+        total_requests = 400
+        prompt_content = "single_sequence"
+        "#
+    )))
+}
+
+#[test]
+fn with_tight_gpu_memory_no_request_recomputes_a_prefix_a_tier_holds() {
+    // util 0.25: 20 GiB − 15 GiB of weights = 2,581 blocks, 41,296 tokens —
+    // less than the 8 loads of up to 16,384 tokens the I/O slots allow at once.
+    let (tight, ample) = (one_sequence(0.25), one_sequence(0.9));
+    assert!(tight.summary.tiers.prompt_tokens > 0 && tight.summary.requests_completed == 401);
+    for out in [&tight, &ample] {
+        // From the start of stage 1 the tiers hold every whole 256-token chunk
+        // of the sequence, so a prompt of L tokens finds at least its whole
+        // chunks (all but its last token at most).
+        for r in out.requests.iter().filter(|r| r.stage == 1) {
+            let l = u64::from(r.prompt_tokens);
+            let held = (l / 256 * 256).min(l - 1);
+            let hit: u64 = r.hit_tokens.iter().sum();
+            assert!(hit >= held && hit < l, "request {}: {l} tokens, {hit} hit, {held} held", r.id);
+            if r.preemptions == 0 {
+                assert_eq!(r.prefill_tokens_computed, l - hit, "request {} computed only what it did not find", r.id);
+            }
+        }
+    }
+    let (t, a) = (tight.summary.tiers.prefix_hit_ratio(), ample.summary.tiers.prefix_hit_ratio());
+    assert!(t > 0.95 && (t - a).abs() < 0.02, "hit ratio {t} with tight memory vs {a} with ample");
+    // Tight memory did bind: requests waited for blocks to load into.
+    assert!(
+        tight.summary.queue_wait_ms.mean > 2.0 * ample.summary.queue_wait_ms.mean,
+        "queue wait {} ms vs {} ms",
+        tight.summary.queue_wait_ms.mean,
+        ample.summary.queue_wait_ms.mean
+    );
+}
+
+fn one_request_stored(save_decode_cache: bool) -> opal::RunOutput {
+    run(&scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [kvc]
+        kvc_tiers = ["CPUMemory"]
+        save_decode_cache = {save_decode_cache}
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 1000
+        output_tokens = 100
+        "#
+    )))
+}
+
+#[test]
+fn only_prompt_kv_is_stored_unless_decode_kv_is_asked_for() {
+    // Llama-3.1-8B: 16 tokens × 128 KiB = 2 MiB per block. The 1,000-token
+    // prompt has 62 full blocks (chunks of 16, 16, 16 and 14 blocks).
+    let block = 16 * 131_072;
+    assert_eq!(one_request_stored(false).summary.tiers.bytes_written[1], 62 * block);
+    // With save_decode_cache the 99 generated tokens whose KV was computed
+    // (the last one's never is) count too: 1,099 tokens, 68 full blocks.
+    assert_eq!(one_request_stored(true).summary.tiers.bytes_written[1], 68 * block);
+}
+
+/// Independent reference for a trace replayed one request at a time into a
+/// tier that never evicts, GPU prefix caching off: the tier holds chunks of
+/// `chunk` tokens of every earlier prompt, each identified by its hash-id
+/// prefix and its number of full 16-token blocks (a prompt's last chunk may
+/// be short; LMCache keys it by its own prefix, so it matches only a chunk of
+/// the same length). A request finds its chunks in order until the first
+/// miss; its hit is what they cover, all but its last token at most. Chunks
+/// past the prompt's hash ids are unique to it and never match.
+fn serial_tier_hits(rows: &[(u64, Vec<u64>)], chunk: u64) -> Vec<u64> {
+    let mut held: std::collections::HashSet<(Vec<u64>, u64)> = std::collections::HashSet::new();
+    let per = chunk / 16;
+    rows.iter()
+        .map(|(input, ids)| {
+            let full = input / 16;
+            let chunks: Vec<(Vec<u64>, u64)> = (0..full.div_ceil(per).min(ids.len() as u64))
+                .map(|j| (ids[..=j as usize].to_vec(), full.min((j + 1) * per) - j * per))
+                .collect();
+            let matched: u64 = chunks.iter().take_while(|c| held.contains(c)).map(|c| c.1).sum();
+            held.extend(chunks);
+            (matched * 16).min(input - 1)
+        })
+        .collect()
+}
+
+#[test]
+fn serial_trace_replay_from_a_cpu_tier_hits_what_the_hash_ids_predict() {
+    let rows = trace_rows();
+    // GPU prefix caching off, a CPU tier that never evicts, chunks of 512
+    // tokens (the trace's), and responses that wait for their KV to be
+    // written (sync), so every request sees every earlier one's chunks.
+    let extra = "[worker.vllm_params]\nenable_prefix_caching = false\n[kvc]\nkvc_tiers = [\"CPUMemory\"]\nchunk_size = 512\nwrite_mode = \"sync\"\n[kvc.CPUMemory]\ncapacity_GB = 1000000";
+    let (got, want) = replay_serially(extra, &rows, &serial_tier_hits(&rows, 512));
+    assert!((got - want).abs() < 0.0005, "hit ratio {got} vs {want}");
+    assert!(want > 0.3, "the conversation trace reuses a lot of context ({want})");
+}
+
+#[test]
+fn an_imported_opal_study_at_12_requests_per_second_hits_its_shared_prompts() {
+    // The shipped Opal JSON: Opal's defaults (GPU prefix caching off, all of
+    // memory_gb for vLLM), one H100, Granite-3.3-8B, CPU + DFS tiers, 3,000
+    // Poisson requests at 12 req/s whose prompts are prefixes of one sequence.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/opal/exponential-12rps.json");
+    let spec = opal::config::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+    let plan = opal::sweep::plan(&spec).unwrap();
+    let out = run(&opal::sweep::run_scenario(&plan.runs().next().unwrap()).unwrap());
+    let s = &out.summary;
+    assert_eq!(s.requests_completed, 3000);
+    assert!(s.tiers.prefix_hit_ratio() > 0.95, "hit ratio {}", s.tiers.prefix_hit_ratio());
+    // It keeps up: completions per second match the rate the requests came at.
+    let offered = 3000.0 / out.requests.iter().map(|r| r.arrival_s).fold(0.0, f64::max);
+    assert!((s.requests_per_s / offered - 1.0).abs() < 0.02, "{} req/s served of {offered} offered", s.requests_per_s);
 }

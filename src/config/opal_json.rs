@@ -2,20 +2,28 @@
 //! and files of its shape), unchanged.
 //!
 //! The JSON has the same sections and key names as a TOML scenario, so the
-//! import is a translation plus three adjustments, each reported:
+//! import is a translation plus these adjustments, each reported:
 //!
 //! - **Renamed keys**: `enable_gpu_apc` (Opal's switch for GPU prefix
 //!   caching, under `worker.vllm_params` or `worker.worker_params`) becomes
 //!   `worker.vllm_params.enable_prefix_caching`.
+//! - **The model `hf_url` names** (a Hugging Face id such as
+//!   `meta-llama/Llama-3.1-70B`, or its URL; Opal downloads its
+//!   `config.json`): a preset of that name, else the `config.json` in the
+//!   local Hugging Face cache, else an error that says how to provide it —
+//!   never the default model.
 //! - **Opal's defaults where ours differ**: a key the JSON does not set gets
 //!   the value Opal would use — GPU prefix caching off and the whole of
-//!   `memory_gb` for vLLM (`gpu_memory_utilization = 1`), and trace
-//!   timestamps in seconds (`multiplier_to_sec = 1`, where our default reads
-//!   Mooncake's milliseconds) — so the imported scenario means what it meant
-//!   to Opal.
-//! - **Keys with no counterpart** (plotting, logging, output paths, …) are
-//!   removed and listed by name; nothing is dropped silently. `null` values
-//!   mean "the default".
+//!   `memory_gb` for vLLM (`gpu_memory_utilization = 1`), trace timestamps in
+//!   seconds (`multiplier_to_sec = 1`, where our default reads Mooncake's
+//!   milliseconds), and Opal's prompts for its synthetic stages (every prompt
+//!   of n tokens is `list(range(n))`: `prompt_content = "single_sequence"`)
+//!   — so the imported scenario means what it meant to Opal.
+//! - **Opal keys with no counterpart** ([`OPAL_ONLY_KEYS`]: progress bars,
+//!   wall-clock caps, knobs of Opal engines not modelled here) are removed
+//!   and listed by name; nothing is dropped silently. Any other unknown key
+//!   is a mistake (a typo such as `request_rte`) and an error that names the
+//!   closest valid key. `null` values mean "the default".
 //!
 //! Relative paths are resolved against the JSON file's directory, or —
 //! Opal's convention, where paths are relative to the directory it runs
@@ -59,6 +67,36 @@ const OPAL_DEFAULTS: [OpalDefault; 2] = [
     },
 ];
 
+/// Keys of the Python Opal's configuration that have no counterpart here
+/// (dotted, `*` for any list index), from its `configs/defaults.json`,
+/// `configs/defaults_apc.json` and its wiki's configuration reference:
+/// removed with a warning.
+pub const OPAL_ONLY_KEYS: [&str; 17] = [
+    "simulation.save_simulation_data",
+    "simulation.show_progress",
+    "simulation.max_wall_time_sec",
+    "worker.worker_params.worker_local_queue_capacity",
+    "worker.vllm_params.lookahead_reqs",
+    "worker.vllm_params.apc_eviction_policy",
+    "worker.vllm_params.hbm_eviction_threshold",
+    "worker.vllm_params.apc_eviction_check_interval_sec",
+    "worker.hw.tflops_fp16",
+    "worker.hw.tflops_fp32",
+    "worker.hw.tflops_fp8",
+    "worker.hw.tflops_fp4",
+    "worker.hw.num_gpus",
+    "worker.inference_params.compute_efficiency",
+    "worker.inference_params.memory_efficiency",
+    "workload.stages.*.workload_params.a_override",
+    "workload.stages.*.workload_params.b_override",
+];
+
+/// Whether dotted `key` matches `pattern` (`*` matches any list index).
+fn matches(pattern: &str, key: &str) -> bool {
+    let (p, k): (Vec<&str>, Vec<&str>) = (pattern.split('.').collect(), key.split('.').collect());
+    p.len() == k.len() && p.iter().zip(&k).all(|(p, k)| p == k || (*p == "*" && k.parse::<usize>().is_ok()))
+}
+
 /// Keys that hold file paths (dotted, `*` for any list index).
 const PATH_KEYS: [&str; 4] = [
     "model.model_params.config_dir",
@@ -99,26 +137,31 @@ pub fn import(
         }
     }
     trace_seconds(&mut out);
+    opal_prompts(&mut out);
+    let in_json = |mut e: ConfigError| {
+        e.file = source.clone();
+        if let Some(k) = &e.key {
+            e.line = json_line(text, k);
+        }
+        e
+    };
+    model_from_hf_url(&mut out).map_err(in_json)?;
     anchor_paths(&mut out, path.parent().unwrap_or(Path::new(".")));
-    // Remove keys the schema does not know, one at a time, until it validates
-    // or fails for another reason (which is a real error in the file).
+    // Remove Opal's keys the schema does not know, one at a time, until it
+    // validates or fails for another reason (a real error in the file).
     for _ in 0..1000 {
         match validate(&out.table) {
             Ok(()) => break,
             Err(e) if e.unknown_key => {
                 let key = e.key.clone().unwrap_or_default();
-                if key.is_empty() || !remove_path(&mut out.table, &key) {
+                if !OPAL_ONLY_KEYS.iter().any(|p| matches(p, &key)) || !remove_path(&mut out.table, &key) {
+                    let mut e = in_json(e);
+                    e.message.push_str(" (not a key of the Python Opal either)");
                     return Err(e);
                 }
                 out.ignored.push(key);
             }
-            Err(mut e) => {
-                e.file = source.clone();
-                if let Some(k) = &e.key {
-                    e.line = json_line(text, k);
-                }
-                return Err(e);
-            }
+            Err(e) => return Err(in_json(e)),
         }
     }
     Ok(out)
@@ -224,6 +267,99 @@ fn trace_seconds(out: &mut Imported) {
             ));
         }
     }
+}
+
+/// Opal's `UniformReqRate` and `ExponentialReqRate` prompts are
+/// `list(range(n))`: every prompt is the start of one sequence. A stage of
+/// the JSON that does not say otherwise gets that content model.
+fn opal_prompts(out: &mut Imported) {
+    let Some(stages) = out.table.get_mut("workload").and_then(|w| w.get_mut("stages")).and_then(|s| s.as_array_mut())
+    else {
+        return;
+    };
+    for (i, stage) in stages.iter_mut().enumerate() {
+        let kind = stage.get("type").and_then(|t| t.as_str()).map(str::to_ascii_lowercase);
+        let Some(stage) =
+            stage.as_table_mut().filter(|_| matches!(kind.as_deref(), Some("uniformreqrate" | "exponentialreqrate")))
+        else {
+            continue;
+        };
+        let params = stage.entry("workload_params").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(p) = params.as_table_mut().filter(|p| !p.contains_key("prompt_content")) {
+            p.insert("prompt_content".into(), toml::Value::String("single_sequence".into()));
+            out.notes.push(format!(
+                "workload.stages.{i}.workload_params.prompt_content = \"single_sequence\" (Opal's prompts are list(range(n)): each is the start of one sequence; default_prefix_length does not apply)"
+            ));
+        }
+    }
+}
+
+/// The Hugging Face id in Opal's `hf_url` (an id such as
+/// `meta-llama/Llama-3.1-70B`, or a `huggingface.co` URL of the model or
+/// of a file in it).
+fn hf_id(url: &str) -> &str {
+    let id = url.trim().trim_end_matches('/');
+    let id = id.strip_prefix("https://").or_else(|| id.strip_prefix("http://")).unwrap_or(id);
+    let id = id.strip_prefix("huggingface.co/").or_else(|| id.strip_prefix("hf.co/")).unwrap_or(id);
+    ["/resolve/", "/blob/", "/tree/"].iter().fold(id, |id, cut| id.split(cut).next().unwrap_or(id))
+}
+
+/// The `config.json` of Hugging Face model `id` in the local Hugging Face
+/// cache (`$HF_HUB_CACHE`, `$HF_HOME/hub` or `~/.cache/huggingface/hub`),
+/// where Opal's `AutoConfig.from_pretrained` leaves it.
+fn hf_cached_config(id: &str) -> Option<PathBuf> {
+    let hub = std::env::var_os("HF_HUB_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub")))?;
+    let snapshots = hub.join(format!("models--{}", id.replace('/', "--"))).join("snapshots");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(snapshots)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path().join("config.json")))
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+/// Maps `model.model_params.hf_url` to the model it names: a preset, or the
+/// cached `config.json`; an error (saying how to provide one) otherwise.
+fn model_from_hf_url(out: &mut Imported) -> Result<(), ConfigError> {
+    let params = table_at(&mut out.table, "model.model_params");
+    let Some(url) = params.remove("hf_url") else { return Ok(()) };
+    let key = "model.model_params.hf_url";
+    let Some(url) = url.as_str().map(str::to_string) else {
+        return Err(ConfigError::key("", key, "must be a string")
+            .hint("a Hugging Face id such as \"ibm-granite/granite-3.3-8b-instruct\"")
+            .schema());
+    };
+    if params.contains_key("config_dir") {
+        return Err(ConfigError::key("", key, "hf_url and config_dir are both set (Opal refuses that too)")
+            .hint(
+                "keep one: hf_url for a Hugging Face model, or config_dir for a local <config_dir>/<name>/config.json",
+            )
+            .schema());
+    }
+    let id = hf_id(&url).to_string();
+    let name = id.rsplit('/').next().unwrap_or(&id).to_string();
+    let (value_key, value, what) = if crate::worker::presets::ModelArch::preset(&id).is_some() {
+        ("name", id.clone(), format!("the preset {name}"))
+    } else if let Some(path) = hf_cached_config(&id) {
+        let shown = path.display().to_string();
+        ("config_path", shown.clone(), format!("the cached {shown}"))
+    } else {
+        return Err(ConfigError::key("", key, format!("{url:?} names {id}, which is neither a preset here nor in the local Hugging Face cache (opal-sweep does not download)"))
+            .hint(format!(
+                "download https://huggingface.co/{id}/blob/main/config.json and set model.model_params.config_path to it (and remove hf_url), or use a preset: {}",
+                crate::worker::presets::ModelArch::PRESETS.join(", ")
+            ))
+            .schema());
+    };
+    if let Some(old) = params.insert(value_key.into(), toml::Value::String(value)).filter(|_| value_key == "name") {
+        out.notes.push(format!("model.model_params.name = {old} is replaced by the model hf_url names"));
+    }
+    out.notes.push(format!("{key} = {url:?} → {what}"));
+    Ok(())
 }
 
 fn rename_gpu_apc(out: &mut Imported) {

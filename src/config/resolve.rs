@@ -368,6 +368,7 @@ fn resolve_kvc(
         tiers,
         chunk_blocks: u64::from(k.chunk_size) / block,
         save_unfull_chunk: k.save_unfull_chunk,
+        save_decode_cache: k.save_decode_cache,
         write_policy,
         write_mode,
         store_on_gpu_eviction: k.store_on_gpu_eviction,

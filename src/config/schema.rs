@@ -251,8 +251,14 @@ pub struct RateParams {
     pub output_tokens_max: Option<i64>,
     /// Output length distribution instead of min/max (as `prompt_size`).
     pub output_tokens: Option<toml::Value>,
-    /// Leading tokens every request of the stage shares (capped at the prompt size).
+    /// Leading tokens every request of the stage shares (capped at the prompt size),
+    /// with `prompt_content = "shared_prefix"`.
     pub default_prefix_length: i64,
+    /// What prompts contain: `shared_prefix` (the stage's first `default_prefix_length`
+    /// tokens, then tokens unique to the request) or `single_sequence` (the Python
+    /// Opal's model: every prompt is the first n tokens of one fixed sequence, the same
+    /// for every stage, so a prompt is a prefix of every longer one).
+    pub prompt_content: String,
     /// ExponentialReqRate: gap = mean·(1−jitter) + Exp(mean)·jitter; 1 = Poisson, 0 = fixed.
     /// Ignored by UniformReqRate (as in Opal).
     pub jitter: f64,
@@ -275,6 +281,7 @@ impl Default for RateParams {
             output_tokens_max: None,
             output_tokens: None,
             default_prefix_length: 1024,
+            prompt_content: "shared_prefix".into(),
             jitter: 1.0,
             time_duration_sec: -1.0,
             max_outstanding_requests: -1,
@@ -448,6 +455,9 @@ pub struct KvcSection {
     pub chunk_size: u32,
     /// Also store a request's last, partial chunk.
     pub save_unfull_chunk: bool,
+    /// Also store the KV of generated tokens (LMCache's `save_decode_cache`; default
+    /// false: only prompt KV is stored, as LMCache does by default).
+    pub save_decode_cache: bool,
     /// `write_through` (every tier) or `spill` (the first tier; evicted chunks move down a tier).
     pub write_policy: String,
     /// `async` (completion does not wait for the writes) or `sync` (it does).
@@ -468,6 +478,7 @@ impl Default for KvcSection {
             kvc_tiers: vec!["CPUMemory".into()],
             chunk_size: 256,
             save_unfull_chunk: true,
+            save_decode_cache: false,
             write_policy: "write_through".into(),
             write_mode: "async".into(),
             store_on_gpu_eviction: false,

@@ -6,8 +6,8 @@ use super::resolve::Ctx;
 use super::schema::{RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, StageSection, TraceParams};
 use crate::time::SimDuration;
 use crate::workload::{
-    ArrivalProcess, Dist, RagStage, RateStage, SC25_PROMPT_SIZES, Sc25Stage, SessionsStage, StageConfig, StageKind,
-    TraceStage,
+    ArrivalProcess, Dist, PromptContent, RagStage, RateStage, SC25_PROMPT_SIZES, Sc25Stage, SessionsStage, StageConfig,
+    StageKind, TraceStage,
 };
 use std::io::BufRead;
 use std::path::Path;
@@ -151,11 +151,23 @@ impl StageCx<'_> {
             ("output_tokens_min", p.output_tokens_min, 32),
             ("output_tokens_max", p.output_tokens_max, 128),
         )?;
-        let shared_prefix = self.at_least("default_prefix_length", p.default_prefix_length, 0)?;
+        let content = match p.prompt_content.to_ascii_lowercase().as_str() {
+            "shared_prefix" => {
+                PromptContent::SharedPrefix(self.at_least("default_prefix_length", p.default_prefix_length, 0)?)
+            }
+            "single_sequence" => PromptContent::SingleSequence,
+            other => {
+                return Err(self.err(
+                    "prompt_content",
+                    format!("unknown prompt content {other:?}"),
+                    "use shared_prefix (default_prefix_length shared tokens, then unique ones) or single_sequence (every prompt is the start of one sequence, as in the Python Opal)",
+                ));
+            }
+        };
         let time_limit = self.time_limit(p.time_duration_sec)?;
         let total = self.count("total_requests", p.total_requests, time_limit)?;
         Ok(StageConfig {
-            kind: StageKind::Rate(RateStage { arrival, rate, total, prompt, output, shared_prefix }),
+            kind: StageKind::Rate(RateStage { arrival, rate, total, prompt, output, content }),
             time_limit,
             max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
         })

@@ -7,10 +7,12 @@
 //! `kvc.chunk_size` tokens, keyed by the hash of the chunk's last block,
 //! which identifies the whole prefix up to it.
 
+pub mod connector;
 mod hash;
 mod prefix;
 mod store;
 
+pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
 pub use hash::{BlockHash, Content, Segment, block_hashes, content_id};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve};
@@ -123,6 +125,8 @@ pub struct KvcConfig {
     pub chunk_blocks: u64,
     /// Store a request's last, partial chunk too.
     pub save_unfull_chunk: bool,
+    /// Store the KV of generated tokens too, not only the prompt's (LMCache's `save_decode_cache`).
+    pub save_decode_cache: bool,
     /// Where chunks are written.
     pub write_policy: WritePolicy,
     /// Whether completion waits for writes.
@@ -135,4 +139,22 @@ pub struct KvcConfig {
     pub event_coalesce: crate::time::SimDuration,
     /// Whether workers publish KV events at all (only a KV-aware router reads them).
     pub publish_events: bool,
+}
+
+impl KvcConfig {
+    /// Chunk `j` of a sequence whose first `limit` block hashes are `blocks`:
+    /// its key (the hash of its last block, which identifies the whole prefix
+    /// up to it) and its block range `[start, end)`. A chunk cut short by
+    /// `limit` exists only with `save_unfull_chunk` (LMCache keys the last,
+    /// partial chunk by its own prefix hash, so it matches only a sequence that
+    /// ends at the same block).
+    pub fn chunk(&self, blocks: &[BlockHash], j: u64, limit: u64) -> Option<(BlockHash, u64, u64)> {
+        let m = self.chunk_blocks;
+        let start = j * m;
+        let end = ((j + 1) * m).min(limit);
+        if end <= start || (end < (j + 1) * m && !self.save_unfull_chunk) {
+            return None;
+        }
+        Some((blocks[end as usize - 1], start, end))
+    }
 }

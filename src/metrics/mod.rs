@@ -218,9 +218,11 @@ pub struct RequestRecord {
     pub preemptions: u32,
     /// Whether its response left the platform within the run.
     pub completed: bool,
-    /// Prompt tokens found cached, per tier (gpu, cpu, nvme, dfs).
+    /// Tokens found cached at its first admission, per tier (gpu, cpu, nvme, dfs).
     pub hit_tokens: [u64; 4],
-    /// Bytes fetched per tier (gpu unused).
+    /// Tokens found cached over all its admissions (again after each preemption), every tier.
+    pub hit_tokens_total: u64,
+    /// Bytes fetched per tier, over all its loads (gpu unused).
     pub read_bytes: [u64; 4],
     /// Duration of its KV fetch, seconds.
     pub kv_fetch_s: Option<f64>,
@@ -275,8 +277,13 @@ pub struct WorkerRow {
 pub struct TierSummary {
     /// Prompt tokens of the requests that were scheduled.
     pub prompt_tokens: u64,
-    /// Of those, tokens found cached in each tier.
+    /// Of those, tokens found cached in each tier at the requests' first admission.
     pub hit_tokens: [u64; 4],
+    /// Tokens found cached over every admission (a preempted request is
+    /// admitted again, with its prompt and generated tokens), every tier.
+    pub hit_tokens_total: u64,
+    /// Tokens computed by prefill over every admission (recomputation included).
+    pub prefill_tokens_computed: u64,
     /// Bytes read from each tier's devices.
     pub bytes_read: [u64; 4],
     /// Bytes written to each tier's devices.
@@ -295,13 +302,22 @@ impl TierSummary {
         if self.prompt_tokens == 0 { 0.0 } else { self.hit_tokens[tier.index()] as f64 / self.prompt_tokens as f64 }
     }
 
-    /// Fraction of scheduled prompt tokens found in any tier.
+    /// Fraction of scheduled prompt tokens found in any tier at first admission.
     pub fn prefix_hit_ratio(&self) -> f64 {
         if self.prompt_tokens == 0 {
             0.0
         } else {
             self.hit_tokens.iter().sum::<u64>() as f64 / self.prompt_tokens as f64
         }
+    }
+
+    /// Over every admission, the fraction of the tokens whose KV the workers
+    /// needed that was found cached rather than computed:
+    /// `hit_tokens_total / (hit_tokens_total + prefill_tokens_computed)`.
+    /// Equals [`Self::prefix_hit_ratio`] when nothing is preempted.
+    pub fn prefix_hit_ratio_total(&self) -> f64 {
+        let needed = self.hit_tokens_total + self.prefill_tokens_computed;
+        if needed == 0 { 0.0 } else { self.hit_tokens_total as f64 / needed as f64 }
     }
 }
 
@@ -455,6 +471,8 @@ impl RunSummary {
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
             ("workers".into(), Count(u64::from(self.workers))),
             ("prefix_hit_ratio".into(), Real(self.tiers.prefix_hit_ratio())),
+            ("hit_tokens_total".into(), Count(self.tiers.hit_tokens_total)),
+            ("prefix_hit_ratio_total".into(), Real(self.tiers.prefix_hit_ratio_total())),
         ]);
         use crate::kvcache::Tier;
         for t in Tier::ALL {

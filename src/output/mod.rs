@@ -246,6 +246,7 @@ impl TableSet {
             ]
             .into_iter()
             .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
+            .chain([c("hit_tokens_total", ColType::U64)])
             .chain(Tier::ALL[1..].iter().map(|t| (format!("read_bytes_{}", t.short()), ColType::U64)))
             .chain([c("sc25_pass", ColType::Str), c("session", ColType::U32), c("turn", ColType::U32)])
             .collect(),
@@ -377,6 +378,7 @@ impl TableSet {
                         preemptions,
                         completed,
                         hit_tokens,
+                        hit_tokens_total,
                         read_bytes,
                         kv_fetch_s,
                         label,
@@ -399,6 +401,7 @@ impl TableSet {
                         opt(*kv_fetch_s),
                     ];
                     cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
+                    cells.push(Cell::U64(*hit_tokens_total));
                     cells.extend(read_bytes[1..].iter().map(|&b| Cell::U64(b)));
                     cells.extend(match *label {
                         Label::None => [Cell::Null; 3],

@@ -1,50 +1,71 @@
 //! A vLLM v1-style worker: continuous batching with a token budget,
-//! chunked prefill, a paged KV block pool and preemption by recompute.
+//! chunked prefill, a paged KV block pool, preemption by recompute, and a KV
+//! connector for the tiers below the GPU.
 //!
 //! Each scheduler step is **one event**. Planning a step (vLLM's
-//! `schedule()`): all decoding sequences get one token each; then running
-//! requests still prefilling get a chunk, in admission order, while the token
-//! budget lasts; then requests from the waiting (ready) queue are admitted in
-//! FIFO order while sequences, budget and blocks last (a request whose blocks
-//! do not fit blocks the queue, as in vLLM). When blocks run out for a running
-//! request, the running request with the least work done (fewest computed
-//! tokens; ties: the latest admitted) among those not yet scheduled in this
-//! step is preempted: its blocks are freed, it loses its computed tokens and
-//! re-enters the front of the queue to recompute its prompt and the tokens it
-//! has generated.
+//! `Scheduler.schedule()` in `vllm/v1/core/sched/scheduler.py`): all decoding
+//! sequences get one token each; then running requests still prefilling get
+//! a chunk, in admission order, while the token budget lasts; then the
+//! waiting queue is walked in FIFO order (below). When blocks run out for a
+//! running request, the running request with the least work done (fewest
+//! computed tokens; ties: the latest admitted) among those not yet scheduled
+//! in this step is preempted: its blocks are freed, it loses its computed
+//! tokens and re-enters the front of the queue to recompute its prompt and
+//! the tokens it has generated. A step that had to preempt admits nobody.
+//!
+//! The waiting queue, as vLLM walks it with a KV connector
+//! (`../shared/notes/vllm-kv-connector.md`). For each request in order:
+//!
+//! - **Loading** (vLLM's `WAITING_FOR_REMOTE_KVS`): skipped; later requests
+//!   may go ahead.
+//! - **Loaded** (it holds the blocks its load filled): admitted if its next
+//!   prefill chunk fits; if not, it keeps its blocks and its place.
+//! - **New, or preempted** (it holds nothing): what it already has is looked
+//!   up — the longest GPU prefix-cache hit (at most `(T − 1) / block_size`
+//!   blocks, since the last token is always computed), then
+//!   [`KvConnector::lookup`] for the tokens beyond it that the tiers hold.
+//!   With tier hits it needs to be within the first `io_slots` places of
+//!   the queue, an I/O slot, and GPU blocks for the hit tokens (vLLM's
+//!   `allocate_slots(num_external_computed_tokens)`); it then starts loading
+//!   and stays in the queue. Without, it is admitted with its GPU hit if its
+//!   first chunk fits. Either way, if what it needs is not there it **stays
+//!   waiting and every new request behind it waits too** (vLLM `break`s): it
+//!   is never admitted to recompute a prefix a tier holds. Requests holding
+//!   loaded KV behind it may still go ahead — they need least and free most.
+//!
+//! Loads also start between step ends (when a request arrives or a load
+//! finishes): Opal's I/O stage runs beside the GPU, so loading the next
+//! requests overlaps computing the current ones. Such a pass admits nobody.
+//!
+//! **I/O slots** (Opal's I/O slots and `max_kvc_ready_requests`): loads start
+//! only for requests within the first `io_slots` places of the waiting queue,
+//! so at most that many waiting requests hold loading or loaded KV — the GPU
+//! memory they hold stays bounded — and each load takes an I/O slot. In
+//! `pipelined` mode the slot is returned when the load finishes. In
+//! `single_stage` mode every request takes one (at its load, or at
+//! admission) and keeps it until it finishes, so at most `min(io_slots,
+//! gpu_slots)` requests are in processing.
+//!
+//! Liveness: when nothing is running the cache's TTL protection yields; and
+//! when nothing runs or loads while requests holding loaded KV cannot start
+//! (each needs blocks another holds), the last of them gives its blocks up
+//! (counted as a preemption), as vLLM preempts its last running request.
 //!
 //! Decoding sequences are not touched one by one per step: the
-//! [`DecodeGroup`] advances them arithmetically from the worker's step counter,
-//! so a decode step costs O(1) plus O(log n) per completion.
+//! [`DecodeGroup`] advances them arithmetically from the worker's step
+//! counter, so a decode step costs O(1) plus O(log n) per completion.
 //!
-//! KV blocks come from a [`PrefixCache`]: with automatic prefix caching a
-//! request admitted without fetched KV first takes the longest resident
-//! prefix of its block hashes (at most `(T − 1) / block_size` blocks, since
-//! the last token is always computed); computed full blocks are registered as
-//! soon as their prefill chunk ends, output blocks when the request finishes;
-//! a finished or preempted request's blocks stay cached and evictable.
-//!
-//! KV fetches (run by the cluster) start only for requests within the first
-//! `io_slots` places of the waiting queue, each under an I/O slot (Opal's
-//! I/O slots / `max_kvc_ready_requests`): loading the next requests overlaps
-//! computing the current ones, and the GPU memory that loaded-but-waiting
-//! requests hold stays bounded. A request being fetched is skipped by
-//! admission; once loaded it holds its blocks until admitted. In `pipelined`
-//! mode the slot is returned when the fetch ends; in `single_stage` mode
-//! every request takes a slot (at its fetch, or at admission) and keeps it
-//! until it finishes, so at most `min(io_slots, gpu_slots)` requests are in
-//! processing.
-//!
-//! Liveness: when nothing is running the cache's TTL protection yields, and
-//! a request holding loaded blocks may go ahead of a head that does not fit,
-//! so a worker never stalls on memory it could free.
+//! KV blocks come from a [`PrefixCache`]: computed full blocks are
+//! registered as soon as their prefill chunk ends, loaded ones when their
+//! load finishes, output blocks when the request finishes; a finished or
+//! preempted request's blocks stay cached and evictable (tail first).
 
 pub mod perf;
 pub mod presets;
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
-use crate::kvcache::{PrefixCache, Tier};
+use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tier};
 use crate::request::Request;
 use crate::time::{SimDuration, SimTime};
 use perf::{PerfModel, PrefillChunk, StepWork};
@@ -54,9 +75,9 @@ use std::collections::{BinaryHeap, VecDeque};
 /// How I/O slots are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotMode {
-    /// Held only while the request's KV fetch runs.
+    /// While the request's KV load runs.
     Pipelined,
-    /// Held from the start of the fetch until the request finishes.
+    /// From the start of its load (or its admission) until it finishes.
     SingleStage,
 }
 
@@ -156,6 +177,10 @@ pub struct Worker {
     prefilling: Vec<RequestId>,
     decode: DecodeGroup,
     io_in_use: u32,
+    /// Waiting requests that are loading KV or hold loaded KV.
+    kv_waiting: u32,
+    /// Loads in flight.
+    loading: u32,
     cache: PrefixCache,
     step: Option<Step>,
     version: Version,
@@ -166,9 +191,23 @@ pub struct Worker {
     busy: SimDuration,
     steps: u64,
     preemptions: u64,
-    /// The ready head that did not fit, and the cache epoch then: it is not
-    /// retried until memory was freed.
-    blocked_head: Option<(RequestId, u64)>,
+    /// The new request that last could not get what it needs, with the cache
+    /// epoch and I/O slots in use then: until one of them changes it cannot
+    /// do better, so it is not looked up again.
+    blocked: Option<(RequestId, u64, u32)>,
+    /// After a pass between step ends that stopped before the end of the
+    /// queue: the cache epoch and I/O slots in use then. Until they change
+    /// (or a step ends), such a pass would find nothing new to load.
+    load_pass: Option<(u64, u32)>,
+}
+
+/// Which part of the waiting-queue walk a pass runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// At a step boundary: admit into the running batch, and start loads.
+    Admit,
+    /// Only start loads (between step ends, or in a step that had to preempt).
+    LoadOnly,
 }
 
 impl Worker {
@@ -182,6 +221,8 @@ impl Worker {
             prefilling: Vec::new(),
             decode: DecodeGroup::new(cfg.block_size),
             io_in_use: 0,
+            kv_waiting: 0,
+            loading: 0,
             cache,
             step: None,
             version: Version::default(),
@@ -192,7 +233,8 @@ impl Worker {
             busy: SimDuration::ZERO,
             steps: 0,
             preemptions: 0,
-            blocked_head: None,
+            blocked: None,
+            load_pass: None,
         }
     }
 
@@ -201,7 +243,7 @@ impl Worker {
         self.id
     }
 
-    /// Requests waiting (including those being fetched), not yet running.
+    /// Requests waiting (including those loading KV), not yet running.
     pub fn waiting(&self) -> usize {
         self.ready.len()
     }
@@ -216,7 +258,7 @@ impl Worker {
         self.cache.used()
     }
 
-    /// The GPU prefix cache (the cluster allocates fetch targets in it and drains its events).
+    /// The GPU prefix cache (the cluster drains its events).
     pub fn cache_mut(&mut self) -> &mut PrefixCache {
         &mut self.cache
     }
@@ -241,7 +283,7 @@ impl Worker {
         self.steps
     }
 
-    /// Preemptions so far.
+    /// Preemptions so far (running requests, and loaded ones that had to give their KV up).
     pub fn preemptions(&self) -> u64 {
         self.preemptions
     }
@@ -251,48 +293,47 @@ impl Worker {
         self.ready.push_back(id);
     }
 
-    /// Waiting requests whose prefix should be searched in the tiers now:
-    /// within the first `io_slots` places of the queue, not searched yet,
-    /// holding no blocks — and none at all when every I/O slot is taken.
-    pub fn fetch_candidates(&self, reqs: &[Request], cfg: &WorkerConfig) -> Vec<RequestId> {
-        if self.io_in_use >= cfg.io_slots {
-            return Vec::new();
+    /// Something changed (a request arrived, a load finished, the worker
+    /// went idle): while a step runs, starts the loads that can start; when
+    /// idle, plans the next step and returns its end and stamp. Loads it
+    /// starts go through `conn`, their effects to `out`.
+    pub fn poll(
+        &mut self,
+        now: SimTime,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> Option<(SimTime, u32)> {
+        if self.step.is_none() {
+            self.load_pass = None;
+            return self.plan_step(now, reqs, cfg, conn, out);
         }
-        self.ready
-            .iter()
-            .take(cfg.io_slots as usize)
-            .copied()
-            .filter(|id| {
-                let seq = &reqs[id.index()].seq;
-                !seq.tiers_checked && !seq.fetching && seq.computed == 0
-            })
-            .collect()
-    }
-
-    /// A fetch starts for waiting request `id` (its blocks already allocated
-    /// and `computed` set): it takes an I/O slot.
-    pub fn begin_fetch(&mut self, id: RequestId, reqs: &mut [Request]) {
-        let seq = &mut reqs[id.index()].seq;
-        seq.fetching = true;
-        if !seq.holds_io_slot {
-            seq.holds_io_slot = true;
-            self.io_in_use += 1;
+        if !conn.has_tiers(self.id) || self.load_pass == Some((self.cache.epoch(), self.io_in_use)) {
+            return None;
         }
+        let stopped_early = self.schedule_waiting(now, Pass::LoadOnly, &mut 0, reqs, cfg, conn, out);
+        self.load_pass = stopped_early.then_some((self.cache.epoch(), self.io_in_use));
+        None
     }
 
-    /// Whether another fetch may start.
-    pub fn io_slot_free(&self, cfg: &WorkerConfig) -> bool {
-        self.io_in_use < cfg.io_slots
-    }
-
-    /// The request's KV fetch finished: the loaded blocks join the prefix
+    /// The request's KV load finished: the loaded blocks join the prefix
     /// cache (still held by the request, which stays in the waiting queue
     /// until admitted); in pipelined mode it returns its I/O slot.
     pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
         reqs[id.index()].seq.fetching = false;
+        self.loading -= 1;
         self.register_blocks(id, now, reqs, cfg);
         if cfg.slot_mode == SlotMode::Pipelined {
             self.release_io_slot(id, reqs);
+        }
+    }
+
+    fn take_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let seq = &mut reqs[id.index()].seq;
+        if !seq.holds_io_slot {
+            seq.holds_io_slot = true;
+            self.io_in_use += 1;
         }
     }
 
@@ -304,14 +345,9 @@ impl Worker {
         }
     }
 
-    /// Plans a step at `now` if the worker is idle and has work; returns its end and stamp.
-    pub fn try_start(&mut self, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) -> Option<(SimTime, u32)> {
-        if self.step.is_some() { None } else { self.plan_step(now, reqs, cfg) }
-    }
-
     /// Ends the step stamped `version` at `now` and fills `out` with what it
-    /// produced. The worker is then idle: the caller starts KV fetches for
-    /// the head of the queue and then plans the next step ([`Self::try_start`]).
+    /// produced. The worker is then idle: the caller saves the completed
+    /// requests' KV and then has it plan the next step ([`Self::poll`]).
     pub fn finish_step(
         &mut self,
         now: SimTime,
@@ -416,7 +452,14 @@ impl Worker {
     }
 
     /// Builds the next step at `now` if there is work; returns its end and stamp.
-    fn plan_step(&mut self, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) -> Option<(SimTime, u32)> {
+    fn plan_step(
+        &mut self,
+        now: SimTime,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> Option<(SimTime, u32)> {
         debug_assert!(self.step.is_none() && self.chunks.is_empty());
         let s = self.step_index;
         let mut budget = cfg.token_budget;
@@ -454,12 +497,24 @@ impl Worker {
             i += 1;
         }
 
-        // 3. Admit waiting requests in FIFO order — unless this step preempted
-        //    someone and still has work (vLLM v1 does not admit in a step that
-        //    had to preempt; a step left empty by preemption admits, or the
-        //    worker would idle with work queued).
-        if self.preemptions == preempted_before || (decodes == 0 && self.chunks.is_empty()) {
-            self.admit(now, &mut budget, reqs, cfg);
+        // 3. The waiting queue. vLLM v1 admits nobody in a step that had to
+        //    preempt; a step left empty by preemption admits, or the worker
+        //    would idle with work queued.
+        let pass = if self.preemptions == preempted_before || (decodes == 0 && self.chunks.is_empty()) {
+            Pass::Admit
+        } else {
+            Pass::LoadOnly
+        };
+        loop {
+            self.schedule_waiting(now, pass, &mut budget, reqs, cfg, conn, out);
+            if decodes > 0 || !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0
+            {
+                break;
+            }
+            // Nothing runs or loads, and every request holding loaded KV
+            // needs blocks that others hold: the last of them gives its up.
+            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
+            self.drop_loaded(now, last.expect("kv_waiting counts a loaded request"), reqs, cfg);
         }
 
         if decodes == 0 && self.chunks.is_empty() {
@@ -474,90 +529,218 @@ impl Worker {
         Some((end, self.version.bump()))
     }
 
-    /// Admits ready requests in FIFO order while sequences, budget and
-    /// blocks last. A request first takes its longest cached prefix; at its
-    /// first admission those hits are attributed to the tiers its fetch read
-    /// them from (what was fetched but evicted since is recomputed, and not
-    /// counted as a hit).
-    fn admit(&mut self, now: SimTime, budget: &mut u64, reqs: &mut [Request], cfg: &WorkerConfig) {
-        // When nothing runs, the TTL yields so the worker cannot stall.
+    fn has_room(&self, budget: u64, cfg: &WorkerConfig) -> bool {
+        self.running() < cfg.max_running as usize && budget > 0
+    }
+
+    /// Walks the waiting queue in FIFO order (see the module docs): admits
+    /// (with [`Pass::Admit`]) and starts loads. Returns true if it stopped
+    /// before the end of the queue because nothing behind could move.
+    #[allow(clippy::too_many_arguments)]
+    fn schedule_waiting(
+        &mut self,
+        now: SimTime,
+        pass: Pass,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> bool {
         let idle = self.running() == 0;
-        if !idle
-            && let (Some(&head), Some((blocked, epoch))) = (self.ready.front(), self.blocked_head)
-            && head == blocked
-            && epoch == self.cache.epoch()
-            && cfg.apc_ttl.0 == 0
-        {
-            return; // nothing was freed since the head last failed to fit
-        }
+        let window = cfg.io_slots as usize;
+        let mut blocked = false;
+        // Requests holding KV not yet passed (they may go ahead of a blocked head).
+        let mut holders = self.kv_waiting;
         let mut pos = 0;
-        while self.running() < cfg.max_running as usize && *budget > 0 && pos < self.ready.len() {
+        while pos < self.ready.len() {
+            // A new request can load only within the window, and be admitted only with room.
+            let new_may_move = !blocked && (pos < window || (pass == Pass::Admit && self.has_room(*budget, cfg)));
+            if !new_may_move && holders == 0 {
+                return true;
+            }
             let id = self.ready[pos];
-            let r = &mut reqs[id.index()];
-            if r.seq.fetching {
-                pos += 1; // not loaded yet; later requests may go ahead
-                continue;
-            }
-            if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot {
-                if self.io_in_use >= cfg.io_slots {
-                    break;
-                }
-                r.seq.holds_io_slot = true;
-                self.io_in_use += 1;
-            }
-            // A request holding loaded blocks brings them.
-            let holding = r.seq.computed > 0;
-            let hit = if holding {
-                (r.seq.computed / cfg.block_size) as usize
-            } else {
-                let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
-                self.cache.lookup(&r.blocks[..max])
-            };
-            let c = if holding { r.seq.computed } else { hit as u64 * cfg.block_size };
-            let remaining = r.seq.num_tokens - c;
-            let chunk = remaining.min(*budget);
-            let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
-            // Taking the hit blocks can only shrink what is allocatable, so a
-            // request that does not fit now is not worth taking them for.
-            let mut fits = (cfg.chunked_prefill || chunk == remaining) && self.cache.can_allocate(need, now, idle);
-            if fits && !holding {
-                r.seq.path = self.cache.acquire(&r.blocks, hit, now);
-                r.seq.registered = hit as u64;
-                r.seq.computed = c;
-                fits = self.cache.can_allocate(need, now, idle);
-                if !fits {
-                    self.release_blocks(id, now, reqs, cfg);
-                    reqs[id.index()].seq.computed = 0;
-                }
-            }
-            if !fits {
-                if cfg.slot_mode == SlotMode::SingleStage && !holding {
-                    self.release_io_slot(id, reqs);
-                }
-                if pos == 0 {
-                    self.blocked_head = Some((id, self.cache.epoch()));
-                }
-                // Requests that hold loaded blocks may go ahead of a request
-                // that does not fit: they need least and free most.
+            let seq = reqs[id.index()].seq;
+            if seq.fetching {
+                holders -= 1;
                 pos += 1;
-                while pos < self.ready.len() && reqs[self.ready[pos].index()].seq.computed == 0 {
-                    pos += 1;
-                }
                 continue;
             }
-            self.ready.remove(pos);
-            self.cache.allocate(need, now, idle);
-            let r = &mut reqs[id.index()];
-            r.seq.admit_seq = self.admit_counter;
-            self.admit_counter += 1;
-            if r.first_scheduled.is_none() {
-                r.first_scheduled = Some(now);
-                attribute_hits(r, hit as u64, cfg.block_size);
+            if seq.computed > 0 {
+                holders -= 1;
+                if pass == Pass::Admit
+                    && self.has_room(*budget, cfg)
+                    && self.admit(now, pos, 0, budget, reqs, cfg, idle)
+                {
+                    continue;
+                }
+                pos += 1;
+                continue;
             }
-            self.prefilling.push(id);
-            self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
-            *budget -= chunk;
+            if !new_may_move {
+                pos += 1;
+                continue;
+            }
+            if self.blocked == Some((id, self.cache.epoch(), self.io_in_use)) && cfg.apc_ttl.0 == 0 {
+                blocked = true;
+                pos += 1;
+                continue;
+            }
+            // What it already has: the GPU prefix, then what the tiers hold beyond it.
+            let r = &reqs[id.index()];
+            let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
+            let local = self.cache.lookup(&r.blocks[..max]);
+            let external = conn.lookup(self.id, &r.blocks, r.seq.num_tokens, local as u64);
+            if external.tokens > 0 {
+                if pos < window && self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
+                    pos += 1;
+                    continue;
+                }
+            } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
+                if self.admit(now, pos, local, budget, reqs, cfg, idle) {
+                    continue;
+                }
+            } else {
+                // It waits for room in the batch, not for memory: later
+                // requests may still start their loads.
+                pos += 1;
+                continue;
+            }
+            // It stays waiting, and every new request behind it waits too.
+            blocked = true;
+            self.blocked = Some((id, self.cache.epoch(), self.io_in_use));
+            pos += 1;
         }
+        false
+    }
+
+    /// Starts loading the `external` tokens the tiers hold for new request
+    /// `id` beyond its `local` GPU-prefix blocks, if it can have an I/O slot
+    /// and the GPU blocks for them; false (and nothing held) if not.
+    #[allow(clippy::too_many_arguments)]
+    fn start_load(
+        &mut self,
+        now: SimTime,
+        id: RequestId,
+        local: usize,
+        external: ExternalHit,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+        idle: bool,
+    ) -> bool {
+        let r = &mut reqs[id.index()];
+        if !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+            return false;
+        }
+        let g = local as u64;
+        let computed = g * cfg.block_size + external.tokens;
+        let need = cfg.blocks_for(computed) - g;
+        if !self.cache.can_allocate(need, now, idle) {
+            return false;
+        }
+        // Taking the GPU prefix can only shrink what is allocatable.
+        let path = self.cache.acquire(&r.blocks, local, now);
+        if !self.cache.can_allocate(need, now, idle) {
+            self.cache.release(path, now);
+            return false;
+        }
+        self.cache.allocate(need, now, idle);
+        let loaded = conn.load(now, self.id, id, &r.blocks, r.seq.num_tokens, g, out);
+        debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
+        let seq = &mut r.seq;
+        seq.path = path;
+        seq.registered = g;
+        seq.computed = computed;
+        seq.fetching = true;
+        seq.hit = external.per_tier;
+        seq.hit[Tier::Gpu.index()] = g * cfg.block_size;
+        self.take_io_slot(id, reqs);
+        self.kv_waiting += 1;
+        self.loading += 1;
+        debug_assert!(
+            self.kv_waiting <= cfg.io_slots,
+            "KV-holding waiting requests are within the first io_slots places"
+        );
+        true
+    }
+
+    /// Admits the waiting request at `pos` into the running batch with its
+    /// first prefill chunk, if the chunk fits: a loaded request brings what
+    /// it loaded, a new one takes its `local` GPU-prefix blocks. Its hits are
+    /// credited (first admission and total). False (and nothing changed) if
+    /// it does not fit.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &mut self,
+        now: SimTime,
+        pos: usize,
+        local: usize,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        idle: bool,
+    ) -> bool {
+        let id = self.ready[pos];
+        let r = &mut reqs[id.index()];
+        if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+            return false;
+        }
+        let holding = r.seq.computed > 0;
+        let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
+        let remaining = r.seq.num_tokens - c;
+        let chunk = remaining.min(*budget);
+        let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
+        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need, now, idle) {
+            return false;
+        }
+        if !holding {
+            // Taking the hit blocks can only shrink what is allocatable.
+            r.seq.path = self.cache.acquire(&r.blocks, local, now);
+            r.seq.registered = local as u64;
+            r.seq.computed = c;
+            if !self.cache.can_allocate(need, now, idle) {
+                self.release_blocks(id, now, reqs, cfg);
+                reqs[id.index()].seq.computed = 0;
+                return false;
+            }
+            let seq = &mut reqs[id.index()].seq;
+            seq.hit = [0; 4];
+            seq.hit[Tier::Gpu.index()] = c;
+        }
+        self.ready.remove(pos);
+        self.cache.allocate(need, now, idle);
+        if holding {
+            self.kv_waiting -= 1;
+        } else if cfg.slot_mode == SlotMode::SingleStage {
+            self.take_io_slot(id, reqs);
+        }
+        let r = &mut reqs[id.index()];
+        r.seq.admit_seq = self.admit_counter;
+        self.admit_counter += 1;
+        if r.first_scheduled.is_none() {
+            r.first_scheduled = Some(now);
+            r.hit_tokens = r.seq.hit;
+        }
+        r.hit_tokens_total += r.seq.hit.iter().sum::<u64>();
+        self.prefilling.push(id);
+        self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
+        *budget -= chunk;
+        true
+    }
+
+    /// A waiting request holding loaded KV gives its blocks (and slot) up;
+    /// it keeps its place and will look its prefix up again.
+    fn drop_loaded(&mut self, now: SimTime, id: RequestId, reqs: &mut [Request], cfg: &WorkerConfig) {
+        self.release_blocks(id, now, reqs, cfg);
+        self.release_io_slot(id, reqs);
+        let r = &mut reqs[id.index()];
+        r.seq.computed = 0;
+        r.seq.hit = [0; 4];
+        r.preemptions += 1;
+        self.kv_waiting -= 1;
+        self.preemptions += 1;
     }
 
     /// The running request with the least work done (fewest computed tokens;
@@ -575,7 +758,9 @@ impl Worker {
         prefill.chain(decoders).min_by_key(|&(k, _)| k).map(|(_, id)| id)
     }
 
-    /// Preempts `id` by recompute before step `s`.
+    /// Preempts `id` by recompute before step `s`: it frees its blocks and
+    /// goes back to the front of the waiting queue, where it will look its
+    /// prefix up again (GPU, then tiers).
     fn preempt(&mut self, now: SimTime, id: RequestId, s: u64, reqs: &mut [Request], cfg: &WorkerConfig) {
         if reqs[id.index()].seq.decode.active {
             let (computed, generated) = self.decode.leave(id, s, reqs);
@@ -591,31 +776,11 @@ impl Worker {
         self.release_blocks(id, now, reqs, cfg);
         let r = &mut reqs[id.index()];
         r.seq.computed = 0;
-        r.seq.tiers_checked = false;
+        r.seq.hit = [0; 4];
         r.preemptions += 1;
         self.preemptions += 1;
         self.ready.push_front(id);
     }
-}
-
-/// Credits a request's first `hit` cached blocks to tiers: blocks before its
-/// fetch's start were already in the GPU; the fetched ones to the tiers they
-/// came from, in order; any beyond (computed meanwhile by others) to the GPU.
-fn attribute_hits(r: &mut Request, hit: u64, block_size: u64) {
-    let mut left = hit;
-    let (start, runs) = match &r.fetched {
-        Some((start, runs)) => (*start, runs.as_slice()),
-        None => (hit, &[][..]),
-    };
-    let gpu_before = left.min(start);
-    r.hit_tokens[Tier::Gpu.index()] += gpu_before * block_size;
-    left -= gpu_before;
-    for &(tier, n) in runs {
-        let k = left.min(n);
-        r.hit_tokens[tier.index()] += k * block_size;
-        left -= k;
-    }
-    r.hit_tokens[Tier::Gpu.index()] += left * block_size;
 }
 
 /// Returned by [`Worker::finish_step`] for a step event superseded by a re-plan.
@@ -752,8 +917,11 @@ mod tests {
     use super::perf::{MixRule, Roofline, StepModel};
     use super::*;
     use crate::ids::StageId;
+    use crate::kvcache::connector::testing;
     use crate::kvcache::{Content, block_hashes, content_id};
+    use crate::storage::DeviceTimer;
     use crate::workload::{Label, NewRequest};
+    use std::collections::BTreeMap;
 
     /// Toy roofline: L = 1, d = 10, a = 0, b = 1, 1e6 FLOP/s → prefill of k new
     /// tokens = k·100/1e6 s = 100 µs per token; decode = (1000 B weights +
@@ -816,6 +984,18 @@ mod tests {
         arena_keyed(specs, |i| i as u64)
     }
 
+    /// A connector for one worker without tiers.
+    fn no_tiers() -> KvConnector {
+        let mut c = KvConnector::new(&testing::kvc(Vec::new(), 1), 16);
+        c.add_worker();
+        c
+    }
+
+    /// Plans a step if idle (no tiers).
+    fn poll(w: &mut Worker, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) -> Option<(SimTime, u32)> {
+        w.poll(now, reqs, cfg, &mut no_tiers(), &mut ConnectorOutput::default())
+    }
+
     /// What the cluster does without tiers: enqueue, then plan if idle.
     fn submit(
         w: &mut Worker,
@@ -825,7 +1005,7 @@ mod tests {
         cfg: &WorkerConfig,
     ) -> Option<(SimTime, u32)> {
         w.enqueue(RequestId(id));
-        w.try_start(now, reqs, cfg)
+        poll(w, now, reqs, cfg)
     }
 
     /// Runs the worker's steps to completion; returns (end time, decodes) per step.
@@ -840,9 +1020,189 @@ mod tests {
         while let Some((t, v)) = next {
             w.finish_step(t, v, reqs, cfg, &mut out).expect("current step");
             log.push((t, out.decodes));
-            next = w.try_start(t, reqs, cfg);
+            next = poll(w, t, reqs, cfg);
         }
         log
+    }
+
+    /// A worker with a CPU tier, driven by hand: arrivals, step ends and the
+    /// connector's device timers in time order, as the cluster would.
+    struct Harness {
+        cfg: WorkerConfig,
+        w: Worker,
+        conn: KvConnector,
+        reqs: Vec<Request>,
+        out: ConnectorOutput,
+        events: BTreeMap<(SimTime, u64), Ev>,
+        seq: u64,
+    }
+
+    #[derive(Clone, Copy, Debug)]
+    enum Ev {
+        Arrive(u32),
+        Step(u32),
+        Device(u32, DeviceTimer),
+    }
+
+    impl Harness {
+        /// The tier: CPU memory at 1e6 B/s, no latency, chunks of
+        /// `chunk_blocks` blocks (160 B each).
+        fn new(cfg: WorkerConfig, chunk_blocks: u64, reqs: Vec<Request>) -> Harness {
+            let kvc = testing::kvc(vec![testing::cpu_tier(1 << 30)], chunk_blocks);
+            let mut conn = KvConnector::new(&kvc, cfg.block_size);
+            conn.add_worker();
+            let w = Worker::new(WorkerId(0), &cfg);
+            Harness { cfg, w, conn, reqs, out: ConnectorOutput::default(), events: BTreeMap::new(), seq: 0 }
+        }
+
+        fn at(&mut self, t: SimTime, e: Ev) {
+            self.events.insert((t, self.seq), e);
+            self.seq += 1;
+        }
+
+        /// Writes the prompt of request `id` to the tier at time zero.
+        fn seed(&mut self, id: u32) {
+            let r = &self.reqs[id as usize];
+            self.conn.save(SimTime::ZERO, WorkerId(0), r.id, &r.blocks, u64::from(r.prompt_tokens), &mut self.out);
+            self.apply(SimTime::ZERO);
+        }
+
+        /// Runs arrivals `(time, request)` and everything that follows.
+        fn run(&mut self, arrivals: &[(SimTime, u32)]) {
+            for &(t, id) in arrivals {
+                self.at(t, Ev::Arrive(id));
+            }
+            while let Some(((t, _), e)) = self.events.pop_first() {
+                match e {
+                    Ev::Arrive(id) => {
+                        self.reqs[id as usize].arrival = t;
+                        self.w.enqueue(RequestId(id));
+                        self.poll(t);
+                    }
+                    Ev::Step(v) => {
+                        let mut done = StepOutcome::default();
+                        if self.w.finish_step(t, v, &mut self.reqs, &self.cfg, &mut done).is_ok() {
+                            self.poll(t);
+                        }
+                    }
+                    Ev::Device(i, timer) => self.conn.on_timer(t, i, timer, &mut self.out),
+                }
+                self.apply(t);
+            }
+        }
+
+        fn poll(&mut self, t: SimTime) {
+            if let Some((end, v)) = self.w.poll(t, &mut self.reqs, &self.cfg, &mut self.conn, &mut self.out) {
+                self.at(end, Ev::Step(v));
+            }
+        }
+
+        fn apply(&mut self, t: SimTime) {
+            while !self.out.is_empty() {
+                let out = std::mem::take(&mut self.out);
+                for &(at, i, timer) in &out.timers {
+                    self.at(at, Ev::Device(i, timer));
+                }
+                for d in &out.loaded {
+                    let r = &mut self.reqs[d.request.index()];
+                    r.read_bytes.iter_mut().zip(d.bytes).for_each(|(a, b)| *a += b);
+                    self.w.fetched(d.request, t, &mut self.reqs, &self.cfg);
+                    self.poll(t);
+                }
+            }
+        }
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn a_request_whose_load_does_not_fit_waits_and_holds_back_the_queue() {
+        // 10 blocks. The tier holds 96 tokens of content 7 (6 one-block chunks,
+        // written 0 → 0.96 ms). A (unique, 128 + 2) runs first and holds 8
+        // blocks; B (100 tokens of content 7) then needs 6 blocks for its load
+        // and C (unique, 16 + 1) 1 block for its prompt.
+        let cfg = toy(10, 8);
+        let reqs =
+            arena_keyed(&[(96, 1), (128, 2), (100, 1), (16, 1)], |i| if i % 2 == 0 { 7 } else { 100 + i as u64 });
+        let mut h = Harness::new(cfg, 1, reqs);
+        h.seed(0);
+        h.run(&[(SimTime(MS), 1), (SimTime(2 * MS), 2), (SimTime(3 * MS), 3)]);
+        let (b, c) = (&h.reqs[2], &h.reqs[3]);
+        // 1 ms: A prefills 128 tokens (12.8 ms) → 13.8 ms; it decodes once
+        //   (1 ms + 128 × 10 µs = 2.28 ms) → 16.08 ms and is done.
+        // 2 ms: B's 96 tokens are in the tier but 2 blocks are free: it waits.
+        // 3 ms: C would fit, but waits behind B (FIFO).
+        // 16.08 ms: A's blocks are freed: B starts loading (6 × 160 B at
+        //   1e6 B/s = 0.96 ms → 17.04 ms) and C is admitted (16 tokens: 1.6 ms → 17.68 ms).
+        // 17.68 ms: B is admitted with 96 tokens loaded and computes 4 (max(0.4 ms, 1 ms)) → 18.68 ms.
+        assert_eq!(c.first_scheduled, Some(SimTime(16_080_000)));
+        assert_eq!(b.first_scheduled, Some(SimTime(17_680_000)));
+        assert_eq!(b.first_token, Some(SimTime(18_680_000)));
+        assert_eq!(b.hit_tokens, [0, 96, 0, 0], "never admitted to recompute what the tier holds");
+        assert_eq!((b.hit_tokens_total, b.prefill_tokens_computed, b.read_bytes[1]), (96, 4, 960));
+        assert_eq!(h.w.used_blocks(), 0);
+    }
+
+    #[test]
+    fn a_preempted_request_loads_its_prefix_again_and_those_hits_count() {
+        // 10 blocks, GPU prefix caching off. The tier holds 32 tokens of content
+        // 7. X (unique, 64 + 40) runs first; A (48 tokens of content 7, + 60)
+        // loads 32 and computes 16. Decoding both needs 7 + 7 > 10 blocks: A
+        // has done less work and is preempted, and reloads the same 32 tokens.
+        let mut cfg = toy(10, 8);
+        cfg.prefix_caching = false;
+        let reqs = arena_keyed(&[(32, 1), (64, 40), (48, 60)], |i| if i == 1 { 99 } else { 7 });
+        let mut h = Harness::new(cfg, 1, reqs);
+        h.seed(0);
+        h.run(&[(SimTime(MS), 1), (SimTime(2 * MS), 2)]);
+        let a = &h.reqs[2];
+        assert!(a.preemptions >= 1 && h.reqs[1].preemptions == 0);
+        assert!(a.finished.is_some() && h.reqs[1].finished.is_some());
+        let admissions = 1 + u64::from(a.preemptions);
+        assert_eq!(a.hit_tokens, [0, 32, 0, 0], "first admission");
+        assert_eq!(a.hit_tokens_total, 32 * admissions, "every admission loaded the 32 tokens");
+        assert_eq!(a.read_bytes[1], 2 * 160 * admissions);
+    }
+
+    #[test]
+    fn a_prompt_of_whole_blocks_recomputes_one_token_not_a_block() {
+        // The tier holds a 64-token prompt (4 blocks, chunks of 2 blocks).
+        let cfg = toy(100, 8);
+        let reqs = arena_keyed(&[(64, 1), (64, 1), (64, 1)], |_| 7);
+        let mut h = Harness::new(cfg, 2, reqs);
+        h.seed(0);
+        // Request 1 finds nothing in the GPU: it loads all 4 blocks for 63
+        // tokens and computes the last one.
+        h.run(&[(SimTime(MS), 1)]);
+        let r = &h.reqs[1];
+        assert_eq!((r.hit_tokens, r.prefill_tokens_computed, r.read_bytes[1]), ([0, 63, 0, 0], 1, 640));
+        // Request 2 finds 3 blocks in the GPU (at most (64 − 1) / 16) and
+        // loads the other 15 tokens of block 4 from the tier.
+        let t = r.finished.unwrap() + SimDuration(MS);
+        h.run(&[(t, 2)]);
+        let r = &h.reqs[2];
+        assert_eq!((r.hit_tokens, r.prefill_tokens_computed, r.read_bytes[1]), ([48, 15, 0, 0], 1, 160));
+    }
+
+    #[test]
+    fn loaded_requests_that_block_each_other_on_an_idle_gpu_give_way() {
+        // 10 blocks, caching off. The tier holds 64 tokens of content 7 and of
+        // content 8 (written by 1.28 ms). R1 and R2 (112 tokens each, of
+        // content 7 and 8) arrive together at 2 ms: both load 4 blocks, then each needs 3 more but only 2 are
+        // free. The last (R2) gives its KV up so that R1 can run; R2 reloads.
+        let mut cfg = toy(10, 8);
+        cfg.prefix_caching = false;
+        let reqs = arena_keyed(&[(64, 1), (64, 1), (112, 1), (112, 1)], |i| 7 + (i as u64 % 2));
+        let mut h = Harness::new(cfg, 1, reqs);
+        h.seed(0);
+        h.seed(1);
+        h.run(&[(SimTime(2 * MS), 2), (SimTime(2 * MS), 3)]);
+        let (r1, r2) = (&h.reqs[2], &h.reqs[3]);
+        assert!(r1.finished.is_some() && r2.finished.is_some());
+        assert_eq!((r1.preemptions, r2.preemptions), (0, 1));
+        assert_eq!((r1.read_bytes[1], r2.read_bytes[1]), (640, 1280), "R2 loaded twice");
+        assert_eq!((r2.hit_tokens, r2.hit_tokens_total), ([0, 64, 0, 0], 64), "admitted once");
+        assert_eq!((r1.prefill_tokens_computed, r2.prefill_tokens_computed), (48, 48));
     }
 
     #[test]
@@ -946,16 +1306,6 @@ mod tests {
     }
 
     #[test]
-    fn hits_are_credited_to_the_tier_each_block_was_fetched_from() {
-        let mut r = arena(&[(1000, 1)]).remove(0);
-        // 10 blocks were already in the GPU; the fetch read 5 from CPU memory and 3 from the DFS.
-        r.fetched = Some((10, vec![(Tier::Cpu, 5), (Tier::Dfs, 3)]));
-        attribute_hits(&mut r, 16, 16);
-        // 16 hit blocks: 10 GPU, 5 CPU, 1 DFS (two DFS blocks were evicted before admission).
-        assert_eq!(r.hit_tokens, [160, 80, 0, 16]);
-    }
-
-    #[test]
     fn decode_group_needs_a_block_exactly_at_block_boundaries() {
         let cfg = toy(1000, 8);
         // Prompt 15: after prefill 15 tokens computed (1 block). The first decode step
@@ -985,7 +1335,7 @@ mod tests {
         let mut out = StepOutcome::default();
         let (t, v) = first.unwrap();
         w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
-        let next = w.try_start(t, &mut reqs, &cfg);
+        let next = poll(&mut w, t, &mut reqs, &cfg);
         assert_eq!((w.running(), w.waiting()), (2, 2));
         drain(&mut w, next, &mut reqs, &cfg);
         // Requests 2 and 3 start only after 0 and 1 finish.

@@ -27,7 +27,7 @@ mod trace;
 pub use arrivals::ArrivalProcess;
 pub use dist::Dist;
 pub use rag::RagStage;
-pub use rate::RateStage;
+pub use rate::{PromptContent, RateStage};
 pub use sc25::{SC25_PROMPT_SIZES, Sc25Stage};
 pub use sessions::SessionsStage;
 pub use trace::{TraceReader, TraceRequest, TraceStage};
@@ -389,7 +389,7 @@ mod tests {
             total,
             prompt: Dist::Uniform { min: 10.0, max: 20.0 },
             output: Dist::Uniform { min: 1.0, max: 3.0 },
-            shared_prefix: 15,
+            content: PromptContent::SharedPrefix(15),
         }
     }
 
@@ -452,6 +452,38 @@ mod tests {
             assert_eq!(r.content.segments[0].id, prefix);
             assert_eq!(r.content.segments[0].tokens, r.prompt_tokens.min(15));
             assert_eq!(r.content.tokens(), u64::from(r.prompt_tokens));
+        }
+    }
+
+    #[test]
+    fn single_sequence_prompts_are_prefixes_of_one_sequence_across_stages() {
+        let mut a = rate(ArrivalProcess::Uniform, Some(5));
+        a.content = PromptContent::SingleSequence;
+        let mut w = Workload::new(vec![stage(a.clone()), stage(a)], &SeedTree::new(3));
+        let mut out = Vec::new();
+        let mut next = w.start(SimTime::ZERO).unwrap();
+        while let Some((st, t)) = next {
+            next = w.on_arrival(t, st, &mut out).unwrap();
+            if next.is_none() && out.len() == 5 {
+                for _ in 0..5 {
+                    next = next.or(w.on_completion(t, StageId(0), Label::None, true).unwrap());
+                }
+            }
+        }
+        assert_eq!(out.len(), 10, "both stages ran");
+        let hashes = |r: &NewRequest| {
+            let mut h = Vec::new();
+            crate::kvcache::block_hashes(&r.content.segments, 1, usize::MAX, &mut h);
+            h
+        };
+        // Token i of every prompt is the same token: of any two prompts, the
+        // shorter's block hashes are a prefix of the longer's.
+        for x in &out {
+            for y in &out {
+                let (hx, hy) = (hashes(x), hashes(y));
+                let n = hx.len().min(hy.len());
+                assert_eq!(hx[..n], hy[..n]);
+            }
         }
     }
 

@@ -1,7 +1,9 @@
 //! `UniformReqRate` and `ExponentialReqRate`: open-loop arrivals with prompt
-//! and output lengths from distributions (uniform in Opal's
-//! `[min, max]` by default) and a shared leading prefix
-//! (`default_prefix_length`).
+//! and output lengths from distributions (uniform in Opal's `[min, max]` by
+//! default). Prompt content: a leading prefix shared by the stage
+//! (`default_prefix_length`) and then tokens unique to the request, or — the
+//! Python Opal's model, where a prompt of n tokens is `list(range(n))` — the
+//! first n tokens of one sequence shared by every stage.
 
 use super::arrivals::{ArrivalProcess, Arrivals};
 use super::dist::Dist;
@@ -23,8 +25,19 @@ pub struct RateStage {
     pub prompt: Dist,
     /// Output length, tokens.
     pub output: Dist,
-    /// Leading tokens shared by every request of the stage (capped at the prompt).
-    pub shared_prefix: u32,
+    /// What prompts contain.
+    pub content: PromptContent,
+}
+
+/// The token content of a rate stage's prompts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PromptContent {
+    /// This many leading tokens (capped at the prompt) are shared by every
+    /// request of the stage; the rest are unique to the request.
+    SharedPrefix(u32),
+    /// Every prompt of n tokens is the first n tokens of one sequence, the
+    /// same for every stage (the Python Opal's `list(range(n))`).
+    SingleSequence,
 }
 
 /// The generator of a rate stage.
@@ -62,10 +75,15 @@ impl Generator for RateSource {
         }
         let prompt = self.cfg.prompt.sample_tokens(&mut self.lengths);
         let output = self.cfg.output.sample_tokens(&mut self.lengths);
-        let shared = self.cfg.shared_prefix.min(prompt);
         let mut content = Content::default();
-        content.push(content_id("prefix", out.stage_index()), shared);
-        content.push(content_id("unique", out.key()), prompt - shared);
+        match self.cfg.content {
+            PromptContent::SharedPrefix(shared) => {
+                let shared = shared.min(prompt);
+                content.push(content_id("prefix", out.stage_index()), shared);
+                content.push(content_id("unique", out.key()), prompt - shared);
+            }
+            PromptContent::SingleSequence => content.push(content_id("sequence", 0), prompt),
+        }
         out.push(prompt, output, content, Label::None);
         self.sent += 1;
         if self.cfg.total.is_some_and(|total| self.sent >= total) {

@@ -1,0 +1,663 @@
+//! The KV connector: what vLLM v1's `KVConnectorBase_V1` does with LMCache
+//! behind it (`vllm/distributed/kv_transfer/kv_connector/v1/base.py`,
+//! `lmcache/integration/vllm/vllm_v1_adapter.py`), over the tiers below the
+//! GPU — per-worker CPU memory and NVMe, and one distributed file system for
+//! the cluster.
+//!
+//! Scheduler side: [`KvConnector::lookup`] is `get_num_new_matched_tokens`
+//! — side-effect free, it says how many tokens beyond a request's GPU
+//! prefix the tiers hold, walking the request's chunks in order and taking
+//! each from the fastest tier holding it. When the prompt is held whole, the
+//! last token is left to compute (LMCache: "in the full-prompt-hit case we
+//! need to recompute the last token"), so a prompt of exactly `n ×
+//! block_size` tokens loses one token, not a block or a chunk. The worker's
+//! scheduler allocates GPU blocks for the loaded tokens and then calls
+//! [`KvConnector::load`] (`update_state_after_alloc` + `start_load_kv`): the
+//! chunks are pinned against eviction and read from their tiers' devices;
+//! when the last read finishes a [`LoadDone`] comes out and the request is
+//! schedulable with those tokens computed (vLLM's `WAITING_FOR_REMOTE_KVS`
+//! ends).
+//!
+//! Worker side: [`KvConnector::save`] is `request_finished` with LMCache's
+//! store: the request's chunks are written to the tiers (write-through to
+//! every tier, or to the first with spill-down of what it evicts), its
+//! **prompt** KV only unless `save_decode_cache` is set, as LMCache does by
+//! default. Chunks a tier already holds are refreshed, not rewritten.
+//!
+//! Eviction order: a hit refreshes, and a write inserts, the chunks of a
+//! prefix **last chunk first**, so under LRU the root of a prefix is always
+//! more recent than its descendants and is never evicted before them (a
+//! descendant without its root could never be hit again). vLLM's block pool
+//! frees a finished request's blocks tail first for the same reason.
+//!
+//! Like every component it is passive: calls take `now` and append their
+//! effects — device timers to schedule, loads and synchronous saves that
+//! finished, KV events for the router, bytes moved — to a
+//! [`ConnectorOutput`] for the cluster to turn into events.
+
+use super::{BlockHash, ChunkStore, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy};
+use crate::ids::{RequestId, WorkerId};
+use crate::storage::{Device, DeviceOutput, DeviceStats, DeviceTimer, OpId, OpKind};
+use crate::time::SimTime;
+use nohash_hasher::IntMap;
+
+/// What the tiers hold beyond a request's GPU prefix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExternalHit {
+    /// Tokens to load (at most `num_tokens − 1` minus the GPU prefix).
+    pub tokens: u64,
+    /// Of those, how many come from each tier (indexed by [`Tier::index`]; the GPU's is 0).
+    pub per_tier: [u64; 4],
+}
+
+/// A load whose last read finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadDone {
+    /// The request.
+    pub request: RequestId,
+    /// Its worker.
+    pub worker: WorkerId,
+    /// When the load started.
+    pub started: SimTime,
+    /// Bytes read from each tier.
+    pub bytes: [u64; 4],
+}
+
+/// Effects of a connector call, for the cluster to apply (and then clear).
+#[derive(Debug, Default)]
+pub struct ConnectorOutput {
+    /// Device timers to schedule: `(when, tier instance, timer)`.
+    pub timers: Vec<(SimTime, u32, DeviceTimer)>,
+    /// Loads that finished.
+    pub loaded: Vec<LoadDone>,
+    /// Requests whose synchronous save finished.
+    pub saved: Vec<RequestId>,
+    /// KV events for the router (a chunk stored in, or evicted from, a tier).
+    pub events: Vec<(WorkerId, KvEvent)>,
+    /// Bytes moved by each finished device operation, by tier.
+    pub moved: Vec<(Tier, u64)>,
+}
+
+impl ConnectorOutput {
+    /// Nothing to apply.
+    pub fn is_empty(&self) -> bool {
+        self.timers.is_empty()
+            && self.loaded.is_empty()
+            && self.saved.is_empty()
+            && self.events.is_empty()
+            && self.moved.is_empty()
+    }
+
+    /// Empties every list (keeping their allocations).
+    pub fn clear(&mut self) {
+        self.timers.clear();
+        self.loaded.clear();
+        self.saved.clear();
+        self.events.clear();
+        self.moved.clear();
+    }
+}
+
+/// A tier instance at the end of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct InstanceReport {
+    /// Its tier.
+    pub tier: Tier,
+    /// Its device's counters.
+    pub stats: DeviceStats,
+    /// Most bytes it held.
+    pub peak_bytes: u64,
+    /// Its capacity.
+    pub capacity_bytes: u64,
+}
+
+/// One tier's store and device (per worker for CPU and NVMe, one for the DFS).
+struct TierInstance {
+    tier: Tier,
+    store: ChunkStore,
+    device: Device,
+}
+
+enum Purpose {
+    Load { request: RequestId, keys: Vec<BlockHash> },
+    Save { keys: Vec<BlockHash>, waiter: Option<RequestId>, worker: WorkerId },
+}
+
+struct IoOp {
+    instance: u32,
+    purpose: Purpose,
+}
+
+struct Load {
+    worker: WorkerId,
+    started: SimTime,
+    reads_left: u32,
+    bytes: [u64; 4],
+}
+
+/// One chunk of a lookup: the instance holding it, its key, and the blocks
+/// `[from, to)` of it beyond the GPU prefix.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    instance: u32,
+    key: BlockHash,
+    from: u64,
+    to: u64,
+}
+
+/// The KV connector of a cluster (every worker's tiers and the shared DFS).
+pub struct KvConnector {
+    kvc: KvcConfig,
+    block_size: u64,
+    instances: Vec<TierInstance>,
+    /// Per worker: its tier instances in lookup order.
+    worker_tiers: Vec<Vec<u32>>,
+    ops: Vec<Option<IoOp>>,
+    free_ops: Vec<u32>,
+    dev_out: DeviceOutput,
+    loads: IntMap<u32, Load>,
+    /// Synchronous saves: writes still in flight per request.
+    saves: IntMap<u32, u32>,
+    found: Vec<Found>,
+}
+
+impl KvConnector {
+    /// A connector with no workers yet, for tiers `kvc` and engine blocks of `block_size` tokens.
+    pub fn new(kvc: &KvcConfig, block_size: u64) -> KvConnector {
+        KvConnector {
+            kvc: kvc.clone(),
+            block_size,
+            instances: Vec::new(),
+            worker_tiers: Vec::new(),
+            ops: Vec::new(),
+            free_ops: Vec::new(),
+            dev_out: DeviceOutput::default(),
+            loads: IntMap::default(),
+            saves: IntMap::default(),
+            found: Vec::new(),
+        }
+    }
+
+    /// Adds the next worker's tiers (a per-worker instance of CPU memory and
+    /// NVMe; the one distributed file system, created with the first worker).
+    pub fn add_worker(&mut self) {
+        let mut tiers = Vec::new();
+        for t in &self.kvc.tiers {
+            let shared =
+                if t.tier == Tier::Dfs { self.instances.iter().position(|i| i.tier == Tier::Dfs) } else { None };
+            tiers.push(match shared {
+                Some(i) => i as u32,
+                None => {
+                    self.instances.push(TierInstance {
+                        tier: t.tier,
+                        store: ChunkStore::new(t.capacity_bytes, t.eviction),
+                        device: Device::new(t.device),
+                    });
+                    (self.instances.len() - 1) as u32
+                }
+            });
+        }
+        self.worker_tiers.push(tiers);
+    }
+
+    /// Whether worker `w` has any tier below the GPU.
+    pub fn has_tiers(&self, w: WorkerId) -> bool {
+        !self.worker_tiers[w.index()].is_empty()
+    }
+
+    /// No device operation (load or save) is in flight.
+    pub fn idle(&self) -> bool {
+        self.free_ops.len() == self.ops.len()
+    }
+
+    /// Every tier instance's counters at `end`.
+    pub fn report(&self, end: SimTime) -> impl Iterator<Item = InstanceReport> + '_ {
+        self.instances.iter().map(move |i| InstanceReport {
+            tier: i.tier,
+            stats: i.device.stats_at(end),
+            peak_bytes: i.store.peak(),
+            capacity_bytes: i.store.capacity(),
+        })
+    }
+
+    /// Walks the chunks of a `num_tokens`-token sequence with block hashes
+    /// `blocks` from its GPU prefix of `local` blocks on, while worker `w`'s
+    /// tiers hold them; returns how many tokens that is and, per tier, how
+    /// many of them each tier holds, and fills `found` (if given).
+    fn walk(
+        &self,
+        w: WorkerId,
+        blocks: &[BlockHash],
+        num_tokens: u64,
+        local: u64,
+        mut found: Option<&mut Vec<Found>>,
+    ) -> ExternalHit {
+        let mut hit = ExternalHit::default();
+        let tiers = &self.worker_tiers[w.index()];
+        if tiers.is_empty() {
+            return hit;
+        }
+        let bs = self.block_size;
+        // Only full blocks have hashes; the last token is always computed.
+        let limit = (num_tokens / bs).min(blocks.len() as u64);
+        let cap = num_tokens.saturating_sub(1);
+        let mut next = local;
+        let mut j = local / self.kvc.chunk_blocks;
+        while let Some((key, _, end)) = self.kvc.chunk(blocks, j, limit) {
+            let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
+                break;
+            };
+            let tokens = (end * bs).min(cap).saturating_sub(next * bs);
+            if tokens == 0 {
+                break;
+            }
+            hit.tokens += tokens;
+            hit.per_tier[self.instances[instance as usize].tier.index()] += tokens;
+            if let Some(f) = found.as_deref_mut() {
+                f.push(Found { instance, key, from: next, to: end });
+            }
+            next = end;
+            j += 1;
+        }
+        hit
+    }
+
+    /// vLLM's `get_num_new_matched_tokens`: the tokens beyond the first
+    /// `local` blocks (the GPU prefix hit) of a `num_tokens`-token sequence
+    /// that worker `w`'s tiers hold and could load. Changes nothing.
+    pub fn lookup(&self, w: WorkerId, blocks: &[BlockHash], num_tokens: u64, local: u64) -> ExternalHit {
+        self.walk(w, blocks, num_tokens, local, None)
+    }
+
+    /// Starts loading what [`Self::lookup`] found for `request` on worker `w`
+    /// (its GPU blocks are allocated): the chunks are pinned and refreshed
+    /// (last chunk first), and each run of consecutive chunks in one tier
+    /// instance is read in one device operation. A [`LoadDone`] comes out
+    /// when the last read finishes. Returns what is loaded.
+    #[allow(clippy::too_many_arguments)]
+    pub fn load(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        request: RequestId,
+        blocks: &[BlockHash],
+        num_tokens: u64,
+        local: u64,
+        out: &mut ConnectorOutput,
+    ) -> ExternalHit {
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        let hit = self.walk(w, blocks, num_tokens, local, Some(&mut found));
+        if hit.tokens == 0 {
+            self.found = found;
+            return hit;
+        }
+        for f in found.iter().rev() {
+            self.instances[f.instance as usize].store.touch(f.key);
+        }
+        // One read per run of consecutive chunks in one instance.
+        let runs = 1 + found.windows(2).filter(|p| p[0].instance != p[1].instance).count() as u32;
+        self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4] });
+        for run in found.chunk_by(|a, b| a.instance == b.instance) {
+            let instance = run[0].instance;
+            let keys: Vec<BlockHash> = run.iter().map(|f| f.key).collect();
+            let store = &mut self.instances[instance as usize].store;
+            keys.iter().for_each(|&k| store.pin(k));
+            let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.block_bytes;
+            self.submit(now, instance, OpKind::Read, bytes, w, Purpose::Load { request, keys }, out);
+        }
+        self.found = found;
+        hit
+    }
+
+    /// vLLM's `request_finished` with LMCache's store: writes the chunks of
+    /// the first `tokens` tokens of `request` (its prompt, or prompt and
+    /// output with `save_decode_cache`) to worker `w`'s tiers. Returns true
+    /// if the request's response must wait for the writes (synchronous
+    /// mode); its id then comes out in [`ConnectorOutput::saved`].
+    pub fn save(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        request: RequestId,
+        blocks: &[BlockHash],
+        tokens: u64,
+        out: &mut ConnectorOutput,
+    ) -> bool {
+        let tiers = &self.worker_tiers[w.index()];
+        if tiers.is_empty() {
+            return false;
+        }
+        let full = (tokens / self.block_size).min(blocks.len() as u64);
+        let chunks: Vec<(BlockHash, u64)> = (0..full.div_ceil(self.kvc.chunk_blocks))
+            .filter_map(|j| self.kvc.chunk(blocks, j, full))
+            .map(|(key, start, end)| (key, (end - start) * self.kvc.block_bytes))
+            .collect();
+        let waiter = (self.kvc.write_mode == WriteMode::Sync).then_some(request);
+        let targets = match self.kvc.write_policy {
+            WritePolicy::WriteThrough => tiers.len(),
+            WritePolicy::Spill => 1,
+        };
+        let mut ops = 0;
+        for i in 0..targets {
+            let inst = self.worker_tiers[w.index()][i];
+            ops += self.write_chunks(now, w, inst, &chunks, waiter, out);
+        }
+        if ops > 0 && waiter.is_some() {
+            self.saves.insert(request.0, ops);
+            return true;
+        }
+        false
+    }
+
+    /// Writes the chunks whose last blocks the GPU of worker `w` evicted
+    /// (`store_on_gpu_eviction`) to its first tier.
+    pub fn save_evicted(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        evicted: impl Iterator<Item = BlockHash>,
+        out: &mut ConnectorOutput,
+    ) {
+        let Some(&first) = self.worker_tiers[w.index()].first() else { return };
+        let bytes = self.kvc.chunk_blocks * self.kvc.block_bytes;
+        let chunks: Vec<(BlockHash, u64)> = evicted.map(|h| (h, bytes)).collect();
+        self.write_chunks(now, w, first, &chunks, None, out);
+    }
+
+    /// Reserves and writes `chunks` (a prefix's, root first) to instance
+    /// `inst`; with the spill policy what it evicts goes on to the next tier.
+    /// Returns the write operations issued.
+    fn write_chunks(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        inst: u32,
+        chunks: &[(BlockHash, u64)],
+        waiter: Option<RequestId>,
+        out: &mut ConnectorOutput,
+    ) -> u32 {
+        let tier = self.instances[inst as usize].tier;
+        let store = &mut self.instances[inst as usize].store;
+        // Last chunk first, so that the root ends up the most recent: first
+        // refresh what the store already holds of this prefix (so that room
+        // for the new chunks is not made by evicting it), then reserve.
+        for &(k, _) in chunks.iter().rev() {
+            store.touch(k);
+        }
+        let mut keys = Vec::with_capacity(chunks.len());
+        let mut bytes = 0;
+        let mut spilled = Vec::new();
+        for &(k, b) in chunks.iter().rev() {
+            if store.reserve(k, b, &mut spilled) == Reserve::Reserved {
+                keys.push(k);
+                bytes += b;
+            }
+        }
+        for &(v, _) in &spilled {
+            out.events.push((w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }));
+        }
+        let mut ops = 0;
+        if !keys.is_empty() {
+            self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiter, worker: w }, out);
+            ops += 1;
+        }
+        if self.kvc.write_policy == WritePolicy::Spill && !spilled.is_empty() {
+            let tiers = &self.worker_tiers[w.index()];
+            if let Some(pos) = tiers.iter().position(|&i| i == inst)
+                && let Some(&next) = tiers.get(pos + 1)
+            {
+                ops += self.write_chunks(now, w, next, &spilled, waiter, out);
+            }
+        }
+        ops
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &mut self,
+        now: SimTime,
+        inst: u32,
+        kind: OpKind,
+        bytes: u64,
+        w: WorkerId,
+        purpose: Purpose,
+        out: &mut ConnectorOutput,
+    ) {
+        let op = IoOp { instance: inst, purpose };
+        let id = match self.free_ops.pop() {
+            Some(i) => {
+                self.ops[i as usize] = Some(op);
+                i
+            }
+            None => {
+                self.ops.push(Some(op));
+                (self.ops.len() - 1) as u32
+            }
+        };
+        let mut dev = std::mem::take(&mut self.dev_out);
+        self.instances[inst as usize].device.submit(now, OpId(id), kind, bytes, w.0, &mut dev);
+        self.apply_device(inst, &mut dev, out);
+        self.dev_out = dev;
+    }
+
+    /// Handles a device timer of tier instance `instance`.
+    pub fn on_timer(&mut self, now: SimTime, instance: u32, timer: DeviceTimer, out: &mut ConnectorOutput) {
+        let mut dev = std::mem::take(&mut self.dev_out);
+        self.instances[instance as usize].device.on_timer(now, timer, &mut dev);
+        self.apply_device(instance, &mut dev, out);
+        self.dev_out = dev;
+    }
+
+    fn apply_device(&mut self, inst: u32, dev: &mut DeviceOutput, out: &mut ConnectorOutput) {
+        out.timers.extend(dev.timers.iter().map(|&(t, timer)| (t, inst, timer)));
+        for c in &dev.completed {
+            let op = self.ops[c.op.0 as usize].take().expect("completed op is live");
+            self.free_ops.push(c.op.0);
+            self.op_done(op, c.bytes, out);
+        }
+        dev.clear();
+    }
+
+    fn op_done(&mut self, op: IoOp, bytes: u64, out: &mut ConnectorOutput) {
+        let instance = &mut self.instances[op.instance as usize];
+        let tier = instance.tier;
+        out.moved.push((tier, bytes));
+        match op.purpose {
+            Purpose::Load { request, keys } => {
+                keys.iter().for_each(|&k| instance.store.unpin(k));
+                let load = self.loads.get_mut(&request.0).expect("a read belongs to a live load");
+                load.bytes[tier.index()] += bytes;
+                load.reads_left -= 1;
+                if load.reads_left == 0 {
+                    let load = self.loads.remove(&request.0).expect("checked above");
+                    out.loaded.push(LoadDone {
+                        request,
+                        worker: load.worker,
+                        started: load.started,
+                        bytes: load.bytes,
+                    });
+                }
+            }
+            Purpose::Save { keys, waiter, worker } => {
+                for k in keys {
+                    if instance.store.complete(k) {
+                        out.events.push((worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }));
+                    }
+                }
+                if let Some(id) = waiter {
+                    let left = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
+                    *left -= 1;
+                    if *left == 0 {
+                        self.saves.remove(&id.0);
+                        out.saved.push(id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Settings for tests of the connector and of its users.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
+    use crate::storage::DeviceConfig;
+    use crate::time::SimDuration;
+
+    /// Tiers `tiers` with chunks of `chunk_blocks` blocks of a toy model
+    /// (16 tokens × 10 B = 160 B per block), written through, asynchronously.
+    pub fn kvc(tiers: Vec<TierConfig>, chunk_blocks: u64) -> KvcConfig {
+        KvcConfig {
+            tiers,
+            chunk_blocks,
+            save_unfull_chunk: true,
+            save_decode_cache: false,
+            write_policy: WritePolicy::WriteThrough,
+            write_mode: WriteMode::Async,
+            store_on_gpu_eviction: false,
+            block_bytes: 160,
+            event_coalesce: SimDuration::ZERO,
+            publish_events: false,
+        }
+    }
+
+    /// CPU memory of `capacity` bytes at 10⁶ B/s, without latency, LRU.
+    pub fn cpu_tier(capacity: u64) -> TierConfig {
+        TierConfig {
+            tier: Tier::Cpu,
+            device: DeviceConfig {
+                bandwidth_bps: 1e6,
+                latency: SimDuration::ZERO,
+                concurrency: 1000,
+                client_bandwidth_bps: None,
+            },
+            capacity_bytes: capacity,
+            eviction: EvictionPolicy::Lru,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvcache::{Content, block_hashes, content_id};
+    use crate::time::SimDuration;
+
+    const W: WorkerId = WorkerId(0);
+
+    /// One worker with a CPU tier of `capacity` bytes (10⁶ B/s, no latency),
+    /// chunks of `chunk_blocks` blocks of 160 B.
+    fn connector(capacity: u64, chunk_blocks: u64) -> KvConnector {
+        let mut c = KvConnector::new(&testing::kvc(vec![testing::cpu_tier(capacity)], chunk_blocks), 16);
+        c.add_worker();
+        c
+    }
+
+    /// Block hashes of `tokens` tokens of content `key`.
+    fn blocks(key: u64, tokens: u32) -> Vec<BlockHash> {
+        let mut content = Content::default();
+        content.push(content_id("test", key), tokens);
+        let mut out = Vec::new();
+        block_hashes(&content.segments, 16, usize::MAX, &mut out);
+        out
+    }
+
+    /// Runs the device timers out in time order from `now`; returns the time of the last.
+    fn settle(c: &mut KvConnector, mut now: SimTime, out: &mut ConnectorOutput) -> SimTime {
+        while let Some(i) = (0..out.timers.len()).min_by_key(|&i| out.timers[i].0) {
+            let (t, inst, timer) = out.timers.remove(i);
+            now = t;
+            c.on_timer(t, inst, timer, out);
+        }
+        now
+    }
+
+    /// Saves the first `tokens` tokens of `b` at `now` and waits for the
+    /// writes; returns when they finished.
+    fn save(c: &mut KvConnector, now: SimTime, b: &[BlockHash], tokens: u64) -> SimTime {
+        let mut out = ConnectorOutput::default();
+        c.save(now, W, RequestId(0), b, tokens, &mut out);
+        settle(c, now, &mut out)
+    }
+
+    #[test]
+    fn lookup_covers_held_chunks_beyond_the_gpu_prefix_and_leaves_the_last_token() {
+        let mut c = connector(1 << 20, 2);
+        let p = blocks(1, 100); // 6 full blocks (96 tokens) and 4 more tokens
+        save(&mut c, SimTime::ZERO, &p, 100);
+        // Chunks [0, 2), [2, 4), [4, 6) are held: 96 tokens, all from CPU memory.
+        let hit = c.lookup(W, &p, 100, 0);
+        assert_eq!(hit, ExternalHit { tokens: 96, per_tier: [0, 96, 0, 0] });
+        // Beyond a GPU prefix of 3 blocks: 96 − 48 = 48 tokens.
+        assert_eq!(c.lookup(W, &p, 100, 3).tokens, 48);
+        // A 64-token prompt of the same content (4 whole blocks, chunks [0, 2),
+        // [2, 4) held): everything but its last token, 63.
+        assert_eq!(c.lookup(W, &blocks(1, 64), 64, 0).tokens, 63);
+        // A 40-token prompt ends inside chunk [2, 4) (2 full blocks, then
+        // [2, 2) is empty): 32 tokens.
+        assert_eq!(c.lookup(W, &blocks(1, 40), 40, 0).tokens, 32);
+        // Other content: nothing.
+        assert_eq!(c.lookup(W, &blocks(2, 100), 100, 0), ExternalHit::default());
+    }
+
+    #[test]
+    fn a_load_reads_exactly_the_blocks_found_and_reports_when_done() {
+        let mut c = connector(1 << 20, 2);
+        let p = blocks(1, 64);
+        let t = save(&mut c, SimTime::ZERO, &p, 64);
+        let mut out = ConnectorOutput::default();
+        // GPU prefix of 1 block: blocks [1, 4) are read (480 B at 1e6 B/s = 480 µs)
+        // for 63 − 16 = 47 tokens.
+        let hit = c.load(t, W, RequestId(7), &p, 64, 1, &mut out);
+        assert_eq!(hit.tokens, 47);
+        assert!(!c.idle());
+        let end = settle(&mut c, t, &mut out);
+        assert_eq!(end - t, SimDuration(480_000));
+        assert_eq!(out.loaded, vec![LoadDone { request: RequestId(7), worker: W, started: t, bytes: [0, 480, 0, 0] }]);
+        assert!(c.idle());
+    }
+
+    #[test]
+    fn only_the_prompt_is_saved_and_held_chunks_are_not_written_again() {
+        let mut c = connector(1 << 20, 2);
+        let p = blocks(1, 100);
+        let mut out = ConnectorOutput::default();
+        // The first 70 tokens: 4 full blocks (the rest of block 5 is not
+        // full) in chunks [0, 2), [2, 4): 640 B.
+        c.save(SimTime::ZERO, W, RequestId(0), &p, 70, &mut out);
+        let t = settle(&mut c, SimTime::ZERO, &mut out);
+        // All 100: 6 full blocks; chunks [0, 2), [2, 4) are held, [4, 6) is new: 320 B.
+        c.save(t, W, RequestId(1), &p, 100, &mut out);
+        let t = settle(&mut c, t, &mut out);
+        let written: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
+        assert_eq!(written, 640 + 320);
+    }
+
+    #[test]
+    fn lru_keeps_the_root_of_a_prefix_when_its_descendants_go() {
+        // Room for four one-block chunks (160 B each).
+        let mut c = connector(640, 1);
+        let p = blocks(1, 48); // chunks p1 (root), p2, p3
+        let t = save(&mut c, SimTime::ZERO, &p, 48);
+        let t = save(&mut c, t, &blocks(2, 16), 16); // q1: the store is full
+        // Two more chunks evict the two least recently used. The prefix was
+        // written last chunk first, so its recency is p3 < p2 < p1 < q1:
+        // p3 and p2 go and the root stays (root first, p1 would have gone
+        // and p2, p3 been unreachable).
+        save(&mut c, t, &blocks(3, 32), 32);
+        assert_eq!(c.lookup(W, &p, 48, 0).tokens, 16);
+
+        // A hit refreshes last chunk first too.
+        let mut c = connector(640, 1);
+        let t = save(&mut c, SimTime::ZERO, &p, 48);
+        let t = save(&mut c, t, &blocks(2, 16), 16);
+        let mut out = ConnectorOutput::default();
+        c.load(t, W, RequestId(0), &p, 48, 0, &mut out);
+        let t = settle(&mut c, t, &mut out);
+        // Recency is now q1 < p3 < p2 < p1: q1 and p3 go.
+        save(&mut c, t, &blocks(3, 32), 32);
+        assert_eq!(c.lookup(W, &p, 48, 0).tokens, 32);
+        assert_eq!(c.lookup(W, &blocks(2, 16), 16, 0).tokens, 0);
+    }
+}
