@@ -333,6 +333,8 @@ impl<'a> Cluster<'a> {
             for &(w, e) in &out.events {
                 self.kv_event(now, w, e, sched);
             }
+            // Every load that finished now first, then each worker once, so
+            // that a step planned now sees all of them.
             for d in &out.loaded {
                 let r = &mut self.requests[d.request.index()];
                 for (acc, b) in r.read_bytes.iter_mut().zip(d.bytes) {
@@ -342,7 +344,11 @@ impl<'a> Cluster<'a> {
                 r.fetch_time.get_or_insert(took);
                 self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
                 self.workers[d.worker.index()].fetched(d.request, now, &mut self.requests, &self.scenario.worker);
-                self.poll_worker(now, d.worker, sched);
+            }
+            for (i, d) in out.loaded.iter().enumerate() {
+                if out.loaded[..i].iter().all(|e| e.worker != d.worker) {
+                    self.poll_worker(now, d.worker, sched);
+                }
             }
             for &id in &out.saved {
                 self.respond(now, id, sched);
@@ -606,6 +612,9 @@ impl<'a> Cluster<'a> {
             },
             trace_lines_skipped: self.workload.skipped_lines(),
             sessions_truncated: self.workload.sessions_truncated(),
+            model_params: self.scenario.model.parameter_count(),
+            model_active_params: self.scenario.model.active_parameter_count(),
+            kv_bytes_per_token: self.scenario.model.kv_bytes_per_token(),
         };
         let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
         let workers = self

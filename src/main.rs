@@ -70,6 +70,22 @@ enum Command {
         #[arg(short, long, value_name = "DIR")]
         output: Option<PathBuf>,
     },
+    /// Print what the simulator derives from a model, and how it fits on a GPU.
+    ///
+    /// The model is a preset name (or a Hugging Face id of one) or a path to
+    /// a Hugging Face config.json. Prints the family, layers, total and
+    /// active parameters, weight bytes and KV bytes per token and, with
+    /// --gpu, the KV pool in blocks and tokens and the most sequences of
+    /// --context tokens it holds at once.
+    Model(ModelArgs),
+    /// Fit the roofline step model to measured latencies.
+    ///
+    /// The CSV has columns phase,batch_size,tokens,latency_ms (the `table`
+    /// step model's format): prefill rows give a prompt's latency from an
+    /// empty cache, decode rows one step over batch_size sequences of
+    /// `tokens` context each. Prints each row's fitted value and residual
+    /// (stderr) and the [worker.inference_params] block to use (stdout, or -o).
+    Calibrate(CalibrateArgs),
     /// Convert an Opal JSON configuration into an equivalent TOML scenario.
     ///
     /// Keys are mapped one to one; renamed keys, Opal defaults that differ
@@ -86,6 +102,51 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
+}
+
+#[derive(Args, Debug)]
+struct ModelArgs {
+    /// A preset (e.g. deepseek-v3, meta-llama/Llama-3.1-8B) or a config.json.
+    model: String,
+    /// A GPU preset (A100-40G, A100-80G, H100, H100-PCIe, H200, B200, MI300X, L40S).
+    #[arg(long)]
+    gpu: Option<String>,
+    /// GPUs per worker (tensor parallelism).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Fraction of GPU memory vLLM may use.
+    #[arg(long, default_value_t = 0.9)]
+    gpu_memory_utilization: f64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: u64,
+    /// Sequence length for the "sequences that fit" figure, tokens.
+    #[arg(long, default_value_t = 8192)]
+    context: u64,
+    /// KV-cache element type: auto (the weights' dtype) or fp8.
+    #[arg(long, default_value = "auto")]
+    kv_cache_dtype: String,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct CalibrateArgs {
+    /// The measurements (CSV).
+    measurements: PathBuf,
+    /// The model measured: a preset or a config.json.
+    #[arg(long)]
+    model: String,
+    /// The GPU measured: a preset.
+    #[arg(long)]
+    gpu: String,
+    /// GPUs per worker (tensor parallelism).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Write the TOML block to this file instead of stdout.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -153,6 +214,8 @@ fn main() -> ExitCode {
         Some(Command::Slurm(args)) => slurm(&args),
         Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
         Some(Command::Report { dir, output }) => report(&dir, output.as_deref()),
+        Some(Command::Model(args)) => model(&args),
+        Some(Command::Calibrate(args)) => calibrate(&args),
         None => run(&cli.run),
     };
     match result {
@@ -368,5 +431,80 @@ fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
         partition: args.partition.as_deref(),
         workdir: &abs(std::path::Path::new("."))?,
     }));
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A model named on the command line: a preset, or a config.json.
+fn load_model(name: &str) -> Result<opal::worker::model::ModelArch, Failure> {
+    use opal::worker::model::ModelArch;
+    let path = PathBuf::from(name);
+    if path.is_file() || name.ends_with(".json") {
+        return ModelArch::from_hf_config(&path).map_err(Failure::Input);
+    }
+    ModelArch::preset(name).ok_or_else(|| {
+        Failure::Input(format!(
+            "unknown model {name:?}\n  fix: use a preset ({}) or a path to a config.json",
+            ModelArch::preset_list()
+        ))
+    })
+}
+
+/// A GPU preset named on the command line.
+fn load_gpu(name: &str) -> Result<opal::worker::presets::GpuSpec, Failure> {
+    use opal::worker::presets::GpuSpec;
+    GpuSpec::preset(name)
+        .ok_or_else(|| Failure::Input(format!("unknown GPU {name:?}\n  fix: use a preset: {}", GpuSpec::preset_list())))
+}
+
+fn model(args: &ModelArgs) -> Result<ExitCode, Failure> {
+    use opal::worker::model::ModelReport;
+    let mut model = load_model(&args.model)?;
+    model.set_kv_cache_dtype(&args.kv_cache_dtype).map_err(|e| Failure::Input(format!("--kv-cache-dtype: {e}")))?;
+    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0)
+        || args.tp == 0
+        || args.block_size == 0
+    {
+        return Err(Failure::Input(
+            "--gpu-memory-utilization must be in (0, 1], --tp and --block-size at least 1".into(),
+        ));
+    }
+    let gpu = args.gpu.as_deref().map(load_gpu).transpose()?;
+    let fit = gpu
+        .as_ref()
+        .map(|g| (g.name.as_str(), g.memory_gb, args.tp, args.gpu_memory_utilization, args.block_size, args.context));
+    let report = ModelReport::new(&model, fit);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report).expect("a report serializes"));
+    } else {
+        print!("{}", opal::report::text::model_text(&report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
+    let model = load_model(&args.model)?;
+    let gpu = load_gpu(&args.gpu)?;
+    if args.tp == 0 {
+        return Err(Failure::Input("--tp must be at least 1".into()));
+    }
+    let rows = opal::worker::perf::LatencyRows::from_csv(&args.measurements).map_err(Failure::Input)?;
+    let fit = opal::worker::calibrate::calibrate(&model, &gpu, args.tp, &rows)
+        .map_err(|e| Failure::Input(format!("{}: {e}", args.measurements.display())))?;
+    eprint!("{}", opal::report::text::calibration_table(&fit));
+    let header = format!(
+        "# opal-sweep calibrate {} --model {} --gpu {} --tp {}\n",
+        args.measurements.display(),
+        model.name,
+        gpu.name,
+        args.tp
+    );
+    let text = header + &fit.toml();
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, text).map_err(|e| Failure::Run(format!("{}: cannot write: {e}", path.display())))?;
+            eprintln!("wrote {}", path.display());
+        }
+        None => out(&text),
+    }
     Ok(ExitCode::SUCCESS)
 }

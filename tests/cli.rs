@@ -259,3 +259,60 @@ fn an_opal_json_hf_url_runs_the_model_it_names_or_fails_clearly() {
     let toml = String::from_utf8_lossy(&o.stdout);
     assert!(toml.contains("config_path") && toml.contains("0123abc"), "{toml}");
 }
+
+#[test]
+fn model_prints_what_is_derived_from_deepseek_v3_on_eight_h200s() {
+    let o = opal_sweep(&["model", "deepseek-v3", "--gpu", "H200", "--tp", "8", "--json"], &temp_dir("model-json"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let n = |k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {v}"));
+    assert!((n("params") / 671e9 - 1.0).abs() < 0.005, "{}", n("params"));
+    assert!((n("active_params") / 37.5e9 - 1.0).abs() < 0.01, "{}", n("active_params"));
+    assert_eq!(n("kv_bytes_per_token"), 70_272.0);
+    assert!(n("weight_bytes") > 6.5e11 && n("weight_bytes") < 7.0e11, "FP8 weights: {}", n("weight_bytes"));
+    let fit = &v["fit"];
+    // 8 × 141 GiB × 0.9 less the weights, in blocks of 16 × 70,272 B.
+    let expect = ((8.0 * 141.0 * 1073741824.0 * 0.9 - n("weight_bytes")) / (16.0 * 70_272.0)).floor();
+    assert_eq!(fit["fits"], true);
+    assert_eq!(fit["kv_pool_blocks"].as_f64().unwrap(), expect);
+    assert_eq!(fit["max_batch_at_context"].as_f64().unwrap(), (expect / 512.0).floor(), "8,192 tokens = 512 blocks");
+}
+
+#[test]
+fn model_says_when_a_model_does_not_fit_and_refuses_unmodelled_families() {
+    let dir = temp_dir("model-fit");
+    let o = opal_sweep(&["model", "llama-3.1-405b", "--gpu", "H100", "--tp", "4"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("does not fit: the weights need 756.0 GiB, 288.0 GiB is available"), "{text}");
+    std::fs::write(dir.join("config.json"), r#"{"model_type": "jamba", "hidden_size": 4096}"#).unwrap();
+    let o = opal_sweep(&["model", "config.json"], &dir);
+    assert_input_error(&o, &["config.json", "`jamba`", "state-space", "supported"]);
+    // The same file as a scenario's model: exit 2, naming the key.
+    let o = run_spec("model-family", "[model.model_params]\nconfig_path = \"/nonexistent/x.json\"\n");
+    assert_input_error(&o, &["model.model_params.config_path"]);
+    let spec = format!("[model.model_params]\nconfig_path = {:?}\n", dir.join("config.json").display().to_string());
+    assert_input_error(&run_spec("model-family-2", &spec), &["model.model_params.config_path", "`jamba`"]);
+}
+
+#[test]
+fn calibrate_writes_an_inference_block_that_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let csv = root.join("examples/calibration/sc25-llama-3.1-70b-h100-tp4.csv");
+    let args = ["calibrate", csv.to_str().unwrap(), "--model", "llama-3.1-70b", "--gpu", "H100", "--tp", "4"];
+    let o = opal_sweep(&args, root);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("worst residual: -2.88 % (prefill 4092 tokens)"), "{}", stderr(&o));
+    let block = String::from_utf8_lossy(&o.stdout);
+    let t: toml::Table = block.parse().unwrap();
+    let p = &t["worker"]["inference_params"];
+    assert!(
+        (p["a"].as_float().unwrap() - 3.32).abs() < 0.01 && (p["b"].as_float().unwrap() - 53.0).abs() < 0.1,
+        "{block}"
+    );
+    // A measurements file with a bad row names its line.
+    let dir = temp_dir("calibrate-bad");
+    std::fs::write(dir.join("m.csv"), "phase,batch_size,tokens,latency_ms\nprefill,,100,5\nprefil,,200,9\n").unwrap();
+    let o = opal_sweep(&["calibrate", "m.csv", "--model", "llama-3.1-8b", "--gpu", "H100"], &dir);
+    assert_input_error(&o, &["m.csv:3", "prefil"]);
+}

@@ -27,12 +27,12 @@ fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2
     let out = crate::run(&s);
     let r = &out.requests[0];
     // Llama-3.1-8B: L = 32, d = 4096, 8,030,261,248 parameters × 2 B, 131,072 KV B/token.
-    // H100: 989.5 TFLOP/s, 3.3 TB/s. Opal's a = 4, b = 24.
+    // H100 (datasheet): 989.5 TFLOP/s dense BF16, 3.35 TB/s. Opal's a = 4, b = 24.
     let flops = 989.5e12;
-    let bw = 3.3e12;
+    let bw = 3.35e12;
     let weights = 8_030_261_248.0 * 2.0;
     let prefill = 32.0 * (4.0 * 1000.0 * 1001.0 * 4096.0 + 24.0 * 1000.0 * 4096.0 * 4096.0) / flops; // ≈ 13.3 ms
-    let weights_only = weights / bw; // ≈ 4.87 ms, less than the prefill
+    let weights_only = weights / bw; // ≈ 4.79 ms, less than the prefill
     assert!(prefill > weights_only);
     // Step 1 is the prefill and yields token 1; steps 2–4 decode with 1000, 1001, 1002 cached tokens.
     let decode = |ctx: f64| (weights + 131_072.0 * ctx) / bw;
@@ -141,4 +141,45 @@ fn simulation_time_stops_the_run_and_reports_unfinished_requests() {
     assert!(out.summary.requests_incomplete > 0);
     assert_eq!(out.summary.requests_generated, out.summary.requests_completed + out.summary.requests_incomplete);
     assert_eq!(out.series.len(), 5);
+}
+
+#[test]
+fn a_mixture_of_experts_computes_its_active_experts_and_reads_the_experts_it_touches() {
+    let s = scenario(
+        r#"
+        [model.model_params]
+        name = "mixtral-8x7b"
+        [worker.hw]
+        gpu = "H100"
+        tp = 2
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 1000
+        output_tokens = 3
+        "#,
+    );
+    let out = crate::run(&s);
+    let r = &out.requests[0];
+    // Mixtral-8x7B: 32 layers, d = 4096, 32 heads of 128, 8 experts of 3·4096·14336 weights, top-2.
+    let (attn, expert) = (41_943_040.0, 176_160_768.0);
+    let total = 2.0 * 32_000.0 * 4096.0 + 32.0 * (attn + 8.0 * expert + 4096.0 * 8.0 + 2.0 * 4096.0) + 4096.0;
+    // 2 × H100: 2 × 989.5 TFLOP/s, 2 × 3.35 TB/s. The dense term counts the
+    // active weights per layer (attention + 2 experts) / 12 in place of d².
+    let (flops, bw) = (2.0 * 989.5e12, 2.0 * 3.35e12);
+    let linear_d2 = 32.0 * (attn + 2.0 * expert) / 12.0;
+    let prefill = (4.0 * 4096.0 * 1000.0 * 1001.0 * 32.0 + 24.0 * linear_d2 * 1000.0) / flops;
+    // The prefill step's 1000 tokens touch all 8 experts of every layer
+    // (8·(1 − (3/4)^1000) = 8): all 2·total weight bytes are read.
+    let touched = |tokens: f64| 8.0 * (1.0 - 0.75f64.powf(tokens));
+    let weights = |tokens: f64| 2.0 * (total - 32.0 * expert * (8.0 - touched(tokens)));
+    assert!((weights(1000.0) - 2.0 * total).abs() < 1.0);
+    let ttft = ns(prefill.max(weights(1000.0) / bw));
+    // Each decode step's one token touches 2 experts per layer.
+    let decode = |ctx: f64| (weights(1.0) + 131_072.0 * ctx) / bw;
+    let e2e = ttft + ns(decode(1000.0)) + ns(decode(1001.0));
+    assert_eq!(SimDuration::from_secs_f64(r.ttft_s.unwrap()).0, ttft, "TTFT");
+    assert_eq!((r.e2e_s.unwrap() * 1e9).round() as u64, e2e, "E2E");
+    assert_eq!(out.summary.model_params, total as u64);
 }

@@ -71,7 +71,7 @@ const OPAL_DEFAULTS: [OpalDefault; 2] = [
 /// (dotted, `*` for any list index), from its `configs/defaults.json`,
 /// `configs/defaults_apc.json` and its wiki's configuration reference:
 /// removed with a warning.
-pub const OPAL_ONLY_KEYS: [&str; 17] = [
+pub const OPAL_ONLY_KEYS: [&str; 16] = [
     "simulation.save_simulation_data",
     "simulation.show_progress",
     "simulation.max_wall_time_sec",
@@ -82,7 +82,6 @@ pub const OPAL_ONLY_KEYS: [&str; 17] = [
     "worker.vllm_params.apc_eviction_check_interval_sec",
     "worker.hw.tflops_fp16",
     "worker.hw.tflops_fp32",
-    "worker.hw.tflops_fp8",
     "worker.hw.tflops_fp4",
     "worker.hw.num_gpus",
     "worker.inference_params.compute_efficiency",
@@ -312,8 +311,15 @@ fn hf_cached_config(id: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HF_HOME").map(|h| PathBuf::from(h).join("hub")))
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface/hub")))?;
-    let snapshots = hub.join(format!("models--{}", id.replace('/', "--"))).join("snapshots");
-    let mut found: Vec<PathBuf> = std::fs::read_dir(snapshots)
+    let repo = hub.join(format!("models--{}", id.replace('/', "--")));
+    // The snapshot `refs/main` names, as `transformers` resolves it; else the only (or last) one.
+    if let Ok(main) = std::fs::read_to_string(repo.join("refs/main")) {
+        let path = repo.join("snapshots").join(main.trim()).join("config.json");
+        if path.is_file() {
+            return Some(path);
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(repo.join("snapshots"))
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path().join("config.json")))
         .filter(|p| p.is_file())
@@ -333,16 +339,18 @@ fn model_from_hf_url(out: &mut Imported) -> Result<(), ConfigError> {
             .hint("a Hugging Face id such as \"ibm-granite/granite-3.3-8b-instruct\"")
             .schema());
     };
-    if params.contains_key("config_dir") {
-        return Err(ConfigError::key("", key, "hf_url and config_dir are both set (Opal refuses that too)")
-            .hint(
-                "keep one: hf_url for a Hugging Face model, or config_dir for a local <config_dir>/<name>/config.json",
-            )
-            .schema());
+    if let Some(other) = ["config_dir", "config_path"].into_iter().find(|k| params.contains_key(*k)) {
+        return Err(ConfigError::key(
+            "",
+            key,
+            format!("hf_url and {other} are both set (Opal refuses hf_url with config_dir too)"),
+        )
+        .hint(format!("keep one: hf_url for a Hugging Face model, or {other} for a local config.json"))
+        .schema());
     }
     let id = hf_id(&url).to_string();
     let name = id.rsplit('/').next().unwrap_or(&id).to_string();
-    let (value_key, value, what) = if crate::worker::presets::ModelArch::preset(&id).is_some() {
+    let (value_key, value, what) = if crate::worker::model::ModelArch::preset(&id).is_some() {
         ("name", id.clone(), format!("the preset {name}"))
     } else if let Some(path) = hf_cached_config(&id) {
         let shown = path.display().to_string();
@@ -351,7 +359,7 @@ fn model_from_hf_url(out: &mut Imported) -> Result<(), ConfigError> {
         return Err(ConfigError::key("", key, format!("{url:?} names {id}, which is neither a preset here nor in the local Hugging Face cache (opal-sweep does not download)"))
             .hint(format!(
                 "download https://huggingface.co/{id}/blob/main/config.json and set model.model_params.config_path to it (and remove hf_url), or use a preset: {}",
-                crate::worker::presets::ModelArch::PRESETS.join(", ")
+                crate::worker::model::ModelArch::preset_list()
             ))
             .schema());
     };

@@ -8,8 +8,9 @@ use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, Wri
 use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
 use crate::time::{SimDuration, SimTime};
-use crate::worker::perf::{LatencyTable, MixRule, PerfModel, Roofline, StepModel};
-use crate::worker::presets::{GpuSpec, ModelArch};
+use crate::worker::model::{KvPool, ModelArch};
+use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PerfModel, Roofline, StepModel};
+use crate::worker::presets::GpuSpec;
 use crate::worker::{SlotMode, WorkerConfig};
 use crate::workload::StageConfig;
 use std::path::Path;
@@ -209,10 +210,19 @@ fn resolve_router(
 }
 
 fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<ModelArch, ConfigError> {
+    let mut model = resolve_architecture(cx, file, base_dir)?;
+    model
+        .set_kv_cache_dtype(&file.worker.vllm_params.kv_cache_dtype)
+        .map_err(|e| cx.err("worker.vllm_params.kv_cache_dtype", e, "vLLM's --kv-cache-dtype: auto or fp8").schema())?;
+    Ok(model)
+}
+
+fn resolve_architecture(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<ModelArch, ConfigError> {
     let p = &file.model.model_params;
     let from_file = |key: &str, path: &Path| {
-        ModelArch::from_hf_config(path)
-            .map_err(|e| cx.err(key, e, "point it at a Hugging Face config.json of a dense decoder model"))
+        ModelArch::from_hf_config(path).map_err(|e| {
+            cx.err(key, e, "point it at a Hugging Face config.json of a model family listed in the README").schema()
+        })
     };
     if let Some(cfg) = &p.config_path {
         return from_file("model.model_params.config_path", &base_dir.join(cfg));
@@ -229,7 +239,7 @@ fn resolve_model(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Result<Model
             format!("unknown model {:?} (no preset, and no <config_dir>/{}/config.json)", p.name, p.name),
             format!(
                 "use a preset ({}) or set model.model_params.config_path to a config.json",
-                ModelArch::PRESETS.join(", ")
+                ModelArch::preset_list()
             ),
         )
         .schema()
@@ -246,16 +256,22 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
                 .err(
                     "worker.hw.gpu",
                     format!("unknown GPU {:?} and `{key}` is not set", hw.gpu),
-                    format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::PRESETS.join(", ")),
+                    format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::preset_list()),
                 )
                 .schema()),
         }
+    };
+    let fp8 = match hw.tflops_fp8 {
+        Some(v) => Some(cx.positive("worker.hw.tflops_fp8", v)?),
+        None => base.as_ref().and_then(|g| g.fp8_tflops),
     };
     Ok(GpuSpec {
         name: base.as_ref().map_or_else(|| hw.gpu.clone(), |g| g.name.clone()),
         memory_gb: pick("worker.hw.memory_gb", hw.memory_gb, base.as_ref().map(|g| g.memory_gb))?,
         tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
         mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
+        fp8_tflops: fp8,
+        power_w: base.as_ref().map_or(0.0, |g| g.power_w),
     })
 }
 
@@ -414,16 +430,31 @@ fn resolve_perf(
         }
     };
     let model = match ip.model.to_ascii_lowercase().as_str() {
-        "roofline" => StepModel::Roofline(Roofline {
-            layers: model.num_layers as f64,
-            hidden: model.hidden_size as f64,
-            a: parse_coefficient(cx, "worker.inference_params.a", &ip.a)?,
-            b: parse_coefficient(cx, "worker.inference_params.b", &ip.b)?,
-            flops_per_sec: gpu.tflops * f64::from(tp) * 1e12,
-            mem_bytes_per_sec: gpu.mem_bw_tbps * f64::from(tp) * 1e12,
-            weight_bytes: model.weight_bytes() as f64,
-            kv_bytes_per_token: model.kv_bytes_per_token() as f64,
-        }),
+        "roofline" => {
+            let efficiency = ip.decode_bw_efficiency;
+            if !(efficiency > 0.0 && efficiency <= 1.0) {
+                return Err(cx.err(
+                    "worker.inference_params.decode_bw_efficiency",
+                    format!("must be in (0, 1], got {efficiency}"),
+                    "1 is the datasheet bandwidth; `opal-sweep calibrate` fits it to measured decode steps",
+                ));
+            }
+            let overhead = ip.step_overhead_secs;
+            if !(overhead.is_finite() && overhead >= 0.0) {
+                return Err(cx.err(
+                    "worker.inference_params.step_overhead_secs",
+                    format!("must be ≥ 0 seconds, got {overhead}"),
+                    "0 adds nothing; `opal-sweep calibrate` fits it to measured decode steps",
+                ));
+            }
+            let c = Coefficients {
+                a: parse_coefficient(cx, "worker.inference_params.a", &ip.a)?,
+                b: parse_coefficient(cx, "worker.inference_params.b", &ip.b)?,
+                decode_bw_efficiency: efficiency,
+                step_overhead_secs: overhead,
+            };
+            StepModel::Roofline(Roofline::new(model, gpu, tp, c))
+        }
         "synthetic" => StepModel::Synthetic(SimDuration::from_secs_f64(
             cx.positive("worker.inference_params.mean_latency_secs", ip.mean_latency_secs)?,
         )),
@@ -493,26 +524,23 @@ fn resolve_worker(
         }
     };
 
-    // KV block pool: memory × tp × utilisation − weights, in blocks.
-    let memory_bytes = gpu.memory_gb * f64::from(tp) * (1u64 << 30) as f64 * util;
-    let weights = model.weight_bytes() as f64;
-    let block_bytes = block_size as u64 * model.kv_bytes_per_token();
+    let pool = KvPool::new(model, gpu.memory_gb, tp, util, block_size as u64);
     let fit_hint = "use more GPUs per worker (worker.hw.tp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
-    if weights >= memory_bytes {
+    if !pool.fits() {
         return Err(cx.err(
             "worker.hw",
             format!(
                 "the model does not fit in GPU memory: {} needs {:.1} GiB of weights but {} × {} at gpu_memory_utilization {util} leaves {:.1} GiB",
                 model.name,
-                weights / (1u64 << 30) as f64,
+                pool.weight_bytes / (1u64 << 30) as f64,
                 tp,
                 gpu.name,
-                memory_bytes / (1u64 << 30) as f64
+                pool.memory_bytes / (1u64 << 30) as f64
             ),
             fit_hint,
         ));
     }
-    let total_blocks = ((memory_bytes - weights) / block_bytes as f64).floor() as u64;
+    let total_blocks = pool.blocks;
     let max_model_len = match v.max_model_len {
         None => model.max_model_len,
         Some(0) => {
@@ -548,7 +576,7 @@ fn resolve_worker(
             "worker.hw",
             format!(
                 "one maximum-length sequence ({max_model_len} tokens = {needed} blocks of {block_size}) does not fit in the KV cache ({total_blocks} blocks left after {:.1} GiB of weights)",
-                weights / (1u64 << 30) as f64
+                pool.weight_bytes / (1u64 << 30) as f64
             ),
             format!("{fit_hint}, or a smaller worker.vllm_params.max_model_len"),
         ));
@@ -577,6 +605,7 @@ fn resolve_worker(
         report_evictions: false,
         publish_events: false,
         perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
+        sliding_window: model.window.map(|(w, _)| w),
     })
 }
 

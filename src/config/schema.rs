@@ -550,7 +550,8 @@ impl Default for WorkerParams {
 #[serde(deny_unknown_fields, default)]
 #[allow(non_snake_case)]
 pub struct HwParams {
-    /// GPU preset: A100-80G, H100, H200, B200 (or any name when the three numbers below are given).
+    /// GPU preset: A100-40G, A100-80G, H100, H100-PCIe, H200, B200, MI300X, L40S
+    /// (or any name when memory_gb, tflops and mem_bw_TBps are given).
     pub gpu: String,
     /// HBM per GPU, GiB; overrides the preset.
     pub memory_gb: Option<f64>,
@@ -558,13 +559,15 @@ pub struct HwParams {
     pub tflops: Option<f64>,
     /// HBM bandwidth per GPU, TB/s (10¹² B/s); overrides the preset.
     pub mem_bw_TBps: Option<f64>,
+    /// Dense FP8 peak per GPU, TFLOP/s (used for the linear layers of FP8 models); overrides the preset.
+    pub tflops_fp8: Option<f64>,
     /// Tensor-parallel GPUs per worker (memory, FLOPs and bandwidth scale with it).
     pub tp: u32,
 }
 
 impl Default for HwParams {
     fn default() -> Self {
-        HwParams { gpu: "H100".into(), memory_gb: None, tflops: None, mem_bw_TBps: None, tp: 1 }
+        HwParams { gpu: "H100".into(), memory_gb: None, tflops: None, mem_bw_TBps: None, tflops_fp8: None, tp: 1 }
     }
 }
 
@@ -591,6 +594,8 @@ pub struct VllmParams {
     pub enable_prefix_caching: bool,
     /// Seconds a cached block stays unevictable after its last use (0 = plain LRU).
     pub apc_lru_ttl: f64,
+    /// KV-cache element type: `auto` (the model's weight dtype) or `fp8` (1 byte), as vLLM's `--kv-cache-dtype`.
+    pub kv_cache_dtype: String,
 }
 
 impl Default for VllmParams {
@@ -605,6 +610,7 @@ impl Default for VllmParams {
             max_model_len: None,
             enable_prefix_caching: true,
             apc_lru_ttl: 0.0,
+            kv_cache_dtype: "auto".into(),
         }
     }
 }
@@ -650,6 +656,10 @@ pub struct InferenceParams {
     pub a: NumberOrString,
     /// `roofline`: dense FLOP coefficient per new token per d² per layer.
     pub b: NumberOrString,
+    /// `roofline`: fraction of the datasheet memory bandwidth a decode step achieves (`opal-sweep calibrate` fits it).
+    pub decode_bw_efficiency: f64,
+    /// `roofline`: fixed seconds added to every step (`opal-sweep calibrate` fits it).
+    pub step_overhead_secs: f64,
     /// How a step with prefill and decode work combines them: `max` (Opal) or `sum`.
     pub mixed_step: String,
     /// `table`: CSV of measured latencies (columns `phase,batch_size,tokens,latency_ms`), relative to the spec file.
@@ -663,6 +673,8 @@ impl Default for InferenceParams {
             mean_latency_secs: 1.0,
             a: NumberOrString::Number(4.0),
             b: NumberOrString::Number(24.0),
+            decode_bw_efficiency: 1.0,
+            step_overhead_secs: 0.0,
             mixed_step: "max".into(),
             table_path: None,
         }

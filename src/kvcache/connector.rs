@@ -18,11 +18,15 @@
 //! schedulable with those tokens computed (vLLM's `WAITING_FOR_REMOTE_KVS`
 //! ends).
 //!
-//! Worker side: [`KvConnector::save`] is `request_finished` with LMCache's
-//! store: the request's chunks are written to the tiers (write-through to
-//! every tier, or to the first with spill-down of what it evicts), its
-//! **prompt** KV only unless `save_decode_cache` is set, as LMCache does by
-//! default. Chunks a tier already holds are refreshed, not rewritten.
+//! Worker side: [`KvConnector::save`] writes a finished request's chunks to
+//! the tiers (write-through to every tier, or to the first with spill-down
+//! of what it evicts) — its **prompt** KV only unless `save_decode_cache` is
+//! set, as LMCache does by default. Chunks a tier already holds are
+//! refreshed, not rewritten. Simplification (DESIGN §6): the save happens
+//! when the request finishes, where LMCache saves each chunk as its prefill
+//! step computes it; so a request preempted mid-prefill does not find its
+//! own prompt chunks in the tiers, and concurrent requests see a prompt's
+//! chunks only once it is done.
 //!
 //! Eviction order: a hit refreshes, and a write inserts, the chunks of a
 //! prefix **last chunk first**, so under LRU the root of a prefix is always
@@ -295,6 +299,16 @@ impl KvConnector {
         for f in found.iter().rev() {
             self.instances[f.instance as usize].store.touch(f.key);
         }
+        // The chunks the GPU prefix covers are not read, but they are the
+        // prefix's roots: refresh them after their descendants, where held.
+        let limit = (num_tokens / self.block_size).min(blocks.len() as u64);
+        for j in (0..local / self.kvc.chunk_blocks).rev() {
+            if let Some((key, _, _)) = self.kvc.chunk(blocks, j, limit) {
+                for &i in &self.worker_tiers[w.index()] {
+                    self.instances[i as usize].store.touch(key);
+                }
+            }
+        }
         // One read per run of consecutive chunks in one instance.
         let runs = 1 + found.windows(2).filter(|p| p[0].instance != p[1].instance).count() as u32;
         self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4] });
@@ -343,11 +357,7 @@ impl KvConnector {
             let inst = self.worker_tiers[w.index()][i];
             ops += self.write_chunks(now, w, inst, &chunks, waiter, out);
         }
-        if ops > 0 && waiter.is_some() {
-            self.saves.insert(request.0, ops);
-            return true;
-        }
-        false
+        ops > 0 && waiter.is_some()
     }
 
     /// Writes the chunks whose last blocks the GPU of worker `w` evicted
@@ -399,6 +409,9 @@ impl KvConnector {
         }
         let mut ops = 0;
         if !keys.is_empty() {
+            if let Some(id) = waiter {
+                *self.saves.entry(id.0).or_insert(0) += 1;
+            }
             self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiter, worker: w }, out);
             ops += 1;
         }
@@ -407,6 +420,9 @@ impl KvConnector {
             if let Some(pos) = tiers.iter().position(|&i| i == inst)
                 && let Some(&next) = tiers.get(pos + 1)
             {
+                // Evicted least recent first — descendants before roots —
+                // while the write below takes roots first.
+                spilled.reverse();
                 ops += self.write_chunks(now, w, next, &spilled, waiter, out);
             }
         }

@@ -316,6 +316,7 @@ impl PrefixCache {
                     node.refs += 1;
                     node.last_used = now;
                     self.free += l as u64;
+                    self.epoch += 1;
                     end = head;
                     a += l;
                 }

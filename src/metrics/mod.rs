@@ -314,7 +314,8 @@ impl TierSummary {
     /// Over every admission, the fraction of the tokens whose KV the workers
     /// needed that was found cached rather than computed:
     /// `hit_tokens_total / (hit_tokens_total + prefill_tokens_computed)`.
-    /// Equals [`Self::prefix_hit_ratio`] when nothing is preempted.
+    /// Equals [`Self::prefix_hit_ratio`] when nothing is preempted and every
+    /// admitted request finished its prefill.
     pub fn prefix_hit_ratio_total(&self) -> f64 {
         let needed = self.hit_tokens_total + self.prefill_tokens_computed;
         if needed == 0 { 0.0 } else { self.hit_tokens_total as f64 / needed as f64 }
@@ -381,6 +382,12 @@ pub struct RunSummary {
     pub trace_lines_skipped: u64,
     /// Sessions ended early: their next turn would exceed `max_context_tokens`.
     pub sessions_truncated: u64,
+    /// The served model's parameters (all experts included).
+    pub model_params: u64,
+    /// Of those, the parameters one token uses.
+    pub model_active_params: u64,
+    /// The model's KV-cache bytes per token (every layer).
+    pub kv_bytes_per_token: u64,
 }
 
 /// A typed value of a summary column.
@@ -428,6 +435,9 @@ impl Default for RunSummary {
             routing_mispredictions: 0.0,
             trace_lines_skipped: 0,
             sessions_truncated: 0,
+            model_params: 0,
+            model_active_params: 0,
+            kv_bytes_per_token: 0,
         }
     }
 }
@@ -490,6 +500,9 @@ impl RunSummary {
         c.push(("routing_mispredictions".into(), Real(self.routing_mispredictions)));
         c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
         c.push(("sessions_truncated".into(), Count(self.sessions_truncated)));
+        c.push(("model_params".into(), Count(self.model_params)));
+        c.push(("model_active_params".into(), Count(self.model_active_params)));
+        c.push(("kv_bytes_per_token".into(), Count(self.kv_bytes_per_token)));
         c
     }
 }

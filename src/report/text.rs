@@ -239,6 +239,96 @@ pub fn slurm_script(job: &SlurmJob<'_>) -> String {
     s
 }
 
+/// `opal-sweep model`'s text: what the simulator derives from a model, and how it fits.
+pub fn model_text(m: &crate::worker::model::ModelReport) -> String {
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let billions = |n: u64| n as f64 / 1e9;
+    let mut out = format!(
+        "{} ({}: {}, {} attention)\n  layers {}, hidden {}, context {} tokens\n  parameters: {:.2} B total, {:.2} B active per token\n",
+        m.name,
+        m.model_type,
+        m.family,
+        m.attention,
+        m.layers,
+        m.hidden_size,
+        m.max_model_len,
+        billions(m.params),
+        billions(m.active_params)
+    );
+    if let (Some(e), Some(k), Some(l)) = (m.experts, m.experts_per_token, m.moe_layers) {
+        out.push_str(&format!("  experts: {e} routed, {k} per token, in {l} of {} layers\n", m.layers));
+    }
+    let dtype = match &m.quantization {
+        Some(q) => format!("{q}-quantised, {} bytes per weight elsewhere", m.weight_dtype_bytes),
+        None => format!("{} bytes per weight", m.weight_dtype_bytes),
+    };
+    out.push_str(&format!("  weights: {:.2} GiB ({dtype})\n", gib(m.weight_bytes as f64)));
+    out.push_str(&format!("  KV cache: {} B per token ({} B per element)", m.kv_bytes_per_token, m.kv_dtype_bytes));
+    match m.sliding_window {
+        Some(w) => out.push_str(&format!(
+            "; {} of {} layers slide over {w} tokens: {} B per token beyond the window\n",
+            m.windowed_layers, m.layers, m.kv_bytes_per_token_full
+        )),
+        None => out.push('\n'),
+    }
+    if let Some(f) = &m.fit {
+        out.push_str(&format!(
+            "on {} × {} (gpu_memory_utilization {}): {:.1} GiB for vLLM\n",
+            f.tp,
+            f.gpu,
+            f.gpu_memory_utilization,
+            gib(f.memory_bytes)
+        ));
+        if f.fits {
+            out.push_str(&format!(
+                "  KV cache: {:.1} GiB = {} blocks of {} = {} tokens\n  sequences of {} tokens that fit at once: {}\n",
+                gib(f.kv_pool_bytes),
+                f.kv_pool_blocks,
+                f.block_size,
+                f.kv_pool_tokens,
+                f.context,
+                f.max_batch_at_context
+            ));
+        } else {
+            out.push_str(&format!(
+                "  does not fit: the weights need {:.1} GiB, {:.1} GiB is available; use more GPUs (--tp) or a larger GPU\n",
+                gib(m.weight_bytes as f64),
+                gib(f.memory_bytes)
+            ));
+        }
+    }
+    out
+}
+
+/// `opal-sweep calibrate`'s table: each row's measured and fitted latency,
+/// the worst residual, the constants and what was constrained.
+pub fn calibration_table(fit: &crate::worker::calibrate::Calibration) -> String {
+    let mut out = String::from("phase      batch     tokens   measured ms     fitted ms   residual\n");
+    for r in &fit.rows {
+        out.push_str(&format!(
+            "{:<8} {:>7} {:>10} {:>13.2} {:>13.2} {:>9.2} %\n",
+            r.phase,
+            r.batch,
+            r.tokens,
+            r.measured_s * 1e3,
+            r.fitted_s * 1e3,
+            100.0 * r.residual()
+        ));
+    }
+    if let Some(w) = fit.worst() {
+        out.push_str(&format!("worst residual: {:.2} % ({} {} tokens)\n", 100.0 * w.residual(), w.phase, w.tokens));
+    }
+    let c = &fit.coefficients;
+    out.push_str(&format!(
+        "fitted: a = {:.4}, b = {:.4}, decode_bw_efficiency = {:.4}, step_overhead_secs = {:.6}\n",
+        c.a, c.b, c.decode_bw_efficiency, c.step_overhead_secs
+    ));
+    for n in &fit.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

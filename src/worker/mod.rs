@@ -11,7 +11,8 @@
 //! computed tokens; ties: the latest admitted) among those not yet scheduled
 //! in this step is preempted: its blocks are freed, it loses its computed
 //! tokens and re-enters the front of the queue to recompute its prompt and
-//! the tokens it has generated. A step that had to preempt admits nobody.
+//! the tokens it has generated. A step that had to preempt leaves the
+//! waiting queue alone.
 //!
 //! The waiting queue, as vLLM walks it with a KV connector
 //! (`../shared/notes/vllm-kv-connector.md`). For each request in order:
@@ -25,7 +26,8 @@
 //!   blocks, since the last token is always computed), then
 //!   [`KvConnector::lookup`] for the tokens beyond it that the tiers hold.
 //!   With tier hits it needs to be within the first `io_slots` places of
-//!   the queue, an I/O slot, and GPU blocks for the hit tokens (vLLM's
+//!   the queue, fewer than `io_slots` waiting requests holding KV, an I/O
+//!   slot, and GPU blocks for the hit tokens (vLLM's
 //!   `allocate_slots(num_external_computed_tokens)`); it then starts loading
 //!   and stays in the queue. Without, it is admitted with its GPU hit if its
 //!   first chunk fits. Either way, if what it needs is not there it **stays
@@ -38,9 +40,10 @@
 //! requests overlaps computing the current ones. Such a pass admits nobody.
 //!
 //! **I/O slots** (Opal's I/O slots and `max_kvc_ready_requests`): loads start
-//! only for requests within the first `io_slots` places of the waiting queue,
-//! so at most that many waiting requests hold loading or loaded KV — the GPU
-//! memory they hold stays bounded — and each load takes an I/O slot. In
+//! only for requests within the first `io_slots` places of the waiting queue
+//! and while fewer than `io_slots` waiting requests hold loading or loaded
+//! KV — the GPU memory they hold stays bounded — and each load takes an I/O
+//! slot. In
 //! `pipelined` mode the slot is returned when the load finishes. In
 //! `single_stage` mode every request takes one (at its load, or at
 //! admission) and keeps it until it finishes, so at most `min(io_slots,
@@ -60,6 +63,8 @@
 //! load finishes, output blocks when the request finishes; a finished or
 //! preempted request's blocks stay cached and evictable (tail first).
 
+pub mod calibrate;
+pub mod model;
 pub mod perf;
 pub mod presets;
 
@@ -112,6 +117,8 @@ pub struct WorkerConfig {
     pub publish_events: bool,
     /// Step-time model.
     pub perf: PerfModel,
+    /// The model's sliding window, tokens (windowed layers read at most this much KV).
+    pub sliding_window: Option<u64>,
 }
 
 impl WorkerConfig {
@@ -191,10 +198,11 @@ pub struct Worker {
     busy: SimDuration,
     steps: u64,
     preemptions: u64,
-    /// The new request that last could not get what it needs, with the cache
-    /// epoch and I/O slots in use then: until one of them changes it cannot
-    /// do better, so it is not looked up again.
-    blocked: Option<(RequestId, u64, u32)>,
+    /// The new request whose load last could not start for lack of blocks
+    /// or an I/O slot, with the cache epoch, the I/O slots in use and the
+    /// KV-holding waiting requests then: until one of them changes it cannot
+    /// start, so it is not looked up again.
+    blocked: Option<(RequestId, u64, u32, u32)>,
     /// After a pass between step ends that stopped before the end of the
     /// queue: the cache epoch and I/O slots in use then. Until they change
     /// (or a step ends), such a pass would find nothing new to load.
@@ -219,7 +227,7 @@ impl Worker {
             id,
             ready: VecDeque::new(),
             prefilling: Vec::new(),
-            decode: DecodeGroup::new(cfg.block_size),
+            decode: DecodeGroup::new(cfg.block_size, cfg.sliding_window),
             io_in_use: 0,
             kv_waiting: 0,
             loading: 0,
@@ -497,16 +505,16 @@ impl Worker {
             i += 1;
         }
 
-        // 3. The waiting queue. vLLM v1 admits nobody in a step that had to
-        //    preempt; a step left empty by preemption admits, or the worker
-        //    would idle with work queued.
-        let pass = if self.preemptions == preempted_before || (decodes == 0 && self.chunks.is_empty()) {
-            Pass::Admit
-        } else {
-            Pass::LoadOnly
-        };
+        // 3. The waiting queue. vLLM v1 leaves it alone in a step that had
+        //    to preempt (its victim would take back the blocks just freed);
+        //    a step left empty by preemption admits, or the worker would
+        //    idle with work queued.
+        let preempted = self.preemptions != preempted_before;
+        if preempted && (decodes > 0 || !self.chunks.is_empty()) {
+            return self.start_step(now, decodes, reqs, cfg);
+        }
         loop {
-            self.schedule_waiting(now, pass, &mut budget, reqs, cfg, conn, out);
+            self.schedule_waiting(now, Pass::Admit, &mut budget, reqs, cfg, conn, out);
             if decodes > 0 || !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0
             {
                 break;
@@ -520,10 +528,25 @@ impl Worker {
         if decodes == 0 && self.chunks.is_empty() {
             return None;
         }
+        self.start_step(now, decodes, reqs, cfg)
+    }
+
+    /// Starts the planned step (its prefill chunks in `self.chunks`).
+    fn start_step(
+        &mut self,
+        now: SimTime,
+        decodes: u64,
+        reqs: &[Request],
+        cfg: &WorkerConfig,
+    ) -> Option<(SimTime, u32)> {
         self.perf_chunks.clear();
         self.perf_chunks.extend(self.chunks.iter().map(|&(_, c)| c));
-        let work =
-            StepWork { prefill: &self.perf_chunks, decodes, decode_context_tokens: self.decode.context_tokens() };
+        let work = StepWork {
+            prefill: &self.perf_chunks,
+            decodes,
+            decode_context_tokens: self.decode.context_tokens(),
+            decode_window_tokens: self.decode.window_tokens(self.step_index, reqs),
+        };
         let end = now + cfg.perf.step_time(&work);
         self.step = Some(Step { start: now, end, decodes });
         Some((end, self.version.bump()))
@@ -581,7 +604,8 @@ impl Worker {
                 pos += 1;
                 continue;
             }
-            if self.blocked == Some((id, self.cache.epoch(), self.io_in_use)) && cfg.apc_ttl.0 == 0 {
+            let memo = (id, self.cache.epoch(), self.io_in_use, self.kv_waiting);
+            if self.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
                 blocked = true;
                 pos += 1;
                 continue;
@@ -592,9 +616,14 @@ impl Worker {
             let local = self.cache.lookup(&r.blocks[..max]);
             let external = conn.lookup(self.id, &r.blocks, r.seq.num_tokens, local as u64);
             if external.tokens > 0 {
-                if pos < window && self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
-                    pos += 1;
-                    continue;
+                // At most io_slots waiting requests hold KV, and only the first
+                // io_slots places of the queue load.
+                if pos < window && self.kv_waiting < cfg.io_slots {
+                    if self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
+                        pos += 1;
+                        continue;
+                    }
+                    self.blocked = Some(memo);
                 }
             } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
                 if self.admit(now, pos, local, budget, reqs, cfg, idle) {
@@ -608,7 +637,6 @@ impl Worker {
             }
             // It stays waiting, and every new request behind it waits too.
             blocked = true;
-            self.blocked = Some((id, self.cache.epoch(), self.io_in_use));
             pos += 1;
         }
         false
@@ -795,6 +823,11 @@ pub struct StaleStep;
 /// needs a new block exactly when `s ≡ j − c (mod block_size)` — the group
 /// keeps one counter per residue class. It finishes after step
 /// `j + (output − g) − 1`, kept in a min-heap.
+///
+/// With a sliding window `W`, `Σ min(context, W)` is kept the same way: the
+/// members still below the window (and the sum of their contexts) grow by
+/// one token per step, and a member crosses the window at step `j + W − c`
+/// (another min-heap).
 #[derive(Debug)]
 pub struct DecodeGroup {
     block_size: u64,
@@ -803,17 +836,56 @@ pub struct DecodeGroup {
     context: u64,
     residue: Vec<u32>,
     finish: BinaryHeap<Reverse<(u64, u64, RequestId, u32)>>,
+    /// The sliding window (`u64::MAX`: none, and nothing below is kept).
+    window: u64,
+    /// Members whose context is below the window, and the sum of their contexts.
+    below: u64,
+    below_context: u64,
+    /// `(step at which the context reaches the window, member, epoch)`.
+    cross: BinaryHeap<Reverse<(u64, RequestId, u32)>>,
 }
 
 impl DecodeGroup {
-    fn new(block_size: u64) -> DecodeGroup {
+    fn new(block_size: u64, window: Option<u64>) -> DecodeGroup {
         DecodeGroup {
             block_size,
             members: Vec::new(),
             context: 0,
             residue: vec![0; block_size as usize],
             finish: BinaryHeap::new(),
+            window: window.unwrap_or(u64::MAX),
+            below: 0,
+            below_context: 0,
+            cross: BinaryHeap::new(),
         }
+    }
+
+    fn windowed(&self) -> bool {
+        self.window != u64::MAX
+    }
+
+    /// Before step `s`: members that have reached the window leave the below set.
+    fn settle_window(&mut self, s: u64, reqs: &[Request]) {
+        while let Some(&Reverse((step, id, epoch))) = self.cross.peek() {
+            if step > s {
+                break;
+            }
+            self.cross.pop();
+            let d = reqs[id.index()].seq.decode;
+            if d.active && d.epoch == epoch {
+                self.below -= 1;
+                self.below_context -= d.computed_at_join + (s - d.join_step);
+            }
+        }
+    }
+
+    /// Σ over members of `min(context, window)` before step `s`.
+    pub fn window_tokens(&mut self, s: u64, reqs: &[Request]) -> u64 {
+        if !self.windowed() {
+            return self.context;
+        }
+        self.settle_window(s, reqs);
+        self.below_context + self.window * (self.members.len() as u64 - self.below)
     }
 
     /// Members.
@@ -859,6 +931,11 @@ impl DecodeGroup {
         d.active = true;
         let finish_step = join + (u64::from(r.output_tokens) - generated) - 1;
         self.finish.push(Reverse((finish_step, r.seq.admit_seq, id, d.epoch)));
+        if self.windowed() && computed < self.window {
+            self.below += 1;
+            self.below_context += computed;
+            self.cross.push(Reverse((join + (self.window - computed), id, d.epoch)));
+        }
         self.members.push(id);
         self.context += computed;
         let res = self.residue_of(join, computed);
@@ -867,8 +944,15 @@ impl DecodeGroup {
 
     /// Removes `id` before step `s`; returns its (computed, generated) tokens then.
     fn leave(&mut self, id: RequestId, s: u64, reqs: &mut [Request]) -> (u64, u64) {
+        if self.windowed() {
+            self.settle_window(s, reqs);
+        }
         let d = reqs[id.index()].seq.decode;
         let computed = d.computed_at_join + (s - d.join_step);
+        if self.windowed() && computed < self.window {
+            self.below -= 1;
+            self.below_context -= computed;
+        }
         let generated = d.generated_at_join + (s - d.join_step);
         let res = self.residue_of(d.join_step, d.computed_at_join);
         self.residue[res] -= 1;
@@ -885,6 +969,7 @@ impl DecodeGroup {
     /// Every member produced one token (end of a step).
     fn advance(&mut self) {
         self.context += self.members.len() as u64;
+        self.below_context += self.below;
     }
 
     /// After [`Self::advance`] for step `s`: the next member that finished in
@@ -942,18 +1027,10 @@ mod tests {
             report_evictions: false,
             publish_events: false,
             perf: PerfModel {
-                model: StepModel::Roofline(Roofline {
-                    layers: 1.0,
-                    hidden: 10.0,
-                    a: 0.0,
-                    b: 1.0,
-                    flops_per_sec: 1e6,
-                    mem_bytes_per_sec: 1e6,
-                    weight_bytes: 1000.0,
-                    kv_bytes_per_token: 10.0,
-                }),
+                model: StepModel::Roofline(Roofline::toy(1.0, 10.0, 0.0, 1.0, 1e6, 1e6, 1000.0, 10.0)),
                 mix: MixRule::Max,
             },
+            sliding_window: None,
         }
     }
 
@@ -1311,7 +1388,7 @@ mod tests {
         // Prompt 15: after prefill 15 tokens computed (1 block). The first decode step
         // writes position 15 (same block); the second writes 16 (new block).
         let mut reqs = arena(&[(15, 5)]);
-        let mut g = DecodeGroup::new(cfg.block_size);
+        let mut g = DecodeGroup::new(cfg.block_size, None);
         reqs[0].seq.computed = 15;
         reqs[0].seq.generated = 1;
         g.join(RequestId(0), 7, &mut reqs);

@@ -5,20 +5,27 @@
 //! tokens already in the KV cache) and a decode part (one token for each
 //! decoding sequence, reading its KV context). The models:
 //!
-//! * `roofline` — Opal's analytic model. A prefill chunk taking a sequence
-//!   from `p` to `n` computed tokens costs
-//!   `L·(a·(n(n+1) − p(p+1))·d + b·(n−p)·d²) / (tflops·tp·10¹²)` seconds; the
-//!   decode part costs `(weight_bytes + Σ kv_bytes(context)) / (tp·mem_bw)`,
-//!   charged on every step because every forward pass streams the weights
-//!   (as Opal does). Chunks of one step add up (their FLOPs add; Opal takes
-//!   the max over requests, which under-charges batched prefill — a deliberate
-//!   difference).
+//! * `roofline` — Opal's analytic model, generalised to today's model
+//!   families (see [`Roofline`]). A prefill chunk taking a sequence from `p`
+//!   to `n` computed tokens costs
+//!   `a·d_attn·(n(n+1) − p(p+1))·L / flops + b·D·(n−p) / flops_linear`
+//!   seconds, where `D` is `L·d²` for a dense model (Opal's term; `b = 24`
+//!   stands for 2 FLOPs × the ≈ 12 d² weights of a dense layer) and, for
+//!   other families, their active linear weights per token / 12; windowed
+//!   layers count at most `window` earlier tokens per token. The decode part
+//!   costs `overhead + (weights read + KV read) / (efficiency·tp·mem_bw)`:
+//!   every forward pass streams the weights (a mixture of experts only the
+//!   experts its tokens touch) and each decoding sequence its KV context.
+//!   Chunks of one step add up (their FLOPs add; Opal takes the max over
+//!   requests, which under-charges batched prefill — a deliberate difference).
 //! * `synthetic` — every step takes the same fixed time.
 //! * `table` — measured latencies, linearly interpolated (see [`LatencyTable`]).
 //!
 //! Prefill and decode parts combine by [`MixRule`]: `max` (Opal's rule) or `sum`.
 
 use crate::time::SimDuration;
+use crate::worker::model::{ModelArch, ModelShape, attention_pairs};
+use crate::worker::presets::GpuSpec;
 
 /// One prefill chunk in a step: the sequence goes from `cached` to `end` computed tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +45,9 @@ pub struct StepWork<'a> {
     pub decodes: u64,
     /// Σ over decoding sequences of the tokens already in their KV cache.
     pub decode_context_tokens: u64,
+    /// The same with each sequence's context capped at the model's sliding
+    /// window (equal to `decode_context_tokens` without one).
+    pub decode_window_tokens: u64,
 }
 
 /// How a step's prefill and decode parts combine.
@@ -58,40 +68,175 @@ impl MixRule {
     }
 }
 
-/// Opal's analytic roofline, with every constant resolved.
+/// The roofline with every constant resolved (Opal's model, generalised).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Roofline {
-    /// Layers L.
-    pub layers: f64,
-    /// Hidden size d.
-    pub hidden: f64,
     /// Attention coefficient a.
     pub a: f64,
     /// Dense coefficient b.
     pub b: f64,
-    /// Aggregate FLOP/s of the worker (tflops · tp · 10¹²).
-    pub flops_per_sec: f64,
-    /// Aggregate HBM bytes/s of the worker (mem_bw_TBps · tp · 10¹²).
+    /// The model, as the roofline sees it.
+    pub shape: ModelShape,
+    /// FLOP/s of the worker for attention (BF16 peak · tp).
+    pub attn_flops_per_sec: f64,
+    /// FLOP/s of the worker for the linear layers (the FP8 peak for FP8 weights on a GPU that has one).
+    pub linear_flops_per_sec: f64,
+    /// Memory bytes/s of the worker (datasheet peak · tp).
     pub mem_bytes_per_sec: f64,
-    /// Weight bytes read per forward pass.
-    pub weight_bytes: f64,
-    /// KV bytes per token.
-    pub kv_bytes_per_token: f64,
+    /// Fraction of the peak memory bandwidth a decode step achieves (1: the peak).
+    pub decode_bw_efficiency: f64,
+    /// Fixed time added to every step's decode part (scheduling, kernel launches), seconds.
+    pub step_overhead_secs: f64,
+    /// Weight bytes read by a forward pass over all its tokens.
+    pub weights: WeightTraffic,
+}
+
+/// Weight bytes a forward pass reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WeightTraffic {
+    /// Every weight.
+    pub total_bytes: f64,
+    /// Bytes of one routed expert in one layer (0 for a dense model).
+    pub expert_bytes: f64,
+    /// MoE layers.
+    pub moe_layers: f64,
+    /// Routed experts per MoE layer (E).
+    pub experts: u64,
+    /// Experts per token (k).
+    pub active: u64,
+}
+
+impl WeightTraffic {
+    /// All weights but the routed experts, plus in each MoE layer the
+    /// `E·(1 − (1 − k/E)^T)` experts `T` tokens are expected to touch.
+    pub fn read(&self, tokens: f64) -> f64 {
+        if self.experts == 0 {
+            return self.total_bytes;
+        }
+        let per_layer = crate::worker::model::expected_experts(self.experts, self.active, tokens.max(1.0));
+        self.total_bytes - self.moe_layers * self.expert_bytes * (self.experts as f64 - per_layer)
+    }
+}
+
+/// The roofline's fitted constants (`worker.inference_params`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Coefficients {
+    /// Attention coefficient a (Opal's default 4).
+    pub a: f64,
+    /// Dense coefficient b (Opal's default 24).
+    pub b: f64,
+    /// Fraction of peak memory bandwidth decode achieves (default 1).
+    pub decode_bw_efficiency: f64,
+    /// Fixed seconds per step (default 0).
+    pub step_overhead_secs: f64,
+}
+
+impl Coefficients {
+    /// Opal's `a = 4, b = 24`, the datasheet bandwidth, no overhead.
+    pub const OPAL: Coefficients = Coefficients { a: 4.0, b: 24.0, decode_bw_efficiency: 1.0, step_overhead_secs: 0.0 };
 }
 
 impl Roofline {
+    /// The roofline of `model` on a worker of `tp` × `gpu`.
+    pub fn new(model: &ModelArch, gpu: &GpuSpec, tp: u32, c: Coefficients) -> Roofline {
+        let tp = f64::from(tp);
+        let shape = model.shape();
+        let bf16 = gpu.tflops * tp * 1e12;
+        let moe = model.moe.as_ref();
+        Roofline {
+            a: c.a,
+            b: c.b,
+            shape,
+            attn_flops_per_sec: bf16,
+            linear_flops_per_sec: match gpu.fp8_tflops {
+                Some(fp8) if shape.fp8_weights => fp8 * tp * 1e12,
+                _ => bf16,
+            },
+            mem_bytes_per_sec: gpu.mem_bw_tbps * tp * 1e12,
+            decode_bw_efficiency: c.decode_bw_efficiency,
+            step_overhead_secs: c.step_overhead_secs,
+            weights: WeightTraffic {
+                total_bytes: model.weight_bytes() as f64,
+                expert_bytes: model.expert_bytes(),
+                moe_layers: moe.map_or(0.0, |m| m.layers as f64),
+                experts: moe.map_or(0, |m| m.experts),
+                active: moe.map_or(0, |m| m.active),
+            },
+        }
+    }
+
     /// Seconds to prefill from `p` to `n` computed tokens.
     pub fn prefill_secs(&self, p: u64, n: u64) -> f64 {
         debug_assert!(n >= p, "prefill chunk ends before it starts");
-        let (p, n) = (p as f64, n as f64);
-        self.layers
-            * (self.a * (n * (n + 1.0) - p * (p + 1.0)) * self.hidden + self.b * (n - p) * self.hidden * self.hidden)
-            / self.flops_per_sec
+        let m = &self.shape;
+        let pairs = m.full_layers * attention_pairs(p, n, u64::MAX)
+            + if m.windowed_layers > 0.0 { m.windowed_layers * attention_pairs(p, n, m.window) } else { 0.0 };
+        self.a * m.d_attn * pairs / self.attn_flops_per_sec
+            + self.b * m.linear_d2 * (n - p) as f64 / self.linear_flops_per_sec
     }
 
-    /// Seconds of the decode part (weights plus KV context streamed from HBM).
-    pub fn decode_secs(&self, context_tokens: u64) -> f64 {
-        (self.weight_bytes + self.kv_bytes_per_token * context_tokens as f64) / self.mem_bytes_per_sec
+    /// Seconds of the decode part of a step over `tokens` tokens: the fixed
+    /// overhead, then the weights and the decoding sequences' KV streamed
+    /// from memory (`context` tokens in all; `window_context` with each
+    /// sequence capped at the sliding window).
+    pub fn decode_secs(&self, tokens: u64, context: u64, window_context: u64) -> f64 {
+        let m = &self.shape;
+        let kv = m.kv_full_bytes_per_token * context as f64 + m.kv_window_bytes_per_token * window_context as f64;
+        self.step_overhead_secs
+            + (self.weights.read(tokens as f64) + kv) / (self.decode_bw_efficiency * self.mem_bytes_per_sec)
+    }
+}
+
+/// Measured latencies as a CSV gives them: the input of the `table` step
+/// model and of `opal-sweep calibrate`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyRows {
+    /// Prefill rows: (prompt tokens from an empty cache, seconds).
+    pub prefill: Vec<(f64, f64)>,
+    /// Decode rows: (batch size, context tokens per sequence, seconds per step).
+    pub decode: Vec<(f64, f64, f64)>,
+}
+
+impl LatencyRows {
+    /// Reads a CSV with header `phase,batch_size,tokens,latency_ms`
+    /// (`batch_size` is ignored on prefill rows and may be empty; lines
+    /// starting with `#` are comments); errors name the file and line.
+    pub fn from_csv(path: &std::path::Path) -> Result<LatencyRows, String> {
+        #[derive(serde::Deserialize)]
+        struct Row {
+            phase: String,
+            batch_size: Option<f64>,
+            tokens: f64,
+            latency_ms: f64,
+        }
+        let where_ =
+            |line: Option<u64>| format!("{}{}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default());
+        let mut reader = csv::ReaderBuilder::new()
+            .trim(csv::Trim::All)
+            .comment(Some(b'#'))
+            .from_path(path)
+            .map_err(|e| format!("{}: {e}", where_(None)))?;
+        let headers = reader.headers().map_err(|e| format!("{}: {e}", where_(None)))?.clone();
+        let mut rows = LatencyRows::default();
+        for record in reader.records() {
+            let record = record.map_err(|e| format!("{}: {e}", where_(e.position().map(|p| p.line()))))?;
+            let line = record.position().map(|p| p.line());
+            let row: Row = record
+                .deserialize(Some(&headers))
+                .map_err(|e| format!("{}: {e} (expected columns phase,batch_size,tokens,latency_ms)", where_(line)))?;
+            if !(row.latency_ms >= 0.0 && row.tokens >= 0.0) {
+                return Err(format!("{}: tokens and latency_ms must be non-negative numbers", where_(line)));
+            }
+            match row.phase.to_ascii_lowercase().as_str() {
+                "prefill" => rows.prefill.push((row.tokens, row.latency_ms / 1e3)),
+                "decode" => {
+                    let b = row.batch_size.ok_or_else(|| format!("{}: a decode row needs batch_size", where_(line)))?;
+                    rows.decode.push((b, row.tokens, row.latency_ms / 1e3));
+                }
+                other => return Err(format!("{}: phase {other:?} is neither `prefill` nor `decode`", where_(line))),
+            }
+        }
+        Ok(rows)
     }
 }
 
@@ -120,39 +265,8 @@ impl LatencyTable {
     /// Reads a CSV with header `phase,batch_size,tokens,latency_ms`
     /// (`batch_size` is ignored on prefill rows and may be empty).
     pub fn from_csv(path: &std::path::Path) -> Result<LatencyTable, String> {
-        #[derive(serde::Deserialize)]
-        struct Row {
-            phase: String,
-            batch_size: Option<f64>,
-            tokens: f64,
-            latency_ms: f64,
-        }
-        let where_ =
-            |line: Option<u64>| format!("{}{}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default());
-        let mut reader = csv::ReaderBuilder::new()
-            .trim(csv::Trim::All)
-            .from_path(path)
-            .map_err(|e| format!("{}: {e}", where_(None)))?;
-        let mut prefill = Vec::new();
-        let mut decode = Vec::new();
-        for row in reader.deserialize::<Row>() {
-            let row = row.map_err(|e| {
-                let line = e.position().map(|p| p.line());
-                format!("{}: {e} (expected columns phase,batch_size,tokens,latency_ms)", where_(line))
-            })?;
-            if !(row.latency_ms >= 0.0 && row.tokens >= 0.0) {
-                return Err(format!("{}: tokens and latency_ms must be non-negative numbers", where_(None)));
-            }
-            match row.phase.to_ascii_lowercase().as_str() {
-                "prefill" => prefill.push((row.tokens, row.latency_ms / 1e3)),
-                "decode" => {
-                    let b = row.batch_size.ok_or_else(|| format!("{}: a decode row needs batch_size", where_(None)))?;
-                    decode.push((b, row.tokens, row.latency_ms / 1e3));
-                }
-                other => return Err(format!("{}: phase {other:?} is neither `prefill` nor `decode`", where_(None))),
-            }
-        }
-        Self::from_rows(prefill, decode).map_err(|e| format!("{}: {e}", where_(None)))
+        let rows = LatencyRows::from_csv(path)?;
+        Self::from_rows(rows.prefill, rows.decode).map_err(|e| format!("{}: {e}", path.display()))
     }
 
     /// Builds the table from prefill (tokens, s) and decode (batch, context, s) rows.
@@ -264,7 +378,9 @@ impl PerfModel {
             StepModel::Synthetic(d) => return *d,
             StepModel::Roofline(r) => {
                 let prefill: f64 = work.prefill.iter().map(|c| r.prefill_secs(c.cached, c.end)).sum();
-                self.mix.combine(prefill, r.decode_secs(work.decode_context_tokens))
+                let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+                let decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
+                self.mix.combine(prefill, decode)
             }
             StepModel::Table(t) => {
                 let prefill: f64 = work.prefill.iter().map(|c| t.prefill_secs(c.cached, c.end)).sum();
@@ -278,21 +394,41 @@ impl PerfModel {
 }
 
 #[cfg(test)]
+impl Roofline {
+    /// A dense model of `layers` layers of width `d` with `a`, `b`, one FLOP
+    /// rate, one bandwidth, `weights` bytes and `kv` KV bytes per token.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn toy(layers: f64, d: f64, a: f64, b: f64, flops: f64, bw: f64, weights: f64, kv: f64) -> Roofline {
+        Roofline {
+            a,
+            b,
+            shape: ModelShape {
+                full_layers: layers,
+                windowed_layers: 0.0,
+                window: u64::MAX,
+                d_attn: d,
+                linear_d2: layers * d * d,
+                kv_full_bytes_per_token: kv,
+                kv_window_bytes_per_token: 0.0,
+                fp8_weights: false,
+            },
+            attn_flops_per_sec: flops,
+            linear_flops_per_sec: flops,
+            mem_bytes_per_sec: bw,
+            decode_bw_efficiency: 1.0,
+            step_overhead_secs: 0.0,
+            weights: WeightTraffic { total_bytes: weights, expert_bytes: 0.0, moe_layers: 0.0, experts: 0, active: 0 },
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
+    /// L = 2, d = 10, a = 4, b = 24, 1e6 FLOP/s, 1e3 B/s, 500 B weights, 10 B/token.
     fn toy_roofline() -> Roofline {
-        // L = 2, d = 10, a = 4, b = 24, 1e6 FLOP/s, 1e3 B/s, 500 B weights, 10 B/token.
-        Roofline {
-            layers: 2.0,
-            hidden: 10.0,
-            a: 4.0,
-            b: 24.0,
-            flops_per_sec: 1e6,
-            mem_bytes_per_sec: 1e3,
-            weight_bytes: 500.0,
-            kv_bytes_per_token: 10.0,
-        }
+        Roofline::toy(2.0, 10.0, 4.0, 24.0, 1e6, 1e3, 500.0, 10.0)
     }
 
     #[test]
@@ -308,7 +444,7 @@ mod tests {
     fn mixed_step_takes_max_or_sum_of_prefill_sum_and_decode() {
         let r = toy_roofline();
         let chunks = [PrefillChunk { cached: 0, end: 10 }, PrefillChunk { cached: 10, end: 20 }];
-        let work = StepWork { prefill: &chunks, decodes: 3, decode_context_tokens: 30 };
+        let work = StepWork { prefill: &chunks, decodes: 3, decode_context_tokens: 30, decode_window_tokens: 30 };
         // prefill = 0.0568 + 0.0728 = 0.1296 s; decode = (500 + 10·30)/1e3 = 0.8 s.
         let max = PerfModel { model: StepModel::Roofline(r.clone()), mix: MixRule::Max };
         assert_eq!(max.step_time(&work), SimDuration(800_000_000));
@@ -317,10 +453,50 @@ mod tests {
     }
 
     #[test]
+    fn windowed_layers_attend_to_at_most_the_window() {
+        let mut r = toy_roofline();
+        // One of the two layers slides over 4 tokens.
+        r.shape.full_layers = 1.0;
+        r.shape.windowed_layers = 1.0;
+        r.shape.window = 4;
+        // p = 0, n = 10: full layer Σ 2i = 110; windowed Σ 2·min(i, 4) = 2·(1+2+3+4) + 6·8 = 68.
+        // 4·10·(110 + 68)/1e6 + 24·200·10/1e6 = 0.00712 + 0.048 = 0.05512 s.
+        assert!((r.prefill_secs(0, 10) - 0.05512).abs() < 1e-15);
+        // Decode: 1 KV byte per token in the windowed layer, 9 in the full one:
+        // contexts 2 and 20 → 9·22 + 1·(2 + 4) = 204 B; (500 + 204)/1e3 = 0.704 s.
+        r.shape.kv_full_bytes_per_token = 9.0;
+        r.shape.kv_window_bytes_per_token = 1.0;
+        assert!((r.decode_secs(2, 22, 6) - 0.704).abs() < 1e-15);
+    }
+
+    #[test]
+    fn a_mixture_of_experts_reads_the_experts_its_tokens_touch() {
+        let mut r = toy_roofline();
+        // 500 B of weights of which 2 layers × 4 experts × 50 B = 400 B routed, top-1.
+        r.weights = WeightTraffic { total_bytes: 500.0, expert_bytes: 50.0, moe_layers: 2.0, experts: 4, active: 1 };
+        // One token touches 1 expert per layer: 100 + 2·1·50 = 200 B.
+        assert!((r.decode_secs(1, 0, 0) - 0.2).abs() < 1e-12);
+        // Two tokens: 4·(1 − (3/4)²) = 1.75 experts per layer: 100 + 2·1.75·50 = 275 B.
+        assert!((r.decode_secs(2, 0, 0) - 0.275).abs() < 1e-12);
+        // Many tokens touch them all.
+        assert!((r.decode_secs(10_000, 0, 0) - 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn decode_efficiency_and_overhead_apply_to_every_step() {
+        let mut r = toy_roofline();
+        r.decode_bw_efficiency = 0.5;
+        r.step_overhead_secs = 0.001;
+        // 0.001 + (500 + 10·30)/(0.5·1e3) = 1.601 s.
+        assert!((r.decode_secs(3, 30, 30) - 1.601).abs() < 1e-12);
+    }
+
+    #[test]
     fn synthetic_steps_take_the_fixed_time_whatever_the_work() {
         let m = PerfModel { model: StepModel::Synthetic(SimDuration(5)), mix: MixRule::Max };
         let chunks = [PrefillChunk { cached: 0, end: 1000 }];
-        assert_eq!(m.step_time(&StepWork { prefill: &chunks, decodes: 9, decode_context_tokens: 99 }), SimDuration(5));
+        let work = StepWork { prefill: &chunks, decodes: 9, decode_context_tokens: 99, decode_window_tokens: 99 };
+        assert_eq!(m.step_time(&work), SimDuration(5));
     }
 
     #[test]
