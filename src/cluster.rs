@@ -12,7 +12,7 @@
 use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent, Tier, block_hashes};
+use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent};
 use crate::metrics::{
     Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, TierSummary,
     TimeSeries, WorkerRow,
@@ -71,6 +71,52 @@ enum RouterMsg {
     System(SystemEvent),
 }
 
+/// Run totals over the requests that have left the arena (and, at the
+/// end, those still in it).
+#[derive(Clone, Copy, Debug, Default)]
+struct Tally {
+    /// Prompt tokens of requests that were admitted.
+    prompt_tokens: u64,
+    /// Their hit tokens at first admission, per tier.
+    hit_tokens: [u64; 4],
+    hit_tokens_total: u64,
+    prefill_tokens_computed: u64,
+    /// KV-aware routing decisions, and those off by a chunk or more.
+    predictions: u64,
+    mispredictions: u64,
+}
+
+impl Tally {
+    fn add(&mut self, r: &Request, chunk_tokens: u64) {
+        self.hit_tokens_total += r.hit_tokens_total;
+        self.prefill_tokens_computed += r.prefill_tokens_computed;
+        if r.first_scheduled.is_none() {
+            return;
+        }
+        self.prompt_tokens += u64::from(r.prompt_tokens);
+        for (acc, h) in self.hit_tokens.iter_mut().zip(r.hit_tokens) {
+            *acc += h;
+        }
+        if let Some(p) = r.predicted_hit_tokens {
+            self.predictions += 1;
+            self.mispredictions += u64::from(p.abs_diff(r.hit_tokens.iter().sum()) >= chunk_tokens);
+        }
+    }
+}
+
+/// What an `SC25Workload` request contributes to the cold/warm table.
+#[derive(Clone, Copy, Debug)]
+struct Sc25Request {
+    serial: u32,
+    stage: StageId,
+    warm: bool,
+    prompt_tokens: u32,
+    ttft_ms: Option<f64>,
+    prefill_tokens: u64,
+    hit_tokens: [u64; 4],
+    fetch_ms: Option<f64>,
+}
+
 /// Per-worker counters for the workers table.
 #[derive(Clone, Copy, Debug, Default)]
 struct WorkerStats {
@@ -92,6 +138,8 @@ pub struct RunOutput {
     pub series: Vec<IntervalRow>,
     /// One record per generated request, in id order (empty unless asked for).
     pub requests: Vec<RequestRecord>,
+    /// Most requests in the arena at once (requests in flight; finished ones give their slot back).
+    pub peak_live_requests: u64,
     /// One row per worker (including those added by autoscaling).
     pub workers: Vec<WorkerRow>,
     /// Cold and warm TTFT per prompt size of `SC25Workload` stages (empty without one).
@@ -106,6 +154,17 @@ pub struct RunOutput {
 pub struct Cluster<'a> {
     scenario: &'a Scenario,
     requests: Vec<Request>,
+    /// Slots of `requests` free for reuse.
+    free_slots: Vec<u32>,
+    /// Scratch for the decode steps materialised from runs.
+    substeps: Vec<(SimTime, SimDuration, u64)>,
+    /// Requests generated so far (the next one's serial).
+    generated: u32,
+    tally: Tally,
+    /// Keep a record of every request (the requests table is written).
+    keep_records: bool,
+    records: Vec<RequestRecord>,
+    sc25: Vec<Sc25Request>,
     workers: Vec<Worker>,
     outstanding: Vec<u32>,
     loads: Vec<WorkerLoad>,
@@ -151,6 +210,13 @@ impl<'a> Cluster<'a> {
         let mut c = Cluster {
             scenario,
             requests: Vec::new(),
+            free_slots: Vec::new(),
+            substeps: Vec::new(),
+            generated: 0,
+            tally: Tally::default(),
+            keep_records: false,
+            records: Vec::new(),
+            sc25: Vec::new(),
             workers: Vec::new(),
             outstanding: Vec::new(),
             loads: Vec::new(),
@@ -230,14 +296,14 @@ impl<'a> Cluster<'a> {
         let step = self.workload.on_arrival(now, stage, &mut fresh);
         self.schedule_arrival(step, sched);
         for nr in fresh.drain(..) {
-            let id = RequestId(self.requests.len() as u32);
             let (stage, label) = (nr.stage, nr.label);
-            let r = Request::new(id, now, nr);
+            let id = self.admit_to_arena(now, nr);
+            let r = &self.requests[id.index()];
             let too_long = u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > self.scenario.worker.max_model_len;
-            self.requests.push(r);
             if too_long {
                 // vLLM rejects it outright; it is reported, not queued.
                 self.rejected += 1;
+                self.retire(id);
                 let step = self.workload.on_completion(now, stage, label, false);
                 self.schedule_arrival(step, sched);
                 continue;
@@ -248,11 +314,45 @@ impl<'a> Cluster<'a> {
         self.new_requests = fresh;
     }
 
+    /// Puts a new request in a free slot of the arena (or a new one).
+    fn admit_to_arena(&mut self, now: SimTime, new: NewRequest) -> RequestId {
+        let serial = self.generated;
+        self.generated += 1;
+        match self.free_slots.pop() {
+            Some(slot) => {
+                let id = RequestId(slot);
+                self.requests[id.index()] = Request::new(id, serial, now, new);
+                id
+            }
+            None => {
+                let id = RequestId(self.requests.len() as u32);
+                self.requests.push(Request::new(id, serial, now, new));
+                id
+            }
+        }
+    }
+
+    /// The request is done with (responded or rejected): its totals, record
+    /// and SC25 figures are kept, its slot given back.
+    fn retire(&mut self, id: RequestId) {
+        let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+        let r = &mut self.requests[id.index()];
+        self.tally.add(r, chunk_tokens);
+        if self.keep_records {
+            self.records.push(record(r));
+        }
+        if let Some(s) = sc25_request(r) {
+            self.sc25.push(s);
+        }
+        // Content and hashes go now; the slot is reused by a later request.
+        r.blocks = Vec::new();
+        r.content = crate::kvcache::Content::default();
+        self.free_slots.push(id.0);
+    }
+
     fn route(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
         // The block hashes are the request's, needed by any worker whatever the policy.
-        let r = &mut self.requests[id.index()];
-        let content = r.full_content();
-        block_hashes(&content, self.scenario.worker.block_size as u32, usize::MAX, &mut r.blocks);
+        self.requests[id.index()].hash_blocks(self.scenario.worker.block_size as u32);
         let started = self.routing_wall.map(|_| std::time::Instant::now());
         let w = self.choose_worker(id);
         if let (Some(t), Some(acc)) = (started, self.routing_wall.as_mut()) {
@@ -316,7 +416,33 @@ impl<'a> Cluster<'a> {
         {
             sched.at(end, Event::StepEnd { worker: w, version });
         }
+        self.record_substeps(w);
         self.drain_cache(now, w);
+    }
+
+    /// Records the decode steps worker `w` has materialised from a run:
+    /// busy time, tokens and inter-token gaps, as their own step ends would.
+    fn record_substeps(&mut self, w: WorkerId) {
+        let mut subs = std::mem::take(&mut self.substeps);
+        self.workers[w.index()].take_substeps(&mut subs);
+        for &(end, d, decodes) in &subs {
+            self.series.on_busy(end - d, end);
+            self.series.on_tokens(end, 0, decodes);
+            self.latencies.get_mut(LatencyMetric::Itl).record_n(d, decodes);
+        }
+        subs.clear();
+        self.substeps = subs;
+    }
+
+    /// Brings every worker's run of decode steps up to `until` (see
+    /// [`Worker::materialize`]) before their state is read.
+    fn materialize_all(&mut self, until: SimTime, inclusive: bool) {
+        for i in 0..self.workers.len() {
+            if self.workers[i].in_run() {
+                self.workers[i].materialize(until, inclusive);
+                self.record_substeps(WorkerId(i as u32));
+            }
+        }
     }
 
     /// Applies the connector's effects until none are left (applying them
@@ -392,6 +518,7 @@ impl<'a> Cluster<'a> {
         if w.finish_step(now, version, &mut self.requests, &self.scenario.worker, &mut self.outcome).is_err() {
             return;
         }
+        self.record_substeps(worker);
         let out = &self.outcome;
         self.series.on_busy(now - out.duration, now);
         self.series.on_tokens(now, out.prompt_tokens, out.generated_tokens);
@@ -431,9 +558,6 @@ impl<'a> Cluster<'a> {
     /// The response leaves the platform: end-to-end accounting.
     fn respond(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
         let r = &mut self.requests[id.index()];
-        // Content and hashes are not needed once the response is out.
-        r.blocks = Vec::new();
-        r.content = crate::kvcache::Content::default();
         let e2e = now - r.arrival;
         r.responded = Some(now);
         self.latencies.get_mut(LatencyMetric::E2e).record(e2e);
@@ -449,6 +573,7 @@ impl<'a> Cluster<'a> {
         self.outstanding[w.index()] -= 1;
         self.in_system.change(now, -1);
         self.series.on_completion(now);
+        self.retire(id);
         let step = self.workload.on_completion(now, stage, label, true);
         self.schedule_arrival(step, sched);
     }
@@ -508,6 +633,7 @@ impl<'a> Cluster<'a> {
         if opts.profile_routing {
             self.routing_wall = Some(std::time::Duration::ZERO);
         }
+        self.keep_records = opts.request_records;
         let mut queue = EventQueue::new();
         let r = &self.scenario.router;
         if r.policy.reads_kv_events() && r.collection_interval.0 > 0 {
@@ -529,11 +655,12 @@ impl<'a> Cluster<'a> {
         if let Some(e) = self.fatal.take() {
             return Err(e);
         }
-        Ok(self.report(stats, opts))
+        Ok(self.report(stats))
     }
 
-    fn report(mut self, stats: RunStats, opts: &crate::RunOptions) -> RunOutput {
+    fn report(mut self, stats: RunStats) -> RunOutput {
         let end = stats.end_time;
+        self.materialize_all(end, false);
         let secs = end.as_secs_f64();
         let per_s = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
         // Steps still in flight count as busy up to the end of the run.
@@ -546,17 +673,28 @@ impl<'a> Cluster<'a> {
             }
         }
         let worker_time: f64 = self.worker_stats.iter().map(|st| end.saturating_since(st.started).0 as f64).sum();
-        let mut tiers = TierSummary::default();
-        let mut prompt = 0u64;
-        for r in self.requests.iter().filter(|r| r.first_scheduled.is_some()) {
-            prompt += u64::from(r.prompt_tokens);
-            for t in Tier::ALL {
-                tiers.hit_tokens[t.index()] += r.hit_tokens[t.index()];
-            }
+        // The requests still in the arena count as they stand.
+        let mut live = vec![true; self.requests.len()];
+        for &slot in &self.free_slots {
+            live[slot as usize] = false;
         }
-        tiers.prompt_tokens = prompt;
-        tiers.hit_tokens_total = self.requests.iter().map(|r| r.hit_tokens_total).sum();
-        tiers.prefill_tokens_computed = self.requests.iter().map(|r| r.prefill_tokens_computed).sum();
+        let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+        for r in self.requests.iter().zip(&live).filter(|(_, live)| **live).map(|(r, _)| r) {
+            self.tally.add(r, chunk_tokens);
+            if self.keep_records {
+                self.records.push(record(r));
+            }
+            self.sc25.extend(sc25_request(r));
+        }
+        let t = self.tally;
+        let tiers = TierSummary {
+            prompt_tokens: t.prompt_tokens,
+            hit_tokens: t.hit_tokens,
+            hit_tokens_total: t.hit_tokens_total,
+            prefill_tokens_computed: t.prefill_tokens_computed,
+            ..TierSummary::default()
+        };
+        let mut tiers = tiers;
         let mut instances = [0u64; 4];
         for inst in self.connector.report(end) {
             let t = inst.tier.index();
@@ -574,10 +712,10 @@ impl<'a> Cluster<'a> {
         }
         let gauges = self.gauges();
         let summary = RunSummary {
-            requests_generated: self.requests.len() as u64,
+            requests_generated: u64::from(self.generated),
             requests_completed: self.completed,
             requests_rejected: self.rejected,
-            requests_incomplete: self.requests.len() as u64 - self.completed - self.rejected,
+            requests_incomplete: u64::from(self.generated) - self.completed - self.rejected,
             sim_time_s: secs,
             events: stats.events,
             stop_reason: stats.stop,
@@ -592,23 +730,17 @@ impl<'a> Cluster<'a> {
             kv_fetch_ms: self.latencies.get(LatencyMetric::KvFetch).stats(),
             gpu_utilization: if worker_time > 0.0 { busy as f64 / worker_time } else { 0.0 },
             preemptions: self.workers.iter().map(Worker::preemptions).sum(),
-            prefill_tokens_computed: self.requests.iter().map(|r| r.prefill_tokens_computed).sum(),
+            prefill_tokens_computed: t.prefill_tokens_computed,
             mean_requests_in_system: self.in_system.mean(end),
             workers: self.workers.len() as u32,
             tiers,
             kv_events: self.kv_events + self.kv_pending.iter().map(|p| p.len() as u64).sum::<u64>(),
             kv_event_batches: self.kv_batches,
             kv_staleness_ms: self.latencies.get(LatencyMetric::KvStaleness).stats(),
-            routing_mispredictions: {
-                let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
-                let (mut n, mut wrong) = (0u64, 0u64);
-                for r in self.requests.iter().filter(|r| r.first_scheduled.is_some()) {
-                    if let Some(p) = r.predicted_hit_tokens {
-                        n += 1;
-                        wrong += u64::from(p.abs_diff(r.hit_tokens.iter().sum()) >= chunk_tokens);
-                    }
-                }
-                if n > 0 { wrong as f64 / n as f64 } else { 0.0 }
+            routing_mispredictions: if t.predictions > 0 {
+                t.mispredictions as f64 / t.predictions as f64
+            } else {
+                0.0
             },
             trace_lines_skipped: self.workload.skipped_lines(),
             sessions_truncated: self.workload.sessions_truncated(),
@@ -616,7 +748,9 @@ impl<'a> Cluster<'a> {
             model_active_params: self.scenario.model.active_parameter_count(),
             kv_bytes_per_token: self.scenario.model.kv_bytes_per_token(),
         };
-        let requests = if opts.request_records { self.requests.iter().map(record).collect() } else { Vec::new() };
+        let mut requests = std::mem::take(&mut self.records);
+        requests.sort_unstable_by_key(|r| r.id);
+        self.sc25.sort_unstable_by_key(|s| s.serial);
         let workers = self
             .workers
             .iter()
@@ -646,8 +780,9 @@ impl<'a> Cluster<'a> {
             latencies: self.latencies,
             series: self.series.finish(end, gauges),
             requests,
+            peak_live_requests: self.requests.len() as u64,
             workers,
-            sc25: sc25_rows(&self.requests),
+            sc25: sc25_rows(&self.sc25),
             event_digest: stats.digest,
             routing_wall_s: self.routing_wall.map(|d| d.as_secs_f64()),
         }
@@ -661,7 +796,7 @@ fn record(r: &Request) -> RequestRecord {
         _ => None,
     };
     RequestRecord {
-        id: r.id.0,
+        id: r.serial,
         stage: r.stage.0,
         worker: r.worker.map(|w| w.0),
         arrival_s: r.arrival.as_secs_f64(),
@@ -682,29 +817,43 @@ fn record(r: &Request) -> RequestRecord {
     }
 }
 
-/// Pairs the cold and warm requests of each `SC25Workload` stage, in
-/// sending order (the warm pass repeats the cold one's sizes in order). A
+/// What an `SC25Workload` request contributes to its stage's table.
+fn sc25_request(r: &Request) -> Option<Sc25Request> {
+    let Label::Sc25 { warm } = r.label else { return None };
+    Some(Sc25Request {
+        serial: r.serial,
+        stage: r.stage,
+        warm,
+        prompt_tokens: r.prompt_tokens,
+        ttft_ms: r.first_token.map(|t| (t - r.arrival).as_secs_f64() * 1e3),
+        prefill_tokens: r.prefill_tokens_computed,
+        hit_tokens: r.hit_tokens,
+        fetch_ms: r.fetch_time.map(|d| d.as_secs_f64() * 1e3),
+    })
+}
+
+/// Pairs the cold and warm requests of each `SC25Workload` stage (in
+/// sending order: the warm pass repeats the cold one's sizes in order). A
 /// cold request whose warm one was never sent (the stage was cut short)
 /// gets a row without warm numbers.
-fn sc25_rows(requests: &[Request]) -> Vec<Sc25Row> {
-    let ttft_ms = |r: &Request| r.first_token.map(|t| (t - r.arrival).as_secs_f64() * 1e3);
-    let mut stages: Vec<_> =
-        requests.iter().filter(|r| matches!(r.label, Label::Sc25 { .. })).map(|r| r.stage).collect();
+fn sc25_rows(requests: &[Sc25Request]) -> Vec<Sc25Row> {
+    let mut stages: Vec<StageId> = requests.iter().map(|r| r.stage).collect();
+    stages.sort_unstable();
     stages.dedup();
     let mut rows = Vec::new();
     for stage in stages {
-        let pass = |warm: bool| requests.iter().filter(move |r| r.stage == stage && r.label == Label::Sc25 { warm });
+        let pass = |warm: bool| requests.iter().filter(move |r| r.stage == stage && r.warm == warm);
         let mut warm = pass(true);
         for c in pass(false) {
             let w = warm.next();
             rows.push(Sc25Row {
                 prompt_tokens: c.prompt_tokens,
-                cold_ttft_ms: ttft_ms(c),
-                warm_ttft_ms: w.and_then(ttft_ms),
-                cold_prefill_tokens: c.prefill_tokens_computed,
-                warm_prefill_tokens: w.map_or(0, |w| w.prefill_tokens_computed),
+                cold_ttft_ms: c.ttft_ms,
+                warm_ttft_ms: w.and_then(|w| w.ttft_ms),
+                cold_prefill_tokens: c.prefill_tokens,
+                warm_prefill_tokens: w.map_or(0, |w| w.prefill_tokens),
                 warm_hit_tokens: w.map_or([0; 4], |w| w.hit_tokens),
-                warm_kv_fetch_ms: w.and_then(|w| w.fetch_time).map(|d| d.as_secs_f64() * 1e3),
+                warm_kv_fetch_ms: w.and_then(|w| w.fetch_ms),
             });
         }
     }
@@ -743,6 +892,7 @@ impl Model for Cluster<'_> {
                 }
             }
             Event::SystemReport => {
+                self.materialize_all(now, true);
                 let interval = self.scenario.router.system_interval.as_secs_f64();
                 for (i, w) in self.workers.iter().enumerate() {
                     let busy = w.busy_at(now);
@@ -785,6 +935,8 @@ impl Model for Cluster<'_> {
 
     fn advance_to(&mut self, now: SimTime) {
         while self.series.next_boundary() <= now {
+            // The interval's last state: runs of decode steps up to its end.
+            self.materialize_all(self.series.next_boundary(), false);
             let g = self.gauges();
             self.series.close_interval(g);
         }

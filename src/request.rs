@@ -1,18 +1,22 @@
 //! A request's state as it moves through the platform: what was asked for,
 //! where it is in the worker's scheduler, and the timestamps its metrics are
-//! computed from. Requests live in one arena (`Vec<Request>`) indexed by
-//! [`RequestId`]; components refer to them by id.
+//! computed from. Requests in flight live in one arena (`Vec<Request>`)
+//! indexed by [`RequestId`]; components refer to them by id. A finished
+//! request's slot is reused, so the arena holds as many requests as were
+//! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, Content};
+use crate::kvcache::{BlockHash, Content, block_hashes};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
 /// One inference request.
 #[derive(Clone, Debug)]
 pub struct Request {
-    /// Its id (the arena index).
+    /// Its slot in the arena of requests in flight (reused once it is done).
     pub id: RequestId,
+    /// Its number in generation order (unique in the run; the requests table's `request_id`).
+    pub serial: u32,
     /// The workload stage that generated it.
     pub stage: StageId,
     /// When it was generated (arrived at the router).
@@ -61,13 +65,14 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request just generated at `arrival`.
-    pub fn new(id: RequestId, arrival: SimTime, new: NewRequest) -> Request {
+    /// Request number `serial`, just generated at `arrival`, in slot `id`.
+    pub fn new(id: RequestId, serial: u32, arrival: SimTime, new: NewRequest) -> Request {
         let NewRequest { stage, prompt_tokens, output_tokens, content, output_id, label } = new;
         debug_assert!(prompt_tokens >= 1 && output_tokens >= 1);
         debug_assert_eq!(content.tokens(), u64::from(prompt_tokens), "content covers the prompt");
         Request {
             id,
+            serial,
             stage,
             arrival,
             prompt_tokens,
@@ -92,11 +97,19 @@ impl Request {
         }
     }
 
-    /// The content of prompt and output together.
-    pub fn full_content(&self) -> Vec<crate::kvcache::Segment> {
-        let mut all = self.content.segments.clone();
-        all.push(crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens });
-        all
+    /// Computes the hashes of the full blocks of its prompt and output
+    /// (`block_size` tokens each) into `blocks`, sized once.
+    pub fn hash_blocks(&mut self, block_size: u32) {
+        let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
+        let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
+        self.blocks.clear();
+        self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
+        block_hashes(
+            self.content.segments.iter().chain(std::iter::once(&output)),
+            block_size,
+            usize::MAX,
+            &mut self.blocks,
+        );
     }
 }
 

@@ -68,7 +68,12 @@ pub fn content_id(ns: &str, key: u64) -> u64 {
 
 /// Appends to `out` the hashes of the full blocks of `content` (blocks of
 /// `block_size` tokens), at most `max_blocks` of them.
-pub fn block_hashes(content: &[Segment], block_size: u32, max_blocks: usize, out: &mut Vec<BlockHash>) {
+pub fn block_hashes<'a>(
+    content: impl IntoIterator<Item = &'a Segment>,
+    block_size: u32,
+    max_blocks: usize,
+    out: &mut Vec<BlockHash>,
+) {
     let b = u64::from(block_size);
     let mut h = 0x6f70_616c_6b76_6331_u64; // chain root ("opalkvc1")
     let mut filled = 0u64; // tokens in the current block so far

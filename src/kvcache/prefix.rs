@@ -82,6 +82,25 @@ pub struct PrefixCache {
     epoch: u64,
 }
 
+/// How many leading blocks two runs starting at the same sequence position
+/// share. Block hashes are chained (a block's hash covers every block before
+/// it), so runs that agree at some block agree at every earlier one: one
+/// comparison decides when the shorter run matches whole, and a binary
+/// search finds the divergence otherwise.
+fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
+    let m = a.len().min(b.len());
+    if m == 0 || a[m - 1] == b[m - 1] {
+        return m;
+    }
+    // a[..lo] matches, a[hi - 1] does not.
+    let (mut lo, mut hi) = (0, m);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if a[mid - 1] == b[mid - 1] { lo = mid } else { hi = mid }
+    }
+    lo
+}
+
 fn child_key(parent: u32, first: BlockHash) -> u64 {
     first.0 ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
@@ -147,6 +166,11 @@ impl PrefixCache {
         self.evictable
     }
 
+    /// Blocks with no content.
+    pub fn free(&self) -> u64 {
+        self.free
+    }
+
     fn child(&self, parent: u32, first: BlockHash) -> Option<u32> {
         self.children.get(&child_key(parent, first)).copied()
     }
@@ -159,7 +183,7 @@ impl PrefixCache {
         while pos < hashes.len() {
             let Some(c) = self.child(node, hashes[pos]) else { break };
             let run = &self.nodes[c as usize].hashes;
-            let l = run.iter().zip(&hashes[pos..]).take_while(|(a, b)| a == b).count();
+            let l = common_prefix(run, &hashes[pos..]);
             pos += l;
             if l < run.len() {
                 return (pos, node, Some((c, l)));
@@ -301,7 +325,7 @@ impl PrefixCache {
                 Some(c) => {
                     // Resident already: share the matching run.
                     let run = &self.nodes[c as usize].hashes;
-                    let l = run.iter().zip(&hashes[a..]).take_while(|(x, y)| x == y).count();
+                    let l = common_prefix(run, &hashes[a..]);
                     let head = if l < run.len() { self.split(c, l) } else { c };
                     let node = &mut self.nodes[head as usize];
                     if node.refs == 0 {
@@ -448,6 +472,20 @@ mod tests {
 
     fn hs(xs: &[u64]) -> Vec<BlockHash> {
         xs.iter().map(|&x| BlockHash(x)).collect()
+    }
+
+    #[test]
+    fn common_prefix_finds_where_chained_runs_diverge() {
+        assert_eq!(common_prefix(&hs(&[1, 2, 3, 4]), &hs(&[1, 2, 3, 4, 5])), 4);
+        // (Chained hashes never agree again once they differ.)
+        assert_eq!(common_prefix(&hs(&[1, 2, 3, 4, 5, 6]), &hs(&[1, 2, 9, 8, 7, 16, 5])), 2);
+        assert_eq!(common_prefix(&hs(&[1]), &hs(&[2])), 0);
+        assert_eq!(common_prefix(&hs(&[]), &hs(&[1])), 0);
+        for l in 0..9 {
+            let a: Vec<u64> = (1..=8).collect();
+            let b: Vec<u64> = (1..=8).map(|x| if x > l { x + 100 } else { x }).collect();
+            assert_eq!(common_prefix(&hs(&a), &hs(&b)), l as usize);
+        }
     }
 
     #[test]

@@ -8,8 +8,7 @@
 
 use super::BlockHash;
 use nohash_hasher::IntMap;
-use std::collections::hash_map::Entry as MapEntry;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::BTreeSet;
 
 /// Which chunk a full store gives up first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,14 +33,19 @@ impl EvictionPolicy {
     }
 }
 
-/// Kept small: a store may index millions of chunks.
+const NIL: u32 = u32::MAX;
+
+/// One chunk, in a slab slot, linked into the recency list (LRU and FIFO).
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    /// (frequency, stamp): only LFU uses the frequency.
-    rank: (u32, u64),
+    key: BlockHash,
     bytes: u32,
     pins: u16,
     ready: bool,
+    /// LFU: (reads + 1, stamp of the last use).
+    rank: (u32, u64),
+    prev: u32,
+    next: u32,
 }
 
 /// The outcome of reserving space for a chunk.
@@ -57,19 +61,22 @@ pub enum Reserve {
 
 /// One tier instance's index.
 ///
-/// Eviction order: LRU and FIFO keep a queue of `(stamp, key)` records in
-/// which a re-used chunk is pushed again and its older records go stale
-/// (skipped, and compacted away); LFU keeps an ordered set of
-/// `(frequency, stamp, key)`.
+/// Eviction order: LRU and FIFO keep the chunks in a doubly linked list
+/// threaded through a slab (least recent at the head; a use moves a chunk to
+/// the tail under LRU), so insert, use and evict are O(1); LFU keeps an
+/// ordered set of `(frequency, stamp, slot)`.
 #[derive(Debug)]
 pub struct ChunkStore {
     policy: EvictionPolicy,
     capacity: u64,
     used: u64,
     peak: u64,
-    map: IntMap<BlockHash, Entry>,
-    order: BTreeSet<(u32, u64, BlockHash)>,
-    queue: VecDeque<(u64, BlockHash)>,
+    map: IntMap<BlockHash, u32>,
+    slab: Vec<Entry>,
+    free_slots: Vec<u32>,
+    head: u32,
+    tail: u32,
+    order: BTreeSet<(u32, u64, u32)>,
     clock: u64,
 }
 
@@ -82,8 +89,11 @@ impl ChunkStore {
             used: 0,
             peak: 0,
             map: IntMap::default(),
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            head: NIL,
+            tail: NIL,
             order: BTreeSet::new(),
-            queue: VecDeque::new(),
             clock: 0,
         }
     }
@@ -105,45 +115,64 @@ impl ChunkStore {
 
     /// Whether `key` is held and readable.
     pub fn contains(&self, key: BlockHash) -> bool {
-        self.map.get(&key).is_some_and(|e| e.ready)
+        self.map.get(&key).is_some_and(|&i| self.slab[i as usize].ready)
     }
 
-    fn is_current(&self, stamp: u64, key: BlockHash) -> bool {
-        self.map.get(&key).is_some_and(|e| e.rank.1 == stamp)
-    }
-
-    /// Records a read hit on `key` (recency / frequency).
-    pub fn touch(&mut self, key: BlockHash) {
-        if self.policy == EvictionPolicy::Fifo {
-            return;
+    fn unlink(&mut self, i: u32) {
+        let Entry { prev, next, .. } = self.slab[i as usize];
+        match prev {
+            NIL => self.head = next,
+            p => self.slab[p as usize].next = next,
         }
-        self.clock += 1;
-        let t = self.clock;
-        let Some(e) = self.map.get_mut(&key) else { return };
-        let old = e.rank;
-        e.rank = (old.0.saturating_add(u32::from(self.policy == EvictionPolicy::Lfu)), t);
-        let new = e.rank;
-        if self.policy == EvictionPolicy::Lfu {
-            self.order.remove(&(old.0, old.1, key));
-            self.order.insert((new.0, new.1, key));
-        } else {
-            self.queue.push_back((t, key));
-            if self.queue.len() > 2 * self.map.len() + 64 {
-                let map = &self.map;
-                self.queue.retain(|&(s, k)| map.get(&k).is_some_and(|e| e.rank.1 == s));
+        match next {
+            NIL => self.tail = prev,
+            n => self.slab[n as usize].prev = prev,
+        }
+    }
+
+    fn push_tail(&mut self, i: u32) {
+        self.slab[i as usize].prev = self.tail;
+        self.slab[i as usize].next = NIL;
+        match self.tail {
+            NIL => self.head = i,
+            t => self.slab[t as usize].next = i,
+        }
+        self.tail = i;
+    }
+
+    /// Records a use of `key` (a read hit, or a write of a chunk already held).
+    pub fn touch(&mut self, key: BlockHash) {
+        let Some(&i) = self.map.get(&key) else { return };
+        match self.policy {
+            EvictionPolicy::Fifo => {}
+            EvictionPolicy::Lru => {
+                if self.tail != i {
+                    self.unlink(i);
+                    self.push_tail(i);
+                }
+            }
+            EvictionPolicy::Lfu => {
+                self.clock += 1;
+                let e = &mut self.slab[i as usize];
+                let old = e.rank;
+                e.rank = (old.0.saturating_add(1), self.clock);
+                let new = e.rank;
+                self.order.remove(&(old.0, old.1, i));
+                self.order.insert((new.0, new.1, i));
             }
         }
     }
 
     /// Pins `key` against eviction (a read is in flight).
     pub fn pin(&mut self, key: BlockHash) {
-        self.map.get_mut(&key).expect("pinned chunk is held").pins += 1;
+        let i = *self.map.get(&key).expect("pinned chunk is held");
+        self.slab[i as usize].pins += 1;
     }
 
     /// Releases a pin.
     pub fn unpin(&mut self, key: BlockHash) {
-        if let Some(e) = self.map.get_mut(&key) {
-            e.pins -= 1;
+        if let Some(&i) = self.map.get(&key) {
+            self.slab[i as usize].pins -= 1;
         }
     }
 
@@ -151,34 +180,35 @@ impl ChunkStore {
     /// policy order if needed (appended to `evicted` as `(key, bytes)`). The
     /// chunk is invisible until [`Self::complete`].
     pub fn reserve(&mut self, key: BlockHash, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> Reserve {
+        if self.map.contains_key(&key) {
+            self.touch(key);
+            return Reserve::Present;
+        }
         if bytes > self.capacity || bytes > u64::from(u32::MAX) {
-            return if self.map.contains_key(&key) { Reserve::Present } else { Reserve::NoRoom };
+            return Reserve::NoRoom;
         }
-        if self.used + bytes > self.capacity {
-            if self.map.contains_key(&key) {
-                self.touch(key);
-                return Reserve::Present;
-            }
-            if !self.evict_for(bytes, evicted) {
-                return Reserve::NoRoom;
-            }
+        if self.used + bytes > self.capacity && !self.evict_for(bytes, evicted) {
+            return Reserve::NoRoom;
         }
-        let rank = (u32::from(self.policy == EvictionPolicy::Lfu), self.clock + 1);
-        match self.map.entry(key) {
-            MapEntry::Occupied(_) => {
-                self.touch(key);
-                return Reserve::Present;
+        self.clock += 1;
+        let entry =
+            Entry { key, bytes: bytes as u32, pins: 0, ready: false, rank: (1, self.clock), prev: NIL, next: NIL };
+        let i = match self.free_slots.pop() {
+            Some(i) => {
+                self.slab[i as usize] = entry;
+                i
             }
-            MapEntry::Vacant(v) => {
-                v.insert(Entry { rank, bytes: bytes as u32, pins: 0, ready: false });
+            None => {
+                self.slab.push(entry);
+                (self.slab.len() - 1) as u32
             }
-        }
-        self.clock = rank.1;
+        };
+        self.map.insert(key, i);
         match self.policy {
             EvictionPolicy::Lfu => {
-                self.order.insert((rank.0, rank.1, key));
+                self.order.insert((1, self.clock, i));
             }
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => self.queue.push_back((rank.1, key)),
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => self.push_tail(i),
         }
         self.used += bytes;
         self.peak = self.peak.max(self.used);
@@ -190,49 +220,59 @@ impl ChunkStore {
     /// false (and nothing evicted) if they cannot.
     fn evict_for(&mut self, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> bool {
         let first = evicted.len();
+        let mut victims: Vec<u32> = Vec::new();
         let mut freeable = 0;
-        let mut choose = |k: BlockHash, e: &Entry| {
+        let fits = |freeable: u64| self.used - freeable + bytes <= self.capacity;
+        let mut consider = |i: u32, freeable: &mut u64| {
+            let e = &self.slab[i as usize];
             if e.ready && e.pins == 0 {
-                evicted.push((k, u64::from(e.bytes)));
-                freeable += u64::from(e.bytes);
+                victims.push(i);
+                *freeable += u64::from(e.bytes);
             }
-            self.used - freeable + bytes <= self.capacity
         };
-        let enough = match self.policy {
-            EvictionPolicy::Lfu => self.order.iter().any(|&(_, _, k)| choose(k, &self.map[&k])),
-            EvictionPolicy::Lru | EvictionPolicy::Fifo => self
-                .queue
-                .iter()
-                .filter(|&&(s, k)| self.map.get(&k).is_some_and(|e| e.rank.1 == s))
-                .any(|&(_, k)| choose(k, &self.map[&k])),
-        };
-        if !enough {
-            evicted.truncate(first);
+        match self.policy {
+            EvictionPolicy::Lfu => {
+                for &(_, _, i) in &self.order {
+                    consider(i, &mut freeable);
+                    if fits(freeable) {
+                        break;
+                    }
+                }
+            }
+            EvictionPolicy::Lru | EvictionPolicy::Fifo => {
+                let mut i = self.head;
+                while i != NIL && !fits(freeable) {
+                    consider(i, &mut freeable);
+                    i = self.slab[i as usize].next;
+                }
+            }
+        }
+        if !fits(freeable) {
             return false;
         }
-        for &(k, _) in &evicted[first..] {
-            let e = self.map.remove(&k).expect("victim is held");
-            if self.policy == EvictionPolicy::Lfu {
-                self.order.remove(&(e.rank.0, e.rank.1, k));
+        for i in victims {
+            let e = self.slab[i as usize];
+            match self.policy {
+                EvictionPolicy::Lfu => {
+                    self.order.remove(&(e.rank.0, e.rank.1, i));
+                }
+                EvictionPolicy::Lru | EvictionPolicy::Fifo => self.unlink(i),
             }
+            self.map.remove(&e.key);
+            self.free_slots.push(i);
             self.used -= u64::from(e.bytes);
+            evicted.push((e.key, u64::from(e.bytes)));
         }
-        // Drop the stale records the victims left at the front.
-        while let Some(&(s, k)) = self.queue.front() {
-            if self.is_current(s, k) {
-                break;
-            }
-            self.queue.pop_front();
-        }
+        debug_assert!(evicted.len() > first || bytes == 0 || self.used + bytes <= self.capacity);
         true
     }
 
     /// The write of `key` finished: it becomes readable. Returns false if it
     /// was not reserved.
     pub fn complete(&mut self, key: BlockHash) -> bool {
-        match self.map.get_mut(&key) {
-            Some(e) if !e.ready => {
-                e.ready = true;
+        match self.map.get(&key) {
+            Some(&i) if !self.slab[i as usize].ready => {
+                self.slab[i as usize].ready = true;
                 true
             }
             _ => false,
@@ -294,13 +334,14 @@ mod tests {
     }
 
     #[test]
-    fn repeated_touches_keep_the_lru_queue_compact() {
+    fn repeated_touches_keep_one_entry_per_chunk() {
         let mut s = filled(EvictionPolicy::Lru);
         for _ in 0..10_000 {
             s.touch(k(2));
         }
-        assert!(s.queue.len() <= 2 * 3 + 64 + 1, "stale records are compacted: {}", s.queue.len());
+        assert_eq!((s.slab.len(), s.map.len()), (3, 3), "a use moves a chunk, it adds nothing");
         assert_eq!(reserve(&mut s, 4, 10), (Reserve::Reserved, vec![(k(1), 10)]));
+        assert_eq!(s.slab.len(), 3, "the victim's slot is reused");
     }
 
     #[test]

@@ -166,13 +166,18 @@ impl StepOutcome {
     }
 }
 
-/// A step that was planned and has not ended yet.
+/// A step that was planned and has not ended yet: one step, or a run of
+/// decode-only sub-steps (see [`Worker::materialize`]) of which the one in
+/// progress started at `start` and the last ends at `end`.
 #[derive(Debug)]
 struct Step {
     start: SimTime,
     end: SimTime,
     decodes: u64,
 }
+
+/// Most sub-steps in one run.
+const MAX_RUN: u64 = 256;
 
 /// One vLLM-like engine instance.
 #[derive(Debug)]
@@ -202,11 +207,16 @@ pub struct Worker {
     /// or an I/O slot, with the cache epoch, the I/O slots in use and the
     /// KV-holding waiting requests then: until one of them changes it cannot
     /// start, so it is not looked up again.
-    blocked: Option<(RequestId, u64, u32, u32)>,
+    blocked: Option<(u32, u64, u32, u32)>,
     /// After a pass between step ends that stopped before the end of the
     /// queue: the cache epoch and I/O slots in use then. Until they change
     /// (or a step ends), such a pass would find nothing new to load.
     load_pass: Option<(u64, u32)>,
+    /// Ends of the sub-steps of the run in flight that are still to come
+    /// before the step's end, earliest first.
+    run: VecDeque<SimTime>,
+    /// Sub-steps materialised since the caller last took them: `(end, duration, decodes)`.
+    substeps: Vec<(SimTime, SimDuration, u64)>,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -243,6 +253,8 @@ impl Worker {
             preemptions: 0,
             blocked: None,
             load_pass: None,
+            run: VecDeque::new(),
+            substeps: Vec::new(),
         }
     }
 
@@ -317,12 +329,67 @@ impl Worker {
             self.load_pass = None;
             return self.plan_step(now, reqs, cfg, conn, out);
         }
+        // A run of decode steps stops at the next step end when there is
+        // something to admit there.
+        self.materialize(now, true);
+        let next = if self.ready.is_empty() { None } else { self.cut() };
         if !conn.has_tiers(self.id) || self.load_pass == Some((self.cache.epoch(), self.io_in_use)) {
-            return None;
+            return next;
         }
         let stopped_early = self.schedule_waiting(now, Pass::LoadOnly, &mut 0, reqs, cfg, conn, out);
         self.load_pass = stopped_early.then_some((self.cache.epoch(), self.io_in_use));
-        None
+        next
+    }
+
+    /// Brings a run of decode steps up to `until`: the sub-steps that ended
+    /// by then (at `until` too if `inclusive`) happen — their tokens, their
+    /// blocks for the next sub-step — as separate steps would have. Their
+    /// `(end, duration, decodes)` wait in [`Self::take_substeps`].
+    ///
+    /// A run is planned only when nothing but decoding can happen until its
+    /// end — the waiting queue is empty, no member finishes or crosses the
+    /// sliding window before the last sub-step, and the blocks the sub-steps
+    /// need can be had without preemption (and without evictions others
+    /// would be told about) — so doing its sub-steps late, when someone
+    /// looks, changes nothing: callers materialise before they read the
+    /// worker's state, and a new request [`cut`](Self::cut)s the run.
+    pub fn materialize(&mut self, until: SimTime, inclusive: bool) {
+        while let Some(&t) = self.run.front() {
+            if t > until || (t == until && !inclusive) {
+                break;
+            }
+            self.run.pop_front();
+            let step = self.step.as_mut().expect("a run is a step in flight");
+            let d = t - step.start;
+            step.start = t;
+            self.busy += d;
+            self.steps += 1;
+            self.substeps.push((t, d, step.decodes));
+            self.decode.advance();
+            self.step_index += 1;
+            let need = self.decode.blocks_needed(self.step_index);
+            debug_assert!(self.cache.can_allocate(need, t, false), "a run's blocks were counted when it was planned");
+            self.cache.allocate(need, t, false);
+        }
+    }
+
+    /// Whether a run of decode steps is in flight with sub-steps to come.
+    pub fn in_run(&self) -> bool {
+        !self.run.is_empty()
+    }
+
+    /// Moves the sub-steps materialised so far to `out`.
+    pub fn take_substeps(&mut self, out: &mut Vec<(SimTime, SimDuration, u64)>) {
+        out.append(&mut self.substeps);
+    }
+
+    /// Ends the run in flight at the end of its current sub-step (after
+    /// [`Self::materialize`]); returns the new end and stamp.
+    fn cut(&mut self) -> Option<(SimTime, u32)> {
+        let end = self.run.pop_front()?;
+        self.run.clear();
+        self.step.as_mut().expect("a run is a step in flight").end = end;
+        Some((end, self.version.bump()))
     }
 
     /// The request's KV load finished: the loaded blocks join the prefix
@@ -367,6 +434,8 @@ impl Worker {
         if !self.version.is_current(version) || self.step.as_ref().is_none_or(|s| s.end != now) {
             return Err(StaleStep);
         }
+        self.materialize(now, false);
+        debug_assert!(self.run.is_empty(), "every sub-step of a run ends before the run");
         let step = self.step.take().expect("checked above");
         out.clear();
         out.duration = step.end - step.start;
@@ -531,7 +600,8 @@ impl Worker {
         self.start_step(now, decodes, reqs, cfg)
     }
 
-    /// Starts the planned step (its prefill chunks in `self.chunks`).
+    /// Starts the planned step (its prefill chunks in `self.chunks`) — as a
+    /// run of decode steps when nothing else can happen before they end.
     fn start_step(
         &mut self,
         now: SimTime,
@@ -541,15 +611,54 @@ impl Worker {
     ) -> Option<(SimTime, u32)> {
         self.perf_chunks.clear();
         self.perf_chunks.extend(self.chunks.iter().map(|&(_, c)| c));
+        let context = self.decode.context_tokens();
+        let window = self.decode.window_tokens(self.step_index, reqs);
         let work = StepWork {
             prefill: &self.perf_chunks,
             decodes,
-            decode_context_tokens: self.decode.context_tokens(),
-            decode_window_tokens: self.decode.window_tokens(self.step_index, reqs),
+            decode_context_tokens: context,
+            decode_window_tokens: window,
         };
-        let end = now + cfg.perf.step_time(&work);
+        let mut end = now + cfg.perf.step_time(&work);
+        debug_assert!(self.run.is_empty());
+        if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 {
+            end = self.plan_run(end, decodes, context, window, cfg);
+        }
         self.step = Some(Step { start: now, end, decodes });
         Some((end, self.version.bump()))
+    }
+
+    /// Extends a decode-only step ending at `first_end` into a run of
+    /// sub-steps (see [`Self::materialize`]); returns the run's end.
+    fn plan_run(&mut self, first_end: SimTime, decodes: u64, context: u64, window: u64, cfg: &WorkerConfig) -> SimTime {
+        let s = self.step_index;
+        // The last sub-step may see members finish or cross the window; none before.
+        let last = self.decode.next_finish().min(self.decode.next_cross().saturating_sub(1)).max(s);
+        let steps = (last - s).saturating_add(1).min(MAX_RUN);
+        // Blocks for the later sub-steps, without preemption; evictions only
+        // where nobody is told about them.
+        let mut allowance = self.cache.free();
+        if !(cfg.publish_events || cfg.report_evictions) {
+            allowance += self.cache.evictable();
+        }
+        let below = self.decode.below();
+        let mut end = first_end;
+        for j in 1..steps {
+            let need = self.decode.blocks_needed(s + j);
+            if need > allowance {
+                break;
+            }
+            allowance -= need;
+            self.run.push_back(end);
+            let work = StepWork {
+                prefill: &[],
+                decodes,
+                decode_context_tokens: context + j * decodes,
+                decode_window_tokens: window + j * below,
+            };
+            end += cfg.perf.step_time(&work);
+        }
+        end
     }
 
     fn has_room(&self, budget: u64, cfg: &WorkerConfig) -> bool {
@@ -583,7 +692,7 @@ impl Worker {
                 return true;
             }
             let id = self.ready[pos];
-            let seq = reqs[id.index()].seq;
+            let (seq, seq_serial) = (reqs[id.index()].seq, reqs[id.index()].serial);
             if seq.fetching {
                 holders -= 1;
                 pos += 1;
@@ -604,7 +713,7 @@ impl Worker {
                 pos += 1;
                 continue;
             }
-            let memo = (id, self.cache.epoch(), self.io_in_use, self.kv_waiting);
+            let memo = (seq_serial, self.cache.epoch(), self.io_in_use, self.kv_waiting);
             if self.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
                 blocked = true;
                 pos += 1;
@@ -843,6 +952,8 @@ pub struct DecodeGroup {
     below_context: u64,
     /// `(step at which the context reaches the window, member, epoch)`.
     cross: BinaryHeap<Reverse<(u64, RequestId, u32)>>,
+    /// Joins so far (the next member's epoch).
+    joins: u32,
 }
 
 impl DecodeGroup {
@@ -857,6 +968,7 @@ impl DecodeGroup {
             below: 0,
             below_context: 0,
             cross: BinaryHeap::new(),
+            joins: 0,
         }
     }
 
@@ -877,6 +989,21 @@ impl DecodeGroup {
                 self.below_context -= d.computed_at_join + (s - d.join_step);
             }
         }
+    }
+
+    /// The earliest step a member finishes in (`u64::MAX` without members).
+    fn next_finish(&self) -> u64 {
+        self.finish.peek().map_or(u64::MAX, |Reverse((step, ..))| *step)
+    }
+
+    /// The earliest step a member's context reaches the window.
+    fn next_cross(&self) -> u64 {
+        self.cross.peek().map_or(u64::MAX, |Reverse((step, ..))| *step)
+    }
+
+    /// Members whose context is below the window (each adds a token to the windowed sum per step).
+    fn below(&self) -> u64 {
+        if self.windowed() { self.below } else { self.members.len() as u64 }
     }
 
     /// Σ over members of `min(context, window)` before step `s`.
@@ -927,7 +1054,10 @@ impl DecodeGroup {
         d.computed_at_join = computed;
         d.generated_at_join = generated;
         d.pos = self.members.len() as u32;
-        d.epoch = d.epoch.wrapping_add(1);
+        // Unique over the group's life: a stale heap entry never matches a
+        // later member, even one in a reused request slot.
+        self.joins += 1;
+        d.epoch = self.joins;
         d.active = true;
         let finish_step = join + (u64::from(r.output_tokens) - generated) - 1;
         self.finish.push(Reverse((finish_step, r.seq.admit_seq, id, d.epoch)));
@@ -1003,7 +1133,7 @@ mod tests {
     use super::*;
     use crate::ids::StageId;
     use crate::kvcache::connector::testing;
-    use crate::kvcache::{Content, block_hashes, content_id};
+    use crate::kvcache::{Content, content_id};
     use crate::storage::DeviceTimer;
     use crate::workload::{Label, NewRequest};
     use std::collections::BTreeMap;
@@ -1050,8 +1180,8 @@ mod tests {
                     output_id: content_id("output", i as u64),
                     label: Label::None,
                 };
-                let mut r = Request::new(RequestId(i as u32), SimTime::ZERO, new);
-                block_hashes(&r.full_content(), 16, usize::MAX, &mut r.blocks);
+                let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
+                r.hash_blocks(16);
                 r
             })
             .collect()
