@@ -1,12 +1,14 @@
 //! Report benchmark: `opal-sweep report` on a 200-run sweep (4 policies ×
 //! 5 request rates × 10 replicates, 200 requests each). The sweep is run
 //! once as set-up; the report (reading the tables, merging histograms,
-//! drawing six figures as SVG and PNG, writing the page) is timed five
-//! times. Run with `cargo bench --bench report`.
+//! drawing the figures as SVG, writing the page) is timed five times in CPU
+//! seconds, then again with `--png`. Run with `cargo bench --bench report`.
 
+mod common;
+
+use common::{cpu_timed, peak_rss_mib};
 use opal::sweep::runner::{RunnerOptions, run_sweep};
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
 const SPEC: &str = r#"
 [sweep]
@@ -45,25 +47,29 @@ fn main() {
         RunnerOptions { output: out.clone(), jobs: None, shard: None, resume: false, overwrite: true, progress: false };
     let report = run_sweep(&plan, &opts, &AtomicBool::new(false)).expect("sweep");
     assert!(report.failures.is_empty());
-    let mut times = Vec::new();
-    let mut summary = None;
-    for _ in 0..5 {
-        let t = Instant::now();
-        summary = Some(opal::report::write_report(&out, &dir.join("report")).expect("report"));
-        times.push(t.elapsed().as_secs_f64());
+    for png in [false, true] {
+        let mut cpus = Vec::new();
+        let mut summary = None;
+        for _ in 0..5 {
+            let (s, cpu) = cpu_timed(|| opal::report::write_report(&out, &dir.join("report"), png).expect("report"));
+            cpus.push(cpu);
+            summary = Some(s);
+        }
+        cpus.sort_by(f64::total_cmp);
+        let s = summary.expect("ran");
+        let bytes: u64 = s.files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum();
+        println!(
+            "report of {} runs ({} points){}: {} files, {:.1} MiB; CPU s min {:.3}, median {:.3}, max {:.3}",
+            s.runs,
+            plan.points.len(),
+            if png { " with --png" } else { "" },
+            s.files.len() + 1,
+            bytes as f64 / (1 << 20) as f64,
+            cpus[0],
+            cpus[2],
+            cpus[4]
+        );
     }
-    times.sort_by(f64::total_cmp);
-    let s = summary.expect("ran");
-    let bytes: u64 = s.files.iter().map(|f| std::fs::metadata(f).map_or(0, |m| m.len())).sum();
-    println!(
-        "report of {} runs ({} points): {} files, {:.1} MiB; min {:.3} s, median {:.3} s, max {:.3} s",
-        s.runs,
-        plan.points.len(),
-        s.files.len() + 1,
-        bytes as f64 / (1 << 20) as f64,
-        times[0],
-        times[2],
-        times[4]
-    );
+    println!("peak RSS: {}", peak_rss_mib().map_or_else(|| "unavailable".into(), |m| format!("{m:.0} MiB")));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -69,6 +69,10 @@ enum Command {
         /// Where to write the report (default: <dir>/report).
         #[arg(short, long, value_name = "DIR")]
         output: Option<PathBuf>,
+        /// Also write each figure as PNG (for slides and papers); the page
+        /// then shows the PNGs. Rasterising takes most of a report's time.
+        #[arg(long)]
+        png: bool,
     },
     /// Print what the simulator derives from a model, and how it fits on a GPU.
     ///
@@ -213,7 +217,7 @@ fn main() -> ExitCode {
         Some(Command::Merge { dir }) => merge(&dir),
         Some(Command::Slurm(args)) => slurm(&args),
         Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
-        Some(Command::Report { dir, output }) => report(&dir, output.as_deref()),
+        Some(Command::Report { dir, output, png }) => report(&dir, output.as_deref(), png),
         Some(Command::Model(args)) => model(&args),
         Some(Command::Calibrate(args)) => calibrate(&args),
         None => run(&cli.run),
@@ -298,10 +302,10 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
-fn report(dir: &std::path::Path, output: Option<&std::path::Path>) -> Result<ExitCode, Failure> {
+fn report(dir: &std::path::Path, output: Option<&std::path::Path>, png: bool) -> Result<ExitCode, Failure> {
     let target = output.map_or_else(|| opal::report::default_dir(dir), std::path::Path::to_path_buf);
     let started = std::time::Instant::now();
-    let r = opal::report::write_report(dir, &target).map_err(|e| match e {
+    let r = opal::report::write_report(dir, &target, png).map_err(|e| match e {
         opal::report::ReportError::Input(m) => Failure::Input(m),
         opal::report::ReportError::Output(m) => Failure::Run(m),
     })?;
@@ -309,11 +313,12 @@ fn report(dir: &std::path::Path, output: Option<&std::path::Path>) -> Result<Exi
     Ok(ExitCode::SUCCESS)
 }
 
-/// The report a spec asked for with `[sweep] report = true`; a failure
-/// only warns (the results themselves are complete).
+/// The report a spec asked for with `[sweep] report = true` (SVG figures:
+/// `opal-sweep report --png` adds PNGs); a failure only warns (the results
+/// themselves are complete).
 fn auto_report(dir: &std::path::Path) {
     let started = std::time::Instant::now();
-    match opal::report::write_report(dir, &opal::report::default_dir(dir)) {
+    match opal::report::write_report(dir, &opal::report::default_dir(dir), false) {
         Ok(r) => out(&report_line(&r, started.elapsed().as_secs_f64())),
         Err(e) => eprintln!("warning: the report could not be made: {e}"),
     }
@@ -323,7 +328,7 @@ fn report_line(r: &opal::report::ReportSummary, wall: f64) -> String {
     let mut text = format!(
         "report: {} ({} figures from {} runs{}, {wall:.2} s)\n",
         r.index.display(),
-        r.files.len() / 2,
+        r.figures,
         r.runs,
         if r.failed > 0 { format!("; {} failed runs left out", r.failed) } else { String::new() }
     );

@@ -33,7 +33,8 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::{ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use std::collections::BTreeSet;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use table::{Cell, ColType, TableBuilder};
@@ -739,6 +740,9 @@ impl RunStream {
     }
 }
 
+/// Rows per batch a merge writes (several runs' rows together).
+const MERGE_BATCH_ROWS: usize = 8192;
+
 /// What a merge did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MergeReport {
@@ -788,31 +792,49 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                 inputs[0].path.display()
             )));
         }
+        // A k-way merge: a heap of each input's next run id, so a merge costs
+        // O(rows + runs · log inputs); runs go out in batches of ≥ 8,192 rows.
+        let mut heap: BinaryHeap<Reverse<(u32, usize)>> = BinaryHeap::new();
+        for (i, s) in inputs.iter_mut().enumerate() {
+            if let Some(id) = s.peek()? {
+                heap.push(Reverse((id, i)));
+            }
+        }
         let mut runs = 0;
         let mut dups = 0;
+        let out_schema = schema.clone();
         let merged = std::iter::from_fn(|| -> Option<Result<RecordBatch, OutputError>> {
             let step = (|| -> Result<Option<RecordBatch>, OutputError> {
-                let mut best: Option<(u32, usize)> = None;
-                for (i, s) in inputs.iter_mut().enumerate() {
-                    if let Some(id) = s.peek()?
-                        && best.is_none_or(|(b, _)| id < b)
-                    {
-                        best = Some((id, i));
+                let mut slices: Vec<RecordBatch> = Vec::new();
+                let mut rows = 0;
+                while rows < MERGE_BATCH_ROWS {
+                    let Some(Reverse((id, first))) = heap.pop() else { break };
+                    let before = slices.len();
+                    inputs[first].take_run(id, Some(&mut slices))?;
+                    rows += slices[before..].iter().map(RecordBatch::num_rows).sum::<usize>();
+                    if let Some(next) = inputs[first].peek()? {
+                        heap.push(Reverse((next, first)));
                     }
-                }
-                let Some((id, first)) = best else { return Ok(None) };
-                let mut slices = Vec::new();
-                inputs[first].take_run(id, Some(&mut slices))?;
-                for (i, s) in inputs.iter_mut().enumerate() {
-                    if i != first && s.peek()? == Some(id) {
-                        s.take_run(id, None)?;
+                    // The same run in other inputs: the first copy is kept.
+                    while let Some(&Reverse((dup, i))) = heap.peek() {
+                        if dup != id {
+                            break;
+                        }
+                        heap.pop();
+                        inputs[i].take_run(id, None)?;
                         dups += 1;
+                        if let Some(next) = inputs[i].peek()? {
+                            heap.push(Reverse((next, i)));
+                        }
                     }
+                    runs += 1;
                 }
-                runs += 1;
-                let schema = inputs[first].schema();
+                if slices.is_empty() {
+                    return Ok(None);
+                }
                 Ok(Some(
-                    arrow_select::concat::concat_batches(&schema, &slices).map_err(|e| OutputError(e.to_string()))?,
+                    arrow_select::concat::concat_batches(&out_schema, &slices)
+                        .map_err(|e| OutputError(e.to_string()))?,
                 ))
             })();
             step.transpose()

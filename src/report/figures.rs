@@ -1,7 +1,10 @@
 //! The report's figures: each is first computed into a plain description
-//! (panels of lines, or stacked bars) from [`SweepData`], then drawn twice
-//! with `plotters`, as PNG and as SVG. Text uses DejaVu Sans embedded in the
-//! binary, so the pictures look the same on every machine.
+//! (panels of lines, or stacked bars) from [`SweepData`], then drawn with
+//! `plotters` as SVG, which the page shows. On request the SVG is also
+//! rasterised to PNG (for slides and papers) with resvg and DejaVu Sans
+//! embedded in the binary, so those pictures look the same on every
+//! machine. Rasterising took about 80 % of a report's CPU time, which is why
+//! it is not the default.
 //!
 //! Replicates are merged exactly where the data allows it (TTFT histograms
 //! are added) and otherwise averaged, with the spread shown: a min–max band
@@ -194,8 +197,8 @@ pub struct FigureFile {
     pub title: String,
     /// What it shows and how replicates are combined.
     pub caption: String,
-    /// PNG file name (in the report directory).
-    pub png: String,
+    /// PNG file name (in the report directory), when PNGs were asked for.
+    pub png: Option<String>,
     /// SVG file name.
     pub svg: String,
 }
@@ -1150,16 +1153,21 @@ fn font_db() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
     .clone()
 }
 
-/// Draws `f` as SVG with plotters, then rasterises that SVG with resvg for
-/// the PNG (plotters' own bitmap text rendering misplaces glyphs), and
-/// writes both into `dir`.
-fn render(number: u32, f: &Figure, dir: &Path) -> Result<FigureFile, ReportError> {
+/// Font families for the SVG's text: the layout was measured with DejaVu
+/// Sans; Verdana (which DejaVu's Bitstream Vera ancestor matches in width)
+/// stands in where it is not installed.
+const SVG_FONTS: &str = r#"font-family="'DejaVu Sans',Verdana,sans-serif""#;
+
+/// Draws `f` as SVG with plotters and, if `png`, rasterises that SVG with
+/// resvg for the PNG (plotters' own bitmap text rendering misplaces
+/// glyphs); writes the files into `dir`.
+fn render(number: u32, f: &Figure, dir: &Path, png: bool) -> Result<FigureFile, ReportError> {
     let size = figure_size(f);
     let file = FigureFile {
         number,
         title: f.title.clone(),
         caption: f.caption.clone(),
-        png: format!("{}.png", f.stem),
+        png: png.then(|| format!("{}.png", f.stem)),
         svg: format!("{}.svg", f.stem),
     };
     let fail = |name: &str, e: &dyn std::fmt::Display| {
@@ -1167,21 +1175,40 @@ fn render(number: u32, f: &Figure, dir: &Path) -> Result<FigureFile, ReportError
     };
     let mut svg = String::new();
     draw(f, SVGBackend::with_string(&mut svg, size).into_drawing_area()).map_err(|e| fail(&file.svg, &e))?;
+    let svg = svg.replace(r#"font-family="sans-serif""#, SVG_FONTS);
     super::write_atomic(&dir.join(&file.svg), svg.as_bytes())?;
+    let Some(png_name) = &file.png else { return Ok(file) };
     let options = resvg::usvg::Options { fontdb: font_db(), ..resvg::usvg::Options::default() };
-    let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| fail(&file.png, &e))?;
+    let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| fail(png_name, &e))?;
     let mut pixmap = resvg::tiny_skia::Pixmap::new(size.0, size.1)
-        .ok_or_else(|| fail(&file.png, &format!("cannot allocate a {}×{} pixel image", size.0, size.1)))?;
+        .ok_or_else(|| fail(png_name, &format!("cannot allocate a {}×{} pixel image", size.0, size.1)))?;
     pixmap.fill(resvg::tiny_skia::Color::WHITE);
     resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
-    let png = pixmap.encode_png().map_err(|e| fail(&file.png, &e))?;
-    super::write_atomic(&dir.join(&file.png), &png)?;
+    let png = encode_opaque_png(&pixmap).map_err(|e| fail(png_name, &e))?;
+    super::write_atomic(&dir.join(png_name), &png)?;
     Ok(file)
 }
 
-/// Computes every figure the data supports and writes each as PNG and SVG
-/// into `dir` (figures are drawn in parallel; the files do not depend on it).
-pub fn draw_all(data: &SweepData, dir: &Path) -> Result<Drawn, ReportError> {
+/// A figure drawn on white as an RGB PNG with fast compression: the pixels
+/// are opaque, so the alpha channel carries nothing, and deflate's default
+/// level took most of a report's time for files a few per cent smaller.
+fn encode_opaque_png(pixmap: &resvg::tiny_skia::Pixmap) -> Result<Vec<u8>, png::EncodingError> {
+    let rgba = pixmap.data();
+    debug_assert!(rgba.chunks_exact(4).all(|p| p[3] == 255), "figures are drawn on an opaque background");
+    let rgb: Vec<u8> = rgba.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+    let mut out = Vec::new();
+    let mut encoder = png::Encoder::new(&mut out, pixmap.width(), pixmap.height());
+    encoder.set_color(png::ColorType::Rgb);
+    encoder.set_depth(png::BitDepth::Eight);
+    encoder.set_compression(png::Compression::Fast);
+    encoder.write_header()?.write_image_data(&rgb)?;
+    Ok(out)
+}
+
+/// Computes every figure the data supports and writes each as SVG, and as
+/// PNG if `png`, into `dir` (figures are drawn in parallel; the files do not
+/// depend on it).
+pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, ReportError> {
     register_fonts();
     let mut figures = Vec::new();
     let mut skipped = Vec::new();
@@ -1213,7 +1240,8 @@ pub fn draw_all(data: &SweepData, dir: &Path) -> Result<Drawn, ReportError> {
         }
     }
     // Rendered in parallel; the first failure in figure order is the one reported.
-    let results: Vec<Result<FigureFile, ReportError>> = figures.par_iter().map(|(n, f)| render(*n, f, dir)).collect();
+    let results: Vec<Result<FigureFile, ReportError>> =
+        figures.par_iter().map(|(n, f)| render(*n, f, dir, png)).collect();
     let files = results.into_iter().collect::<Result<Vec<_>, _>>()?;
     remove_stale_figures(dir, &files);
     Ok(Drawn { figures: files, skipped, not_applicable })
@@ -1226,7 +1254,7 @@ fn remove_stale_figures(dir: &Path, drawn: &[FigureFile]) {
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
         let ours = name.starts_with("fig") && (name.ends_with(".png") || name.ends_with(".svg"));
-        if ours && !drawn.iter().any(|f| f.png == name || f.svg == name) {
+        if ours && !drawn.iter().any(|f| f.png.as_deref() == Some(name.as_str()) || f.svg == name) {
             let _ = std::fs::remove_file(e.path());
         }
     }

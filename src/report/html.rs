@@ -1,6 +1,6 @@
 //! The report page: one self-contained `index.html` (inline style, no
 //! scripts, nothing fetched from the network) with the summary table, the
-//! figures (PNG, each linking to its SVG) and what was left out.
+//! figures (SVG, or PNG linking to the SVG) and what was left out.
 
 use super::data::{SweepData, mean_ci};
 use super::figures::{Drawn, si, sig};
@@ -145,6 +145,8 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
     out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
     summary_table(data, &mut out);
     for f in &drawn.figures {
+        // The PNG, when there is one, is shown and links to the SVG.
+        let shown = f.png.as_ref().unwrap_or(&f.svg);
         let _ = write!(
             out,
             "<figure id=\"fig{}\">\n<h2>Figure {}. {}</h2>\n<a href=\"{}\"><img src=\"{}\" alt=\"{}\"></a>\n<figcaption>{} (Click for the SVG.)</figcaption>\n</figure>\n",
@@ -152,7 +154,7 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
             f.number,
             esc(&f.title),
             esc(&f.svg),
-            esc(&f.png),
+            esc(shown),
             esc(&f.title),
             esc(&f.caption)
         );

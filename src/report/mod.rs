@@ -1,6 +1,6 @@
 //! What people read: terminal summaries ([`text`]) and the sweep report
 //! (`opal-sweep report`): an `index.html` with a summary table and figures
-//! drawn with `plotters` as PNG and SVG, made from a results directory's
+//! drawn with `plotters` as SVG (and PNG on request), made from a results directory's
 //! Parquet tables and manifest alone ([`data`]).
 
 pub mod data;
@@ -34,7 +34,9 @@ impl std::error::Error for ReportError {}
 pub struct ReportSummary {
     /// The page.
     pub index: PathBuf,
-    /// Figure files written (PNG and SVG), in page order.
+    /// Figures drawn.
+    pub figures: usize,
+    /// Figure files written (SVG, and PNG if asked for), in page order.
     pub files: Vec<PathBuf>,
     /// Successful runs drawn.
     pub runs: usize,
@@ -61,16 +63,18 @@ pub fn default_dir(results: &Path) -> PathBuf {
 
 /// Reads the results in `results` and writes the report into `out`
 /// (created if needed; an earlier report there is replaced, figures it had
-/// that this one lacks are removed).
-pub fn write_report(results: &Path, out: &Path) -> Result<ReportSummary, ReportError> {
+/// that this one lacks are removed). Figures are SVG; `png` adds a PNG of
+/// each, which the page then shows (linking to the SVG).
+pub fn write_report(results: &Path, out: &Path, png: bool) -> Result<ReportSummary, ReportError> {
     let data = data::SweepData::load(results)?;
     std::fs::create_dir_all(out).map_err(|e| ReportError::Output(format!("{}: cannot create: {e}", out.display())))?;
-    let drawn = figures::draw_all(&data, out)?;
+    let drawn = figures::draw_all(&data, out, png)?;
     let index = out.join("index.html");
     write_atomic(&index, html::page(&data, &drawn).as_bytes())?;
     Ok(ReportSummary {
         index,
-        files: drawn.figures.iter().flat_map(|f| [out.join(&f.png), out.join(&f.svg)]).collect(),
+        figures: drawn.figures.len(),
+        files: drawn.figures.iter().flat_map(|f| f.png.iter().chain([&f.svg]).map(|name| out.join(name))).collect(),
         runs: data.ok_runs(),
         failed: data.failed.len(),
         skipped: drawn.skipped.clone(),

@@ -1,0 +1,32 @@
+//! Measurements the benchmarks share: CPU time (user + system, all threads)
+//! and peak resident memory, read from `/proc` (Linux; the benchmarks say
+//! "unavailable" elsewhere). CPU time, not wall time, because the machines
+//! the benchmarks run on are shared.
+
+/// CPU seconds (user + system, every thread) this process has used so far.
+/// `/proc/self/stat` counts in clock ticks of 1/100 s (`USER_HZ`, fixed at
+/// 100 by the Linux ABI), so runs are made long enough for that to be fine.
+pub fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+/// Peak resident set size of this process, MiB (`VmHWM`).
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Runs `f` and returns its result with the CPU seconds it took.
+pub fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
+    let before = cpu_seconds().unwrap_or(f64::NAN);
+    let out = f();
+    (out, cpu_seconds().unwrap_or(f64::NAN) - before)
+}
