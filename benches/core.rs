@@ -1,74 +1,194 @@
-//! Core benchmark: the reference scenario of `benches/reference.toml`
-//! (16 workers, Llama-3.1-8B on H100, Poisson arrivals at ~70 % of capacity,
-//! 100k requests, prompts 512–8192, outputs 32–512) on one thread, in three
-//! KV-tier set-ups: none, Opal's default (CPU memory), and CPU memory plus a
-//! shared distributed file system. Reports simulated requests per wall
-//! second, events per second and peak RSS. Run with `cargo bench --bench core`.
+//! Core benchmark: single runs on one thread, each row in a child process of
+//! its own (so its peak RSS is its own). For every row: simulated requests
+//! per CPU second (user + system; the median of the row's repeats), events
+//! per request, ns per event, peak RSS and the most requests held in the
+//! arena at once. Run with `cargo bench --bench core`, or name rows:
+//! `cargo bench --bench core -- trace memory-1m`.
+//!
+//! Rows (targets from the performance issue; "–" where the row measures
+//! memory only):
+//! - `reference`: `benches/reference.toml` (16 workers, Llama-3.1-8B on H100,
+//!   LeastLoaded, CPU tier, Poisson at ~70 % of capacity, 100k requests);
+//! - `maxprefix`: the same with the MaxPrefix router;
+//! - `workers-1024`: the same load per worker on 1,024 workers;
+//! - `trace`: the shipped Mooncake conversation trace as recorded, 16
+//!   workers, MaxPrefix, CPU + NVMe + DFS tiers;
+//! - `trace-20x`: the same with arrivals 20× compressed (overloaded);
+//! - `memory-10k`, `memory-1m`, `memory-10m`: the reference family with 10k,
+//!   1M and 10M requests and no per-request table (peak RSS must stay flat);
+//! - `opal-1w`, `opal-4w`, `opal-16w`: `examples/opal/exponential-12rps.json`
+//!   (the original Opal's ExponentialReqRate study, its prompt-content model,
+//!   12 req/s per worker) on 1, 4 and 16 workers, 100k requests; the Python
+//!   Opal does 105–145 requests per CPU second on it, the target is 1,000×.
 
-use opal::config::{Spec, resolve, spec_from_table};
+mod common;
+
+use common::{cpu_timed, peak_rss_mib};
+use opal::RunOptions;
+use opal::config::{Scenario, resolve, spec_from_table};
 use std::path::Path;
-use std::time::Instant;
+use std::process::Command;
 
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+/// One benchmark row.
+struct Row {
+    name: &'static str,
+    /// Target in simulated requests per CPU second, if the row has one.
+    target: Option<f64>,
+    /// Runs measured (the median CPU time is reported).
+    repeats: usize,
+    /// Builds the row's scenario.
+    build: fn() -> Scenario,
 }
 
+const ROWS: &[Row] = &[
+    Row { name: "reference", target: Some(150e3), repeats: 3, build: || reference(&[]) },
+    Row {
+        name: "maxprefix",
+        target: Some(100e3),
+        repeats: 3,
+        build: || reference(&[("router.router_params.policy", "MaxPrefix".into())]),
+    },
+    Row {
+        name: "workers-1024",
+        target: Some(60e3),
+        repeats: 3,
+        build: || {
+            reference(&[
+                ("simulation.num_workers", 1024.into()),
+                ("workload.stages.0.workload_params.request_rate", (90.0 * 64.0).into()),
+            ])
+        },
+    },
+    Row { name: "trace", target: Some(60e3), repeats: 3, build: || trace(1.0) },
+    Row { name: "trace-20x", target: Some(30e3), repeats: 3, build: || trace(0.05) },
+    Row { name: "memory-10k", target: None, repeats: 1, build: || requests(10_000) },
+    Row { name: "memory-1m", target: None, repeats: 1, build: || requests(1_000_000) },
+    Row { name: "memory-10m", target: None, repeats: 1, build: || requests(10_000_000) },
+    Row { name: "opal-1w", target: Some(145e3), repeats: 3, build: || opal(1) },
+    Row { name: "opal-4w", target: Some(145e3), repeats: 3, build: || opal(4) },
+    Row { name: "opal-16w", target: Some(145e3), repeats: 3, build: || opal(16) },
+];
+
+const ROW_ENV: &str = "OPAL_BENCH_CORE_ROW";
+
 fn main() {
-    let path = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/benches/reference.toml"));
-    let spec: Spec = opal::config::load_spec(path).expect("reference spec");
-    let variants: [(&str, &[&str]); 3] = [
-        ("no tiers", &[]),
-        ("CPUMemory (Opal default)", &["CPUMemory"]),
-        ("CPUMemory + DistributedFS", &["CPUMemory", "DistributedFS"]),
-    ];
-    let mut rates = Vec::new();
-    for (label, tiers) in variants {
-        let mut table = spec.table.clone();
-        let list = toml::Value::Array(tiers.iter().map(|t| toml::Value::String(t.to_string())).collect());
-        opal::sweep::set_path(&mut table, "kvc.kvc_tiers", list).expect("kvc is a table");
-        let file = spec_from_table(&table, "reference").expect("reference spec");
-        let scenario = resolve(&file, "reference", path.parent().unwrap()).expect("reference scenario");
-        let runs = 3;
-        let mut walls = Vec::new();
-        let mut last = None;
-        for _ in 0..runs {
-            let t = Instant::now();
-            let out = opal::simulate(&scenario).expect("reference run");
-            walls.push(t.elapsed().as_secs_f64());
-            last = Some(out);
-        }
-        let out = last.expect("at least one run");
-        walls.sort_by(f64::total_cmp);
-        let median = walls[runs / 2];
-        let s = &out.summary;
-        println!("{label}:");
-        println!(
-            "  {} requests, {} events, {:.0} simulated s, prefix hit ratio {:.3}",
-            s.requests_completed,
-            s.events,
-            s.sim_time_s,
-            s.tiers.prefix_hit_ratio()
-        );
-        println!(
-            "  wall per run: median {median:.3} s (min {:.3}, max {:.3}) over {runs} runs",
-            walls[0],
-            walls[runs - 1]
-        );
-        println!(
-            "  simulated requests per wall second: {:.0}; events per wall second: {:.0}",
-            s.requests_completed as f64 / median,
-            s.events as f64 / median
-        );
-        rates.push(s.requests_completed as f64 / median);
-        drop(out);
-        // The high-water mark only grows: after the first variant it is that variant's peak.
-        match peak_rss_mib() {
-            Some(mib) => println!("  peak RSS of the process so far: {mib:.1} MiB"),
-            None => println!("  peak RSS: unavailable (no /proc/self/status)"),
-        }
+    if let Ok(name) = std::env::var(ROW_ENV) {
+        let row = ROWS.iter().find(|r| r.name == name).expect("a known row");
+        measure(row);
+        return;
     }
-    println!("cost of CPU + DFS tiers: {:.2}x the wall time without tiers", rates[0] / rates[2]);
+    let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    if let Some(unknown) = wanted.iter().find(|w| ROWS.iter().all(|r| r.name != w.as_str())) {
+        let names: Vec<&str> = ROWS.iter().map(|r| r.name).collect();
+        eprintln!("unknown row `{unknown}`; rows: {}", names.join(", "));
+        std::process::exit(2);
+    }
+    println!(
+        "{:<13} {:>10} {:>11} {:>8} {:>9} {:>12} {:>8} {:>9} {:>10}  target",
+        "row", "requests", "events", "ev/req", "CPU s", "req/CPU s", "ns/ev", "RSS MiB", "peak live"
+    );
+    let exe = std::env::current_exe().expect("own path");
+    for row in ROWS.iter().filter(|r| wanted.is_empty() || wanted.iter().any(|w| w == r.name)) {
+        let status = Command::new(&exe).env(ROW_ENV, row.name).status().expect("run a row");
+        assert!(status.success(), "row {} failed", row.name);
+    }
+}
+
+/// Runs `row` in this process and prints its line.
+fn measure(row: &Row) {
+    let scenario = (row.build)();
+    let opts = RunOptions { request_records: false, profile_routing: false };
+    let mut cpus = Vec::new();
+    let mut last = None;
+    for _ in 0..row.repeats {
+        let (out, cpu) = cpu_timed(|| opal::simulate_with(&scenario, &opts).expect("the row runs"));
+        cpus.push(cpu);
+        last = Some(out);
+    }
+    cpus.sort_by(f64::total_cmp);
+    let cpu = cpus[cpus.len() / 2];
+    let out = last.expect("at least one run");
+    let s = &out.summary;
+    let requests = s.requests_completed as f64;
+    let rate = requests / cpu;
+    let target = row.target.map_or_else(
+        || "–".to_string(),
+        |t| format!("≥ {:.0}k {}", t / 1e3, if rate >= t { "met" } else { "NOT met" }),
+    );
+    println!(
+        "{:<13} {:>10} {:>11} {:>8.1} {:>9.2} {:>12.0} {:>8.0} {:>9.1} {:>10}  {target}",
+        row.name,
+        s.requests_completed,
+        s.events,
+        s.events as f64 / requests,
+        cpu,
+        rate,
+        cpu * 1e9 / s.events as f64,
+        peak_rss_mib().unwrap_or(f64::NAN),
+        out.peak_live_requests,
+    );
+}
+
+fn manifest(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// `table` with `overrides` applied, resolved as a scenario read from `path`.
+fn scenario(mut table: toml::Table, path: &Path, overrides: &[(&str, toml::Value)]) -> Scenario {
+    for (key, value) in overrides {
+        opal::sweep::set_path(&mut table, key, value.clone()).expect("an override path");
+    }
+    let source = path.display().to_string();
+    let file = spec_from_table(&table, &source).expect("a valid spec");
+    resolve(&file, &source, path.parent().expect("a directory")).expect("a valid scenario")
+}
+
+fn reference(overrides: &[(&str, toml::Value)]) -> Scenario {
+    let path = manifest("benches/reference.toml");
+    let spec = opal::config::load_spec(&path).expect("reference spec");
+    scenario(spec.table, &path, overrides)
+}
+
+fn requests(n: i64) -> Scenario {
+    reference(&[("workload.stages.0.workload_params.total_requests", n.into())])
+}
+
+fn trace(time_scale: f64) -> Scenario {
+    let path = manifest("benches/reference.toml");
+    let text = format!(
+        r#"
+        [simulation]
+        seed = 1
+        num_workers = 16
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "MaxPrefix"
+        [worker.vllm_params]
+        max_model_len = 131072
+        [kvc]
+        kvc_tiers = ["CPUMemory", "LocalNVMe", "DistributedFS"]
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{}"
+        time_scale = {time_scale}
+        "#,
+        manifest("traces/conversation_trace.jsonl").display()
+    );
+    scenario(text.parse().expect("trace spec"), &path, &[])
+}
+
+fn opal(workers: i64) -> Scenario {
+    let path = manifest("examples/opal/exponential-12rps.json");
+    let spec = opal::config::load_spec(&path).expect("the Opal example imports");
+    scenario(
+        spec.table,
+        &path,
+        &[
+            ("simulation.num_workers", workers.into()),
+            ("workload.stages.0.workload_params.request_rate", (12.0 * workers as f64).into()),
+            ("workload.stages.0.workload_params.total_requests", 100_000.into()),
+        ],
+    )
 }
