@@ -156,6 +156,8 @@ pub struct Cluster<'a> {
     requests: Vec<Request>,
     /// Slots of `requests` free for reuse.
     free_slots: Vec<u32>,
+    /// Hashes requests' blocks (remembering a shared leading segment's).
+    hasher: crate::kvcache::BlockHasher,
     /// Scratch for the decode steps materialised from runs.
     substeps: Vec<(SimTime, SimDuration, u64)>,
     /// Requests generated so far (the next one's serial).
@@ -166,15 +168,16 @@ pub struct Cluster<'a> {
     records: Vec<RequestRecord>,
     sc25: Vec<Sc25Request>,
     workers: Vec<Worker>,
-    outstanding: Vec<u32>,
+    /// The router's view of each worker, by index: requests it routed there
+    /// that have not completed, and the worker's last system event. Kept up
+    /// to date in place, so routing reads one compact array rather than
+    /// every worker.
     loads: Vec<WorkerLoad>,
     policy: RoutingPolicy,
     router_rng: StreamRng,
     index: KvIndex,
     inbox: VecDeque<(WorkerId, SimTime, RouterMsg)>,
     draining: bool,
-    /// The router's view of each worker (its last system event).
-    system: Vec<SystemEvent>,
     /// Each worker's busy time at its last system event.
     reported_busy: Vec<SimDuration>,
     scores: Vec<Match>,
@@ -211,6 +214,7 @@ impl<'a> Cluster<'a> {
             scenario,
             requests: Vec::new(),
             free_slots: Vec::new(),
+            hasher: crate::kvcache::BlockHasher::default(),
             substeps: Vec::new(),
             generated: 0,
             tally: Tally::default(),
@@ -218,14 +222,12 @@ impl<'a> Cluster<'a> {
             records: Vec::new(),
             sc25: Vec::new(),
             workers: Vec::new(),
-            outstanding: Vec::new(),
             loads: Vec::new(),
             policy: RoutingPolicy::from_config(&scenario.router),
             router_rng: seeds.stream("router"),
             index: KvIndex::default(),
             inbox: VecDeque::new(),
             draining: false,
-            system: Vec::new(),
             reported_busy: Vec::new(),
             scores: Vec::new(),
             keys: Vec::new(),
@@ -260,9 +262,8 @@ impl<'a> Cluster<'a> {
     fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
         self.workers.push(Worker::new(id, &self.scenario.worker));
-        self.outstanding.push(0);
+        self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
         self.kv_pending.push(Vec::new());
-        self.system.push(SystemEvent::default());
         self.reported_busy.push(SimDuration(0));
         self.worker_stats.push(WorkerStats { started: now, ..WorkerStats::default() });
         self.connector.add_worker();
@@ -352,7 +353,7 @@ impl<'a> Cluster<'a> {
 
     fn route(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
         // The block hashes are the request's, needed by any worker whatever the policy.
-        self.requests[id.index()].hash_blocks(self.scenario.worker.block_size as u32);
+        self.requests[id.index()].hash_blocks(self.scenario.worker.block_size as u32, &mut self.hasher);
         let started = self.routing_wall.map(|_| std::time::Instant::now());
         let w = self.choose_worker(id);
         if let (Some(t), Some(acc)) = (started, self.routing_wall.as_mut()) {
@@ -364,12 +365,6 @@ impl<'a> Cluster<'a> {
 
     /// The routing decision (and its bookkeeping) for request `id`.
     fn choose_worker(&mut self, id: RequestId) -> WorkerId {
-        self.loads.clear();
-        self.loads.extend(self.workers.iter().map(|w| WorkerLoad {
-            id: w.id(),
-            outstanding: self.outstanding[w.id().index()],
-            system: self.system[w.id().index()],
-        }));
         let mut chunks = 0;
         if self.scenario.router.policy.reads_kv_events() {
             // The chunks the connector would look up: every full block's.
@@ -388,7 +383,7 @@ impl<'a> Cluster<'a> {
         }
         let ctx = RouteContext { workers: &self.loads, prefix: &self.scores, chunks };
         let w = self.policy.choose(&ctx, &mut self.router_rng);
-        self.outstanding[w.index()] += 1;
+        self.loads[w.index()].outstanding += 1;
         self.worker_stats[w.index()].routed += 1;
         let r = &mut self.requests[id.index()];
         r.worker = Some(w);
@@ -425,11 +420,8 @@ impl<'a> Cluster<'a> {
     fn record_substeps(&mut self, w: WorkerId) {
         let mut subs = std::mem::take(&mut self.substeps);
         self.workers[w.index()].take_substeps(&mut subs);
-        for &(end, d, decodes) in &subs {
-            self.series.on_busy(end - d, end);
-            self.series.on_tokens(end, 0, decodes);
-            self.latencies.get_mut(LatencyMetric::Itl).record_n(d, decodes);
-        }
+        self.series.on_steps(&subs);
+        self.latencies.get_mut(LatencyMetric::Itl).record_each(subs.iter().map(|&(_, d, decodes)| (d, decodes)));
         subs.clear();
         self.substeps = subs;
     }
@@ -570,7 +562,7 @@ impl<'a> Cluster<'a> {
         stats.completed += 1;
         stats.prompt_tokens += u64::from(r.prompt_tokens);
         stats.hit_tokens += r.hit_tokens.iter().sum::<u64>();
-        self.outstanding[w.index()] -= 1;
+        self.loads[w.index()].outstanding -= 1;
         self.in_system.change(now, -1);
         self.series.on_completion(now);
         self.retire(id);
@@ -614,7 +606,7 @@ impl<'a> Cluster<'a> {
                         }
                         run = (age, run.1 + 1);
                     }
-                    RouterMsg::System(e) => self.system[w.index()] = e,
+                    RouterMsg::System(e) => self.loads[w.index()].system = e,
                 }
             }
             if run.1 > 0 {
@@ -913,7 +905,7 @@ impl Model for Cluster<'_> {
             }
             Event::ScaleCheck => {
                 let a = self.autoscaler.expect("checks are scheduled only with autoscaling");
-                let max = self.outstanding.iter().copied().max().unwrap_or(0);
+                let max = self.loads.iter().map(|l| l.outstanding).max().unwrap_or(0);
                 match a.check(now, max, self.workers.len() as u32) {
                     ScaleAction::CheckAt(t) => sched.at(t, Event::ScaleCheck),
                     ScaleAction::AddAt(t) => sched.at(t, Event::ScaleUp),

@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, Content, block_hashes};
+use crate::kvcache::{BlockHash, BlockHasher, Content};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -99,17 +99,12 @@ impl Request {
 
     /// Computes the hashes of the full blocks of its prompt and output
     /// (`block_size` tokens each) into `blocks`, sized once.
-    pub fn hash_blocks(&mut self, block_size: u32) {
+    pub fn hash_blocks(&mut self, block_size: u32, hasher: &mut BlockHasher) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
         let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
         self.blocks.clear();
         self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
-        block_hashes(
-            self.content.segments.iter().chain(std::iter::once(&output)),
-            block_size,
-            usize::MAX,
-            &mut self.blocks,
-        );
+        hasher.hash(&self.content.segments, Some(&output), block_size, &mut self.blocks);
     }
 }
 

@@ -74,25 +74,99 @@ pub fn block_hashes<'a>(
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
 ) {
-    let b = u64::from(block_size);
-    let mut h = 0x6f70_616c_6b76_6331_u64; // chain root ("opalkvc1")
+    chain(CHAIN_ROOT, 0, content, u64::from(block_size), max_blocks, out);
+}
+
+/// The chain's starting value ("opalkvc1").
+const CHAIN_ROOT: u64 = 0x6f70_616c_6b76_6331;
+
+/// The hashing loop of [`block_hashes`], started with chain value `h` at
+/// token `skip` of the first segment (a block boundary).
+fn chain<'a>(
+    mut h: u64,
+    skip: u64,
+    content: impl IntoIterator<Item = &'a Segment>,
+    b: u64,
+    max_blocks: usize,
+    out: &mut Vec<BlockHash>,
+) {
+    // Each piece of a segment that falls in one block is mixed into the
+    // chain as (segment id, offset in the segment, length); a block's hash
+    // is the chain after its last piece.
+    let piece = |h: u64, id: u64, offset: u64, take: u64| {
+        mix(h, id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f))
+    };
     let mut filled = 0u64; // tokens in the current block so far
+    let mut skip = skip;
     for seg in content {
-        let mut offset = 0u64;
         let len = u64::from(seg.tokens);
-        while offset < len {
+        let mut offset = std::mem::take(&mut skip);
+        if filled > 0 && len > 0 {
+            // Complete the block an earlier segment began.
             if out.len() >= max_blocks {
                 return;
             }
-            let take = (b - filled).min(len - offset);
-            // One mixing step per run of content in the block.
-            h = mix(h, seg.id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f));
+            let take = (b - filled).min(len);
+            h = piece(h, seg.id, 0, take);
             filled += take;
-            offset += take;
+            offset = take;
             if filled == b {
                 out.push(BlockHash(h));
                 filled = 0;
             }
+        }
+        // Whole blocks inside the segment, in one tight loop.
+        let whole = (((len - offset) / b) as usize).min(max_blocks.saturating_sub(out.len()));
+        out.extend((0..whole as u64).map(|k| {
+            h = piece(h, seg.id, offset + k * b, b);
+            BlockHash(h)
+        }));
+        offset += whole as u64 * b;
+        if offset < len {
+            // The start of a block the next segment completes.
+            if out.len() >= max_blocks {
+                return;
+            }
+            let take = len - offset;
+            h = piece(h, seg.id, offset, take);
+            filled += take;
+        }
+    }
+}
+
+/// [`block_hashes`] with a memory: the hashes of the blocks inside the
+/// leading segment it last saw. A block inside a content's first segment
+/// hashes the same whatever follows, so requests that open with the same
+/// segment — a shared system prompt, the original Opal's single sequence,
+/// a trace's first hash id — copy those hashes instead of recomputing them
+/// (for long shared prompts, most of the work). It holds at most one
+/// segment's blocks.
+#[derive(Debug, Default)]
+pub struct BlockHasher {
+    /// (segment id, block size) the memory is for.
+    key: Option<(u64, u64)>,
+    blocks: Vec<BlockHash>,
+}
+
+impl BlockHasher {
+    /// Appends to `out` the hashes of every full block of `content`, exactly
+    /// as [`block_hashes`] does.
+    pub fn hash(&mut self, content: &[Segment], tail: Option<&Segment>, block_size: u32, out: &mut Vec<BlockHash>) {
+        let b = u64::from(block_size);
+        let segments = content.iter().chain(tail);
+        let Some(first) = content.first().or(tail) else { return };
+        let inside = (u64::from(first.tokens) / b) as usize;
+        if self.key != Some((first.id, b)) {
+            self.key = Some((first.id, b));
+            self.blocks.clear();
+        }
+        let known = inside.min(self.blocks.len());
+        let start = out.len();
+        out.extend_from_slice(&self.blocks[..known]);
+        let h = if known == 0 { CHAIN_ROOT } else { self.blocks[known - 1].0 };
+        chain(h, known as u64 * b, segments, b, usize::MAX, out);
+        if inside > known {
+            self.blocks.extend_from_slice(&out[start + known..start + inside]);
         }
     }
 }
@@ -106,6 +180,85 @@ mod tests {
         let mut out = Vec::new();
         block_hashes(&segs, b, usize::MAX, &mut out);
         out
+    }
+
+    /// Block hashes token piece by token piece, the plain way: the tight
+    /// loop of [`block_hashes`] must give exactly these.
+    fn piecewise(segs: &[Segment], b: u64, max_blocks: usize) -> Vec<BlockHash> {
+        let mut out = Vec::new();
+        let mut h = 0x6f70_616c_6b76_6331_u64;
+        let mut filled = 0u64;
+        for seg in segs {
+            let mut offset = 0u64;
+            let len = u64::from(seg.tokens);
+            while offset < len {
+                if out.len() >= max_blocks {
+                    return out;
+                }
+                let take = (b - filled).min(len - offset);
+                h = mix(
+                    h,
+                    seg.id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f),
+                );
+                filled += take;
+                offset += take;
+                if filled == b {
+                    out.push(BlockHash(h));
+                    filled = 0;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_tight_loop_gives_the_piecewise_hashes() {
+        let mut state = 12345u64;
+        let mut next = |m: u64| {
+            state = mix(state, 1);
+            state % m
+        };
+        for case in 0..500 {
+            let segs: Vec<Segment> =
+                (0..1 + next(6)).map(|i| Segment { id: 1000 * case + i, tokens: next(100) as u32 }).collect();
+            let b = [1, 3, 16, 32][next(4) as usize];
+            let max = if next(3) == 0 { next(20) as usize } else { usize::MAX };
+            let mut got = Vec::new();
+            block_hashes(&segs, b as u32, max, &mut got);
+            assert_eq!(got, piecewise(&segs, b, max), "{segs:?} block {b} max {max}");
+        }
+    }
+
+    #[test]
+    fn the_hasher_with_memory_gives_the_plain_hashes_request_after_request() {
+        let mut state = 777u64;
+        let mut next = |m: u64| {
+            state = mix(state, 2);
+            state % m
+        };
+        let mut hasher = BlockHasher::default();
+        let mut copied = 0;
+        for case in 0..2000u64 {
+            // Leading segments drawn from three ids, so the memory is hit, extended and replaced.
+            let mut segs = vec![Segment { id: next(3), tokens: next(200) as u32 }];
+            segs.extend((0..next(3)).map(|i| Segment { id: 100 + 10 * case + i, tokens: next(60) as u32 }));
+            let tail = Segment { id: 5_000 + case, tokens: next(40) as u32 };
+            let b = [1, 16, 32][next(3) as usize];
+            let mut plain = Vec::new();
+            block_hashes(segs.iter().chain([&tail]), b, usize::MAX, &mut plain);
+            let mut got = vec![BlockHash(42)]; // appends after what is there
+            let known = hasher.blocks.len().min((segs[0].tokens / b) as usize);
+            if hasher.key == Some((segs[0].id, u64::from(b))) {
+                copied += known;
+            }
+            hasher.hash(&segs, Some(&tail), b, &mut got);
+            assert_eq!(got[1..], plain[..], "case {case}: {segs:?} + {tail:?}, block {b}");
+        }
+        assert!(copied > 1_000, "the memory was used ({copied} blocks copied)");
+        // Empty content: only the tail.
+        let mut got = Vec::new();
+        hasher.hash(&[], Some(&Segment { id: 9, tokens: 40 }), 16, &mut got);
+        assert_eq!(got, hashes(&[(9, 40)], 16));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod prefix;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
-pub use hash::{BlockHash, Content, Segment, block_hashes, content_id};
+pub use hash::{BlockHash, BlockHasher, Content, Segment, block_hashes, content_id};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve};
 

@@ -42,6 +42,10 @@ impl Default for Path {
 
 const ROOT: u32 = 0;
 
+/// Hash buffers kept for reuse: nodes come and go about one for one, so a
+/// few suffice, and a bound keeps idle capacity small on many workers.
+const MAX_SPARE: usize = 16;
+
 #[derive(Clone, Debug, Default)]
 struct Node {
     parent: u32,
@@ -68,6 +72,9 @@ pub struct PrefixCache {
     evictable: u64,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
+    /// Hash buffers of removed nodes, reused by new ones (so a cache in
+    /// steady state seldom allocates); at most [`MAX_SPARE`].
+    spare: Vec<Vec<BlockHash>>,
     /// (parent node, first block hash) → child node.
     children: IntMap<u64, u32>,
     lru: BTreeSet<(SimTime, u32)>,
@@ -117,6 +124,7 @@ impl PrefixCache {
             evictable: 0,
             nodes: vec![Node { parent: ROOT, ..Node::default() }],
             free_nodes: Vec::new(),
+            spare: Vec::new(),
             children: IntMap::default(),
             lru: BTreeSet::new(),
             events: Vec::new(),
@@ -237,8 +245,10 @@ impl PrefixCache {
     /// head.
     fn split(&mut self, c: u32, l: usize) -> u32 {
         debug_assert!(l > 0 && l < self.nodes[c as usize].hashes.len());
+        let mut tail_hashes = self.spare.pop().unwrap_or_default();
         let old = &mut self.nodes[c as usize];
-        let tail_hashes = old.hashes.split_off(l);
+        tail_hashes.extend_from_slice(&old.hashes[l..]);
+        old.hashes.truncate(l);
         let head = Node {
             parent: old.parent,
             key: old.key,
@@ -346,11 +356,13 @@ impl PrefixCache {
                 }
                 None => {
                     self.emit_stored(&hashes[a..], pos);
+                    let mut run = self.spare.pop().unwrap_or_default();
+                    run.extend_from_slice(&hashes[a..]);
                     let node = Node {
                         parent: end,
                         key: hashes[a],
                         first_pos: pos,
-                        hashes: hashes[a..].to_vec(),
+                        hashes: run,
                         refs: 1,
                         children: 0,
                         last_used: now,
@@ -452,7 +464,11 @@ impl PrefixCache {
     }
 
     fn remove_leaf(&mut self, i: u32) {
-        let node = std::mem::take(&mut self.nodes[i as usize]);
+        let mut node = std::mem::take(&mut self.nodes[i as usize]);
+        if self.spare.len() < MAX_SPARE {
+            node.hashes.clear();
+            self.spare.push(std::mem::take(&mut node.hashes));
+        }
         self.lru.remove(&(node.last_used, i));
         self.children.remove(&child_key(node.parent, node.key));
         self.free_nodes.push(i);

@@ -78,6 +78,8 @@ pub struct ChunkStore {
     tail: u32,
     order: BTreeSet<(u32, u64, u32)>,
     clock: u64,
+    /// Scratch: the slots an eviction gives up.
+    victims: Vec<u32>,
 }
 
 impl ChunkStore {
@@ -95,6 +97,7 @@ impl ChunkStore {
             tail: NIL,
             order: BTreeSet::new(),
             clock: 0,
+            victims: Vec::new(),
         }
     }
 
@@ -220,7 +223,8 @@ impl ChunkStore {
     /// false (and nothing evicted) if they cannot.
     fn evict_for(&mut self, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> bool {
         let first = evicted.len();
-        let mut victims: Vec<u32> = Vec::new();
+        let mut victims = std::mem::take(&mut self.victims);
+        victims.clear();
         let mut freeable = 0;
         let fits = |freeable: u64| self.used - freeable + bytes <= self.capacity;
         let mut consider = |i: u32, freeable: &mut u64| {
@@ -248,9 +252,10 @@ impl ChunkStore {
             }
         }
         if !fits(freeable) {
+            self.victims = victims;
             return false;
         }
-        for i in victims {
+        for &i in &victims {
             let e = self.slab[i as usize];
             match self.policy {
                 EvictionPolicy::Lfu => {
@@ -263,6 +268,7 @@ impl ChunkStore {
             self.used -= u64::from(e.bytes);
             evicted.push((e.key, u64::from(e.bytes)));
         }
+        self.victims = victims;
         debug_assert!(evicted.len() > first || bytes == 0 || self.used + bytes <= self.capacity);
         true
     }

@@ -45,14 +45,48 @@ impl LatencyHistogram {
         if n == 0 {
             return;
         }
-        let us = d.as_micros_ceil();
+        self.count_exact(d, n);
+        self.record_hist(d.as_micros_ceil(), n);
+    }
+
+    /// Records each `(d, n)` as [`Self::record_n`] would, one after another;
+    /// consecutive values the histogram does not tell apart (one bucket) go
+    /// into it at once, which leaves it exactly as separate records would
+    /// (its counts are per bucket, and it reports its minimum and maximum
+    /// as bucket bounds; the exact mean and maximum are kept here).
+    pub fn record_each(&mut self, samples: impl IntoIterator<Item = (SimDuration, u64)>) {
+        let mut pending: Option<(u64, u64)> = None;
+        for (d, n) in samples {
+            if n == 0 {
+                continue;
+            }
+            self.count_exact(d, n);
+            let us = d.as_micros_ceil();
+            match &mut pending {
+                Some((v, c)) if self.hist.equivalent(*v, us) => *c += n,
+                _ => {
+                    if let Some((v, c)) = pending.replace((us, n)) {
+                        self.record_hist(v, c);
+                    }
+                }
+            }
+        }
+        if let Some((v, c)) = pending {
+            self.record_hist(v, c);
+        }
+    }
+
+    fn count_exact(&mut self, d: SimDuration, n: u64) {
+        self.sum_ns += u128::from(d.0) * u128::from(n);
+        self.count += n;
+        self.max_ns = self.max_ns.max(d.0);
+    }
+
+    fn record_hist(&mut self, us: u64, n: u64) {
         // The histogram grows to fit (up to 2⁶² µs); beyond that, clamp.
         if self.hist.record_n(us, n).is_err() {
             self.hist.saturating_record_n(us, n);
         }
-        self.sum_ns += u128::from(d.0) * u128::from(n);
-        self.count += n;
-        self.max_ns = self.max_ns.max(d.0);
     }
 
     /// Number of samples.
@@ -541,6 +575,21 @@ impl InSystem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recording_runs_at_once_equals_recording_one_by_one() {
+        // Durations growing by 300 ns a step (a decode run), then a jump, then 0 samples.
+        let mut samples: Vec<(SimDuration, u64)> = (0..200).map(|j| (SimDuration(9_990_000 + 300 * j), 8)).collect();
+        samples.push((SimDuration(50_000_000), 3));
+        samples.push((SimDuration(7), 0));
+        let mut at_once = LatencyHistogram::default();
+        at_once.record_each(samples.iter().copied());
+        let mut one_by_one = LatencyHistogram::default();
+        samples.iter().for_each(|&(d, n)| one_by_one.record_n(d, n));
+        assert_eq!(at_once.histogram(), one_by_one.histogram());
+        assert_eq!(at_once.stats(), one_by_one.stats());
+        assert_eq!(at_once.count(), 1603);
+    }
 
     #[test]
     fn histogram_percentiles_are_in_ms_and_mean_and_max_exact() {

@@ -169,6 +169,31 @@ impl TimeSeries {
         self.row(i).tier_bytes[tier.index()] += bytes;
     }
 
+    /// Steps `(end, duration, tokens generated)` of one worker, in order, as
+    /// [`Self::on_busy`] and [`Self::on_tokens`] would take them one by one:
+    /// back-to-back steps are one busy span, and the tokens of steps ending
+    /// in one interval are added up first.
+    pub fn on_steps(&mut self, steps: &[(SimTime, SimDuration, u64)]) {
+        let Some(&(first_end, first_d, _)) = steps.first() else { return };
+        // The busy span so far: empty, where the first step starts.
+        let (mut start, mut end) = (first_end - first_d, first_end - first_d);
+        let (mut interval, mut tokens) = (self.index(first_end), 0);
+        for &(e, d, n) in steps {
+            if e - d != end {
+                self.on_busy(start, end);
+                start = e - d;
+            }
+            end = e;
+            if self.index(e) != interval {
+                self.row(interval).generated_tokens += tokens;
+                (interval, tokens) = (self.index(e), 0);
+            }
+            tokens += n;
+        }
+        self.on_busy(start, end);
+        self.row(interval).generated_tokens += tokens;
+    }
+
     /// A worker was busy over [start, end) (reported once the span is over).
     pub fn on_busy(&mut self, start: SimTime, end: SimTime) {
         let mut t = start;
@@ -206,6 +231,32 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].gpu_busy_fraction, 0.5);
         assert_eq!(rows[1].gpu_busy_fraction, 0.75);
+    }
+
+    #[test]
+    fn steps_at_once_count_as_steps_one_by_one() {
+        // Back-to-back steps across a boundary, a gap, then one more step.
+        let ms = |x: u64| SimTime(x * 1_000_000);
+        let steps = [
+            (ms(900), SimDuration(200_000_000), 3),
+            (ms(1_050), SimDuration(150_000_000), 4),
+            (ms(1_100), SimDuration(50_000_000), 4),
+            (ms(1_800), SimDuration(100_000_000), 2),
+        ];
+        let g = Gauges { active_workers: 1, ..Gauges::default() };
+        let mut at_once = TimeSeries::new(SimDuration::from_secs(1));
+        at_once.on_steps(&steps);
+        let mut one_by_one = TimeSeries::new(SimDuration::from_secs(1));
+        for &(end, d, n) in &steps {
+            one_by_one.on_busy(end - d, end);
+            one_by_one.on_tokens(end, 0, n);
+        }
+        let (a, b) = (at_once.finish(ms(2_000), g), one_by_one.finish(ms(2_000), g));
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "equal rows (NaN percentiles included)");
+        // By hand: busy 0.7–0.9 and 0.9–1.0 s, then 1.0–1.1 and 1.7–1.8 s; 3 tokens, then 10.
+        assert_eq!((a[0].gpu_busy_fraction, a[0].generated_tokens), (0.3, 3));
+        assert!((a[1].gpu_busy_fraction - 0.2).abs() < 1e-12);
+        assert_eq!(a[1].generated_tokens, 10);
     }
 
     #[test]

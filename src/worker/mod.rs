@@ -178,6 +178,11 @@ struct Step {
 
 /// Most sub-steps in one run.
 const MAX_RUN: u64 = 256;
+/// Sub-steps planned for a run after a run was cut short (or at first); the
+/// limit doubles with every run that ends as planned, up to [`MAX_RUN`], so
+/// the step times computed for sub-steps a new arrival cancels stay within
+/// about those done, while a long quiet decode phase still takes few events.
+const FIRST_RUN: u64 = 8;
 
 /// One vLLM-like engine instance.
 #[derive(Debug)]
@@ -215,6 +220,10 @@ pub struct Worker {
     /// Ends of the sub-steps of the run in flight that are still to come
     /// before the step's end, earliest first.
     run: VecDeque<SimTime>,
+    /// Sub-steps the next run may plan (see [`FIRST_RUN`]).
+    run_limit: u64,
+    /// Whether the step in flight is a run of several sub-steps.
+    in_planned_run: bool,
     /// Sub-steps materialised since the caller last took them: `(end, duration, decodes)`.
     substeps: Vec<(SimTime, SimDuration, u64)>,
 }
@@ -254,6 +263,8 @@ impl Worker {
             blocked: None,
             load_pass: None,
             run: VecDeque::new(),
+            run_limit: FIRST_RUN,
+            in_planned_run: false,
             substeps: Vec::new(),
         }
     }
@@ -388,6 +399,8 @@ impl Worker {
     fn cut(&mut self) -> Option<(SimTime, u32)> {
         let end = self.run.pop_front()?;
         self.run.clear();
+        self.run_limit = FIRST_RUN;
+        self.in_planned_run = false;
         self.step.as_mut().expect("a run is a step in flight").end = end;
         Some((end, self.version.bump()))
     }
@@ -436,6 +449,9 @@ impl Worker {
         }
         self.materialize(now, false);
         debug_assert!(self.run.is_empty(), "every sub-step of a run ends before the run");
+        if std::mem::take(&mut self.in_planned_run) {
+            self.run_limit = (self.run_limit * 2).min(MAX_RUN);
+        }
         let step = self.step.take().expect("checked above");
         out.clear();
         out.duration = step.end - step.start;
@@ -634,7 +650,7 @@ impl Worker {
         let s = self.step_index;
         // The last sub-step may see members finish or cross the window; none before.
         let last = self.decode.next_finish().min(self.decode.next_cross().saturating_sub(1)).max(s);
-        let steps = (last - s).saturating_add(1).min(MAX_RUN);
+        let steps = (last - s).saturating_add(1).min(self.run_limit);
         // Blocks for the later sub-steps, without preemption; evictions only
         // where nobody is told about them.
         let mut allowance = self.cache.free();
@@ -658,6 +674,7 @@ impl Worker {
             };
             end += cfg.perf.step_time(&work);
         }
+        self.in_planned_run = !self.run.is_empty();
         end
     }
 
@@ -1181,7 +1198,7 @@ mod tests {
                     label: Label::None,
                 };
                 let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
-                r.hash_blocks(16);
+                r.hash_blocks(16, &mut crate::kvcache::BlockHasher::default());
                 r
             })
             .collect()
