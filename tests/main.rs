@@ -3,6 +3,7 @@
 mod calibration;
 mod cli;
 mod kvcache;
+mod performance;
 mod queueing;
 mod report;
 mod router;

@@ -1,0 +1,94 @@
+//! Work and memory per request, pinned without timing anything: events per
+//! request on the shipped trace, and the request arena's high-water mark
+//! on a long run.
+
+use crate::scenario;
+
+const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl");
+
+#[test]
+fn the_conversation_trace_on_16_workers_takes_fewer_than_50_events_per_request() {
+    // The core benchmark's `trace` row: decode steps run in batches of
+    // sub-steps, so events do not grow with output length (one event per
+    // decode step was 274 per request).
+    let s = scenario(&format!(
+        r#"
+        [simulation]
+        seed = 1
+        num_workers = 16
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "MaxPrefix"
+        [worker.vllm_params]
+        max_model_len = 131072
+        [kvc]
+        kvc_tiers = ["CPUMemory", "LocalNVMe", "DistributedFS"]
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{TRACE}"
+        "#
+    ));
+    let out = opal::simulate_with(&s, &opal::RunOptions { request_records: false, profile_routing: false }).unwrap();
+    let s = &out.summary;
+    assert_eq!(s.requests_completed, 12_031, "the whole trace ran");
+    let per_request = s.events as f64 / s.requests_completed as f64;
+    assert!(per_request < 50.0, "{per_request:.1} events per request");
+    // Every decode step still happens (merged into events, not skipped): one
+    // inter-token gap per output token after the first, counted from the file.
+    let gaps: u64 = std::fs::read_to_string(TRACE)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["output_length"].as_u64().unwrap().max(1) - 1
+        })
+        .sum();
+    assert_eq!(out.latencies.get(opal::metrics::LatencyMetric::Itl).count(), gaps);
+    assert!(gaps > 5 * s.events, "{gaps} decode gaps in {} events", s.events);
+}
+
+/// The reference scenario's shape (16 workers, Poisson arrivals, uniform
+/// lengths, CPU tier) with `requests` requests; prompts and outputs are
+/// short so that a million requests run quickly in a debug build.
+fn reference_family(requests: u64) -> opal::RunOutput {
+    let s = scenario(&format!(
+        r#"
+        [simulation]
+        seed = 1
+        num_workers = 16
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "LeastLoaded"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 2000.0
+        total_requests = {requests}
+        prompt_size_min = 16
+        prompt_size_max = 64
+        output_tokens_min = 1
+        output_tokens_max = 8
+        "#
+    ));
+    opal::simulate_with(&s, &opal::RunOptions { request_records: false, profile_routing: false }).unwrap()
+}
+
+#[test]
+fn a_million_request_run_without_the_request_table_keeps_no_per_request_state() {
+    let small = reference_family(10_000);
+    let big = reference_family(1_000_000);
+    assert_eq!(big.summary.requests_completed, 1_000_000);
+    assert!(big.requests.is_empty(), "no per-request records were asked for");
+    // Finished requests give their arena slot back: the arena holds the
+    // requests in flight (a few hundred at this load), not the run's million.
+    assert!(big.peak_live_requests < 1_000, "arena high-water mark {}", big.peak_live_requests);
+    assert!(
+        big.peak_live_requests < 2 * small.peak_live_requests.max(50),
+        "100× the requests, about the same high-water mark: {} vs {}",
+        big.peak_live_requests,
+        small.peak_live_requests
+    );
+}
