@@ -97,7 +97,7 @@ fn main() {
 /// Runs `row` in this process and prints its line.
 fn measure(row: &Row) {
     let scenario = (row.build)();
-    let opts = RunOptions { request_records: false, profile_routing: false };
+    let opts = RunOptions { request_records: false, ..RunOptions::default() };
     let mut cpus = Vec::new();
     let mut last = None;
     for _ in 0..row.repeats {

@@ -9,6 +9,7 @@
 //! effects and are dispatched to the worker, the router and the metrics.
 //! After its last token the connector saves the request's KV to the tiers.
 
+use crate::RunError;
 use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
@@ -621,7 +622,7 @@ impl<'a> Cluster<'a> {
     }
 
     /// Runs to the end and reports.
-    pub fn run(mut self, opts: &crate::RunOptions) -> Result<RunOutput, String> {
+    pub fn run(mut self, opts: &crate::RunOptions<'_>) -> Result<RunOutput, RunError> {
         if opts.profile_routing {
             self.routing_wall = Some(std::time::Duration::ZERO);
         }
@@ -640,12 +641,15 @@ impl<'a> Cluster<'a> {
         match self.workload.start(SimTime::ZERO) {
             Ok(Some((s, t))) => queue.push(t, Event::Arrival(s)),
             Ok(None) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(RunError::Failed(e)),
         }
         let limit = self.scenario.time_limit;
-        let stats = engine::run(&mut self, &mut queue, limit);
+        let stats = engine::run(&mut self, &mut queue, limit, opts.stop);
         if let Some(e) = self.fatal.take() {
-            return Err(e);
+            return Err(RunError::Failed(e));
+        }
+        if stats.stop == engine::StopReason::Interrupted {
+            return Err(RunError::Interrupted { sim_time_s: stats.end_time.as_secs_f64() });
         }
         Ok(self.report(stats))
     }

@@ -45,29 +45,60 @@ pub mod workload;
 pub use cluster::RunOutput;
 pub use config::Scenario;
 
-/// What a run should keep beyond the summary, histograms and time series.
+/// What a run should keep beyond the summary, histograms and time series,
+/// and when to give up.
 #[derive(Clone, Copy, Debug)]
-pub struct RunOptions {
+pub struct RunOptions<'a> {
     /// Build one record per request (memory grows with the request count).
     pub request_records: bool,
     /// Measure the wall time spent routing and maintaining the router's KV
     /// index (for benchmarks; it never influences the simulation).
     pub profile_routing: bool,
+    /// Stop the run when this becomes true (checked every few thousand
+    /// events, so within milliseconds); the run then fails with
+    /// [`RunError::Interrupted`].
+    pub stop: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
-impl Default for RunOptions {
+impl Default for RunOptions<'_> {
     fn default() -> Self {
-        RunOptions { request_records: true, profile_routing: false }
+        RunOptions { request_records: true, profile_routing: false, stop: None }
     }
 }
 
+/// Why a run produced no output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunError {
+    /// Input met during the run was unusable (a malformed trace line, a
+    /// size beyond a guard), as a message naming it.
+    Failed(String),
+    /// [`RunOptions::stop`] was raised; the run had simulated this many seconds.
+    Interrupted {
+        /// Simulated time reached, seconds.
+        sim_time_s: f64,
+    },
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Failed(m) => f.write_str(m),
+            RunError::Interrupted { sim_time_s } => {
+                write!(f, "interrupted by a signal after {sim_time_s:.3} simulated seconds")
+            }
+        }
+    }
+}
+
+impl std::error::Error for RunError {}
+
 /// Runs one scenario to completion (deterministic: same scenario, same
 /// output). Fails only on input met during the run (a malformed trace line).
-pub fn simulate(scenario: &Scenario) -> Result<RunOutput, String> {
+pub fn simulate(scenario: &Scenario) -> Result<RunOutput, RunError> {
     simulate_with(scenario, &RunOptions::default())
 }
 
 /// [`simulate`] with options.
-pub fn simulate_with(scenario: &Scenario, opts: &RunOptions) -> Result<RunOutput, String> {
+pub fn simulate_with(scenario: &Scenario, opts: &RunOptions<'_>) -> Result<RunOutput, RunError> {
     cluster::Cluster::new(scenario).run(opts)
 }

@@ -161,7 +161,8 @@ struct RunArgs {
     /// Output directory (default: [sweep] output, else results/<name>/).
     #[arg(short, long, value_name = "DIR")]
     output: Option<PathBuf>,
-    /// Runs in parallel (default: all cores).
+    /// Runs in parallel (default and 0: all cores; never more than the runs
+    /// to do nor 32 per core; above 4 × cores a warning, as runs then only compete).
     #[arg(short, long, value_name = "N")]
     jobs: Option<usize>,
     /// Run only shard i of N (runs with id % N == i); defaults from
@@ -271,6 +272,12 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         (None, None) => None,
     };
     let output = args.output.clone().unwrap_or_else(|| plan.default_output.clone());
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    if let Some(j) = args.jobs.filter(|&j| j > 4 * cores) {
+        eprintln!(
+            "warning: -j {j} is more than 4 × the {cores} cores here; runs share the cores, so more threads only add overhead (at most one thread per run to do, and 32 per core, are started)"
+        );
+    }
     let opts = RunnerOptions {
         output: output.clone(),
         jobs: args.jobs,
@@ -279,24 +286,38 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         overwrite: args.overwrite,
         progress: !args.quiet,
     };
+    let _lock =
+        opal::sweep::lock::DirLock::acquire(&output, shard, opal::sweep::lock::Purpose::Run).map_err(Failure::Input)?;
     let _ = ctrlc::set_handler(|| {
         if STOP.swap(true, Ordering::SeqCst) {
             std::process::exit(130);
         }
-        eprintln!("stopping: finishing runs in progress and saving results (Ctrl-C again to abort)");
+        eprintln!(
+            "stopping: runs in flight stop within a second and are recorded as interrupted; finished runs are saved (Ctrl-C again to abort)"
+        );
     });
     let started = std::time::Instant::now();
     let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
     let wall = started.elapsed().as_secs_f64();
     out(&summarize(&plan, &report, &output, wall));
+    if args.quiet {
+        // Without -q the progress display has already said why each run failed.
+        for (id, msg) in report.failures.iter().take(10) {
+            eprintln!("run {id} failed: {msg}");
+        }
+        if report.failures.len() > 10 {
+            eprintln!("… and {} more failed runs (see the error column of runs.parquet)", report.failures.len() - 10);
+        }
+    }
     if plan.report && report.merged.is_some() && !report.executed.is_empty() {
         auto_report(&output);
     }
     if report.interrupted {
         return Err(Failure::Run(format!(
-            "interrupted after {} of {} runs; finished runs are saved — rerun with --resume to complete",
-            report.executed.len(),
-            report.selected - report.skipped
+            "interrupted after {} of {} runs ({} stopped in flight, recorded as interrupted); finished runs are saved — rerun with --resume to complete",
+            report.executed.len() - report.interrupted_runs.len(),
+            report.selected - report.skipped,
+            report.interrupted_runs.len()
         )));
     }
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
@@ -382,10 +403,14 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         ));
         return text;
     }
-    let ok = report.executed.len() - report.failures.len();
+    let ok = report.executed.len() - report.failures.len() - report.interrupted_runs.len();
     text.push_str(&format!(
-        "{ok} runs ok, {} failed, {} skipped (already done) of {} in {wall:.2} s",
+        "{ok} runs ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
         report.failures.len(),
+        match report.interrupted_runs.len() {
+            0 => String::new(),
+            n => format!("{n} interrupted, "),
+        },
         report.skipped,
         report.selected
     ));
@@ -393,9 +418,6 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         text.push_str(&format!(" (this shard; {} runs in the sweep)", report.total));
     }
     text.push('\n');
-    for (id, msg) in report.failures.iter().take(10) {
-        text.push_str(&format!("  run {id} failed: {msg}\n"));
-    }
     match &report.merged {
         Some(_) => text.push_str(&format!("results: {}\n", output.display())),
         None => text.push_str(&format!(
@@ -408,6 +430,14 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
 }
 
 fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
+    if !dir.is_dir() {
+        return Err(Failure::Input(format!(
+            "{}: no such directory\n  fix: give the output directory of a sharded sweep",
+            dir.display()
+        )));
+    }
+    let _lock =
+        opal::sweep::lock::DirLock::acquire(dir, None, opal::sweep::lock::Purpose::Merge).map_err(Failure::Input)?;
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
     out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
     if opal::sweep::runner::report_requested(dir) {

@@ -8,6 +8,7 @@ mod queueing;
 mod report;
 mod router;
 mod scenarios;
+mod signals;
 mod sweep;
 mod workloads;
 

@@ -30,7 +30,8 @@ fn the_conversation_trace_on_16_workers_takes_fewer_than_50_events_per_request()
         trace_file = "{TRACE}"
         "#
     ));
-    let out = opal::simulate_with(&s, &opal::RunOptions { request_records: false, profile_routing: false }).unwrap();
+    let out =
+        opal::simulate_with(&s, &opal::RunOptions { request_records: false, ..opal::RunOptions::default() }).unwrap();
     let s = &out.summary;
     assert_eq!(s.requests_completed, 12_031, "the whole trace ran");
     let per_request = s.events as f64 / s.requests_completed as f64;
@@ -73,7 +74,7 @@ fn reference_family(requests: u64) -> opal::RunOutput {
         output_tokens_max = 8
         "#
     ));
-    opal::simulate_with(&s, &opal::RunOptions { request_records: false, profile_routing: false }).unwrap()
+    opal::simulate_with(&s, &opal::RunOptions { request_records: false, ..opal::RunOptions::default() }).unwrap()
 }
 
 #[test]

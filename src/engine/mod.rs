@@ -65,7 +65,12 @@ pub enum StopReason {
     TimeLimit,
     /// No events were left although the model was not finished.
     QueueEmpty,
+    /// The stop flag was raised.
+    Interrupted,
 }
+
+/// Events handled between two looks at the stop flag (a few milliseconds).
+const STOP_CHECK_EVENTS: u64 = 4096;
 
 /// What the run loop reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,7 +93,13 @@ pub struct RunStats {
 /// With a time limit the run observes the half-open window `[0, until)`: an
 /// event exactly at the limit is not handled, and the final time is the limit
 /// itself. Otherwise the final time is that of the last event handled.
-pub fn run<M: Model>(model: &mut M, queue: &mut EventQueue<M::Event>, until: Option<SimTime>) -> RunStats {
+/// When `stop` becomes true the run ends early ([`StopReason::Interrupted`]).
+pub fn run<M: Model>(
+    model: &mut M,
+    queue: &mut EventQueue<M::Event>,
+    until: Option<SimTime>,
+    stop: Option<&std::sync::atomic::AtomicBool>,
+) -> RunStats {
     let mut events = 0;
     let mut digest = Fnv64::default();
     let mut now = SimTime::ZERO;
@@ -102,6 +113,9 @@ pub fn run<M: Model>(model: &mut M, queue: &mut EventQueue<M::Event>, until: Opt
         if until.is_some_and(|limit| next >= limit) {
             now = until.unwrap_or(now);
             break StopReason::TimeLimit;
+        }
+        if events % STOP_CHECK_EVENTS == 0 && stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
+            break StopReason::Interrupted;
         }
         let (time, event) = queue.pop().expect("peeked event vanished");
         now = time;
@@ -186,7 +200,7 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(5), 9);
         let mut m = Countdown { seen: vec![], done_after: 3 };
-        let stats = run(&mut m, &mut q, None);
+        let stats = run(&mut m, &mut q, None, None);
         assert_eq!(m.seen, vec![(5, 9), (15, 8), (25, 7)]);
         assert_eq!(stats.stop, StopReason::Finished);
         assert_eq!(stats.end_time, SimTime(25));
@@ -198,7 +212,7 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(0), 100);
         let mut m = Countdown { seen: vec![], done_after: usize::MAX };
-        let stats = run(&mut m, &mut q, Some(SimTime(30)));
+        let stats = run(&mut m, &mut q, Some(SimTime(30)), None);
         // Events at 0, 10, 20 run; the one at 30 does not (the window is [0, 30)).
         assert_eq!(m.seen.len(), 3);
         assert_eq!(stats.stop, StopReason::TimeLimit);
@@ -211,12 +225,46 @@ mod tests {
             let mut q = EventQueue::new();
             q.push(SimTime(0), start);
             let mut m = Countdown { seen: vec![], done_after: usize::MAX };
-            let stats = run(&mut m, &mut q, None);
+            let stats = run(&mut m, &mut q, None, None);
             assert_eq!(stats.stop, StopReason::QueueEmpty);
             stats.digest
         };
         assert_eq!(digest_of(3), digest_of(3));
         assert_ne!(digest_of(3), digest_of(4));
+    }
+
+    #[test]
+    fn a_raised_stop_flag_ends_the_run_within_one_check_interval() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        // Raised before the run: nothing is handled.
+        let stop = AtomicBool::new(true);
+        let mut q = EventQueue::new();
+        q.push(SimTime(0), u32::MAX);
+        let mut m = Countdown { seen: vec![], done_after: usize::MAX };
+        let stats = run(&mut m, &mut q, None, Some(&stop));
+        assert_eq!((stats.stop, stats.events), (StopReason::Interrupted, 0));
+        // Raised mid-run (by the model, at its 5,000th event): the run ends at
+        // the next check, after 8,192 events.
+        struct Raiser<'a>(Countdown, &'a AtomicBool);
+        impl Model for Raiser<'_> {
+            type Event = u32;
+            fn handle(&mut self, now: SimTime, event: u32, sched: &mut Scheduler<'_, u32>) {
+                self.0.handle(now, event, sched);
+                if self.0.seen.len() == 5_000 {
+                    self.1.store(true, Ordering::Relaxed);
+                }
+            }
+            fn finished(&self) -> bool {
+                false
+            }
+        }
+        let stop = AtomicBool::new(false);
+        let mut q = EventQueue::new();
+        q.push(SimTime(0), u32::MAX);
+        let mut m = Raiser(Countdown { seen: vec![], done_after: usize::MAX }, &stop);
+        let stats = run(&mut m, &mut q, None, Some(&stop));
+        assert_eq!((stats.stop, stats.events), (StopReason::Interrupted, 2 * STOP_CHECK_EVENTS));
+        assert_eq!(stats.end_time, SimTime(10 * (2 * STOP_CHECK_EVENTS - 1)));
     }
 
     #[test]

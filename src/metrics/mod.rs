@@ -484,6 +484,8 @@ impl RunSummary {
             crate::engine::StopReason::Finished => "finished",
             crate::engine::StopReason::TimeLimit => "time_limit",
             crate::engine::StopReason::QueueEmpty => "queue_empty",
+            // An interrupted run has no summary row (its status says so).
+            crate::engine::StopReason::Interrupted => "interrupted",
         };
         let mut c: Vec<(String, SummaryValue)> = vec![
             ("requests_generated".into(), Count(self.requests_generated)),

@@ -23,6 +23,7 @@
 
 pub mod table;
 
+use crate::RunError;
 use crate::cluster::RunOutput;
 use crate::kvcache::Tier;
 use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, Sc25Row, SummaryValue, WorkerRow};
@@ -134,8 +135,8 @@ pub struct RunResult {
     pub meta: RunMeta,
     /// Its axis values, in axis-column order.
     pub axes: Vec<AxisValue>,
-    /// The output, or why it failed.
-    pub outcome: Result<RunOutput, String>,
+    /// The output, or why there is none.
+    pub outcome: Result<RunOutput, RunError>,
     /// Wall-clock seconds it took.
     pub wall_s: f64,
     /// Serialized histograms `(metric, samples, bytes)`, prepared on the
@@ -145,7 +146,7 @@ pub struct RunResult {
 
 impl RunResult {
     /// A result with its histograms serialized.
-    pub fn new(meta: RunMeta, axes: Vec<AxisValue>, outcome: Result<RunOutput, String>, wall_s: f64) -> RunResult {
+    pub fn new(meta: RunMeta, axes: Vec<AxisValue>, outcome: Result<RunOutput, RunError>, wall_s: f64) -> RunResult {
         let histograms = match &outcome {
             Ok(out) => LatencyMetric::ALL
                 .iter()
@@ -275,10 +276,9 @@ impl TableSet {
                 let mut row = vec![id, Cell::U32(m.point_id), Cell::U32(m.replicate), Cell::U64(m.seed)];
                 row.extend(r.axes.iter().map(AxisValue::cell));
                 let summary = r.outcome.as_ref().ok().map(|o| o.summary.columns());
-                match &r.outcome {
-                    Ok(_) => row.extend([Cell::Str("ok"), Cell::Null]),
-                    Err(e) => row.extend([Cell::Str("failed"), Cell::Str(e)]),
-                }
+                let message = r.outcome.as_ref().err().map(ToString::to_string);
+                row.push(Cell::Str(status_of(&r.outcome)));
+                row.push(message.as_deref().map_or(Cell::Null, Cell::Str));
                 row.push(Cell::F64(r.wall_s));
                 match &summary {
                     Some(cols) => row.extend(cols.iter().map(|(_, v)| match *v {
@@ -672,13 +672,49 @@ pub fn completed_runs(layout: &Layout) -> Result<BTreeSet<u32>, OutputError> {
     let mut ids = BTreeSet::new();
     for path in files {
         let b = open(&path)?;
-        let mask = ProjectionMask::roots(b.parquet_schema(), [0]);
+        let status = b.schema().index_of("status").map_err(|e| oerr(&path, "has no status column", e))?;
+        let mask = ProjectionMask::roots(b.parquet_schema(), [0, status]);
         for batch in b.with_projection(mask).build().map_err(|e| oerr(&path, "cannot read", e))? {
             let batch = batch.map_err(|e| oerr(&path, "cannot read", e))?;
-            ids.extend(run_ids(&batch, &path)?.values().iter().copied());
+            let statuses = batch
+                .column_by_name("status")
+                .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
+                .ok_or_else(|| OutputError(format!("{}: its status column is not text", path.display())))?;
+            let run_ids = run_ids(&batch, &path)?;
+            ids.extend(
+                run_ids
+                    .values()
+                    .iter()
+                    .zip(statuses.iter())
+                    .filter(|(_, st)| *st != Some(STATUS_INTERRUPTED))
+                    .map(|(&id, _)| id),
+            );
         }
     }
     Ok(ids)
+}
+
+/// The runs table's `status` of an outcome: `ok`, `failed`, or
+/// `interrupted` (stopped by a signal: not complete, so `--resume` runs it
+/// again and the new row replaces this one).
+pub fn status_of(outcome: &Result<RunOutput, RunError>) -> &'static str {
+    match outcome {
+        Ok(_) => STATUS_OK,
+        Err(RunError::Failed(_)) => "failed",
+        Err(RunError::Interrupted { .. }) => STATUS_INTERRUPTED,
+    }
+}
+
+const STATUS_OK: &str = "ok";
+const STATUS_INTERRUPTED: &str = "interrupted";
+
+/// Whether the runs-table rows in `batches` (one run's) record an interrupted run.
+fn interrupted(batches: &[RecordBatch]) -> bool {
+    batches.iter().any(|b| {
+        b.column_by_name("status")
+            .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
+            .is_some_and(|s| s.iter().any(|v| v == Some(STATUS_INTERRUPTED)))
+    })
 }
 
 /// One input of a merge: a reader positioned at the start of a run.
@@ -750,7 +786,7 @@ pub struct MergeReport {
     pub runs: usize,
     /// Part files consumed.
     pub parts: usize,
-    /// Runs found more than once (the first copy was kept).
+    /// Runs found more than once (the first complete copy was kept).
     pub duplicates: usize,
 }
 
@@ -809,24 +845,32 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                 let mut rows = 0;
                 while rows < MERGE_BATCH_ROWS {
                     let Some(Reverse((id, first))) = heap.pop() else { break };
-                    let before = slices.len();
-                    inputs[first].take_run(id, Some(&mut slices))?;
-                    rows += slices[before..].iter().map(RecordBatch::num_rows).sum::<usize>();
+                    let mut kept = Vec::new();
+                    inputs[first].take_run(id, Some(&mut kept))?;
                     if let Some(next) = inputs[first].peek()? {
                         heap.push(Reverse((next, first)));
                     }
-                    // The same run in other inputs: the first copy is kept.
+                    // The same run in other inputs: the first copy is kept,
+                    // unless it records an interrupted run and a later one
+                    // is complete (a resumed run replaces its interruption).
                     while let Some(&Reverse((dup, i))) = heap.peek() {
                         if dup != id {
                             break;
                         }
                         heap.pop();
-                        inputs[i].take_run(id, None)?;
+                        if kind == TableKind::Runs && interrupted(&kept) {
+                            kept.clear();
+                            inputs[i].take_run(id, Some(&mut kept))?;
+                        } else {
+                            inputs[i].take_run(id, None)?;
+                        }
                         dups += 1;
                         if let Some(next) = inputs[i].peek()? {
                             heap.push(Reverse((next, i)));
                         }
                     }
+                    rows += kept.iter().map(RecordBatch::num_rows).sum::<usize>();
+                    slices.append(&mut kept);
                     runs += 1;
                 }
                 if slices.is_empty() {

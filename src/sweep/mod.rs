@@ -16,6 +16,7 @@
 //! well-typed value that a point cannot use (a model that does not fit, a
 //! negative rate) makes only that point's runs fail.
 
+pub mod lock;
 pub mod runner;
 
 use crate::config::{ConfigError, ErrorKind, Scenario, Spec, closest, resolve, spec_from_table};

@@ -9,11 +9,11 @@
 //! SIGKILL — and `--resume` re-runs exactly the runs missing.
 
 use super::{RunPlan, SweepPlan, run_scenario};
-use crate::RunOptions;
 use crate::metrics::RunSummary;
 use crate::output::{
     Layout, MergeReport, OutputError, PartBuffer, RunMeta, RunResult, TableKind, completed_runs, merge,
 };
+use crate::{RunError, RunOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use std::io::IsTerminal;
@@ -101,6 +101,8 @@ pub struct SweepReport {
     pub sc25: Vec<(u32, Vec<crate::metrics::Sc25Row>)>,
     /// Stopped early by a signal.
     pub interrupted: bool,
+    /// Runs stopped in flight by the signal (recorded as `interrupted`; `--resume` runs them again).
+    pub interrupted_runs: Vec<u32>,
     /// The merge, if this invocation merged.
     pub merged: Option<MergeReport>,
     /// Wall seconds spent writing parts and merging (the Parquet share of the sweep).
@@ -137,11 +139,25 @@ pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-fn execute(run: RunPlan<'_>, opts: &RunOptions) -> RunResult {
+fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
     let started = Instant::now();
-    let outcome = run_scenario(&run).and_then(|s| isolate(|| crate::simulate_with(&s, opts)).and_then(|r| r));
+    let outcome = run_scenario(&run)
+        .map_err(RunError::Failed)
+        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(RunError::Failed).and_then(|r| r));
     RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64())
 }
+
+/// Worker threads for `todo` runs: `jobs` (all cores when unset or 0),
+/// never more than there are runs to do nor [`MAX_THREADS_PER_CORE`] per
+/// core, at least one.
+pub fn threads_for(jobs: Option<usize>, todo: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    jobs.filter(|&j| j > 0).unwrap_or(cores).min(todo).min(MAX_THREADS_PER_CORE * cores).max(1)
+}
+
+/// Most worker threads per core `-j` may start (runs are CPU-bound: more
+/// threads only compete).
+pub const MAX_THREADS_PER_CORE: usize = 32;
 
 /// The manifest written next to the tables.
 pub fn manifest(plan: &SweepPlan, shard: Option<Shard>) -> serde_json::Value {
@@ -274,14 +290,17 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         )));
     }
 
-    let run_opts =
-        RunOptions { request_records: plan.tables.tables.contains(&TableKind::Requests), profile_routing: false };
+    let run_opts = RunOptions {
+        request_records: plan.tables.tables.contains(&TableKind::Requests),
+        profile_routing: false,
+        stop: Some(stop),
+    };
     let shard_tag =
         opts.shard.filter(|_| sharded).map_or_else(|| "all".to_string(), |s| format!("s{}of{}", s.index, s.count));
     let pid = std::process::id();
     let progress = Progress::new(todo.len() as u64, opts.progress);
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(opts.jobs.unwrap_or(0))
+        .num_threads(threads_for(opts.jobs, todo.len()))
         .build()
         .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
     let (tx, rx) = mpsc::channel::<RunResult>();
@@ -315,8 +334,10 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
             {
                 report.sc25.push((result.meta.run_id, o.sc25.clone()));
             }
-            if let Err(e) = &result.outcome {
-                report.failures.push((result.meta.run_id, e.clone()));
+            match &result.outcome {
+                Err(RunError::Interrupted { .. }) => report.interrupted_runs.push(result.meta.run_id),
+                Err(e) => report.failures.push((result.meta.run_id, e.to_string())),
+                Ok(_) => {}
             }
             buffer.add(result);
             let due = last_flush.elapsed() >= Duration::from_secs(1)
@@ -342,7 +363,8 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     if let Some(e) = write_error {
         return Err(e.into());
     }
-    report.interrupted = stop.load(Ordering::Relaxed) && report.executed.len() < todo.len();
+    report.interrupted =
+        stop.load(Ordering::Relaxed) && (report.executed.len() < todo.len() || !report.interrupted_runs.is_empty());
     if !sharded {
         let t = Instant::now();
         report.merged =
@@ -421,7 +443,7 @@ impl Progress {
     fn finished(&self, r: &RunResult) {
         let mut st = self.state.borrow_mut();
         st.0 += 1;
-        if let Err(e) = &r.outcome {
+        if let Err(e @ RunError::Failed(_)) = &r.outcome {
             st.1 += 1;
             if self.total > 0 {
                 let line = format!("run {} failed: {e}", r.meta.run_id);
@@ -464,6 +486,18 @@ mod tests {
         for id in 0..30 {
             assert_eq!(shards.iter().filter(|s| s.contains(id)).count(), 1);
         }
+    }
+
+    #[test]
+    fn threads_never_outnumber_the_runs_to_do() {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        assert_eq!(threads_for(Some(1000), 1), 1);
+        assert_eq!(threads_for(Some(100_000), 3), 3);
+        assert_eq!(threads_for(Some(100_000), 1_000_000), MAX_THREADS_PER_CORE * cores);
+        assert_eq!(threads_for(Some(2), 10), 2);
+        assert_eq!(threads_for(None, 10_000), cores);
+        assert_eq!(threads_for(Some(0), 10_000), cores);
+        assert_eq!(threads_for(None, 0), 1);
     }
 
     #[test]
