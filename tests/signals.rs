@@ -6,7 +6,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// One run of the reference family with short prompts: a few seconds in a debug build.
-const LONG: &str = r#"
+pub const LONG: &str = r#"
 [sweep]
 name = "long"
 
@@ -49,7 +49,7 @@ fn wait_until_running(out: &Path) {
     }
 }
 
-fn status_column(dir: &Path) -> Vec<String> {
+pub fn status_column(dir: &Path) -> Vec<String> {
     let runs = read(&dir.join("runs.parquet"));
     let col = runs.column_by_name("status").unwrap();
     let col = col.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();

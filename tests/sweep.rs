@@ -362,3 +362,49 @@ fn slurm_job_array_of_three_tasks_merges_to_the_local_result() {
         std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
+
+/// Needs a running single-node Slurm, as the test above.
+#[test]
+#[ignore = "needs Slurm: run scripts/slurm-local.sh start, then cargo test -- --ignored slurm"]
+fn slurm_sigterm_to_a_running_array_task_records_the_run_as_interrupted_and_a_resubmission_completes_it() {
+    use crate::signals::{LONG, status_column};
+    let conf = std::env::var("SLURM_CONF").expect("SLURM_CONF points at the local cluster's slurm.conf");
+    assert!(Path::new(&conf).exists());
+    let dir = setup("slurm-term", LONG);
+    let script = opal_sweep(&["slurm", "spec.toml", "--tasks", "1", "--cpus-per-task", "1", "-o", "array"], &dir);
+    ok(&script);
+    std::fs::write(dir.join("job.sh"), &script.stdout).unwrap();
+    let submit = Command::new("sbatch").args(["--parsable", "job.sh"]).current_dir(&dir).output().unwrap();
+    assert!(submit.status.success(), "sbatch: {}", String::from_utf8_lossy(&submit.stderr));
+    let job = String::from_utf8_lossy(&submit.stdout).trim().split(';').next().unwrap().to_string();
+    // Once the task holds the output directory, send what Slurm sends at the time limit.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !std::fs::read_to_string(dir.join("array/.lock")).is_ok_and(|s| s.contains("running since")) {
+        assert!(std::time::Instant::now() < deadline, "the task never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let sent = std::time::Instant::now();
+    let cancel = Command::new("scancel").args(["--signal=TERM", "--batch", &job]).output().unwrap();
+    assert!(cancel.status.success(), "scancel: {}", String::from_utf8_lossy(&cancel.stderr));
+    loop {
+        let q = Command::new("squeue").args(["-h", "-j", &job]).output().unwrap();
+        if String::from_utf8_lossy(&q.stdout).trim().is_empty() {
+            break;
+        }
+        assert!(sent.elapsed() < std::time::Duration::from_secs(20), "the task outlived SIGTERM");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let log = std::fs::read_dir(dir.join("array"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "log"))
+        .expect("the task's log");
+    let log = std::fs::read_to_string(log).unwrap();
+    assert!(log.contains("interrupted") && log.contains("--resume"), "{log}");
+    assert_eq!(status_column(&dir.join("array")), ["interrupted"]);
+    // Resubmitted as it is (tasks run with --resume), the run completes.
+    let again = Command::new("sbatch").args(["--wait", "job.sh"]).current_dir(&dir).output().unwrap();
+    assert!(again.status.success(), "sbatch: {}", String::from_utf8_lossy(&again.stderr));
+    assert_eq!(status_column(&dir.join("array")), ["ok"]);
+}
