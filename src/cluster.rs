@@ -151,6 +151,18 @@ pub struct RunOutput {
     pub routing_wall_s: Option<f64>,
 }
 
+/// Refuses an event beyond the time a run may reach, naming the likely causes.
+fn beyond_horizon<T>(next: Option<(T, SimTime)>) -> Result<Option<(T, SimTime)>, String> {
+    match next {
+        Some((_, t)) if t > crate::time::HORIZON => Err(format!(
+            "the next arrival is at {:.3e} simulated seconds, beyond the {:.0e} s a run may reach\n  fix: check the request rates (a rate near 0 spaces arrivals by ages) and the trace timestamps (epoch times need shift_to_first = true, and Mooncake's milliseconds multiplier_to_sec = 0.001)",
+            t.as_secs_f64(),
+            crate::time::HORIZON.as_secs_f64()
+        )),
+        next => Ok(next),
+    }
+}
+
 /// The state of one run.
 pub struct Cluster<'a> {
     scenario: &'a Scenario,
@@ -286,7 +298,7 @@ impl<'a> Cluster<'a> {
     }
 
     fn schedule_arrival(&mut self, step: crate::workload::Step, sched: &mut Scheduler<'_, Event>) {
-        match step {
+        match step.and_then(beyond_horizon) {
             Ok(Some((s, t))) => sched.at(t, Event::Arrival(s)),
             Ok(None) => {}
             Err(e) => self.fail(e),
@@ -638,7 +650,7 @@ impl<'a> Cluster<'a> {
         if self.autoscaler.is_some() {
             queue.push(Autoscaler::first_check(), Event::ScaleCheck);
         }
-        match self.workload.start(SimTime::ZERO) {
+        match self.workload.start(SimTime::ZERO).and_then(beyond_horizon) {
             Ok(Some((s, t))) => queue.push(t, Event::Arrival(s)),
             Ok(None) => {}
             Err(e) => return Err(RunError::Failed(e)),
@@ -707,6 +719,7 @@ impl<'a> Cluster<'a> {
             *util = if n > 0 && secs > 0.0 { busy / (n as f64 * secs) } else { 0.0 };
         }
         let gauges = self.gauges();
+        let trace = self.workload.trace_counts();
         let summary = RunSummary {
             requests_generated: u64::from(self.generated),
             requests_completed: self.completed,
@@ -738,7 +751,9 @@ impl<'a> Cluster<'a> {
             } else {
                 0.0
             },
-            trace_lines_skipped: self.workload.skipped_lines(),
+            trace_lines_skipped: trace.skipped,
+            trace_lines_reordered: trace.reordered,
+            trace_outputs_raised: trace.outputs_raised,
             sessions_truncated: self.workload.sessions_truncated(),
             model_params: self.scenario.model.parameter_count(),
             model_active_params: self.scenario.model.active_parameter_count(),
@@ -930,6 +945,23 @@ impl Model for Cluster<'_> {
     }
 
     fn advance_to(&mut self, now: SimTime) {
+        if self.fatal.is_some() {
+            return;
+        }
+        if let Err(e) = beyond_horizon(Some(((), now))) {
+            self.fail(e);
+            return;
+        }
+        if !self.series.can_reach(now) {
+            self.fail(format!(
+                "the run reached {:.0} simulated seconds: at simulation.time_series_interval_sec = {} the time series would need more than {} intervals\n  fix: raise time_series_interval_sec (in [simulation] or [sweep]) to at least {:.3}, or set simulation.simulation_time",
+                now.as_secs_f64(),
+                self.series.width().as_secs_f64(),
+                crate::metrics::MAX_INTERVALS,
+                now.as_secs_f64() / crate::metrics::MAX_INTERVALS as f64
+            ));
+            return;
+        }
         while self.series.next_boundary() <= now {
             // The interval's last state: runs of decode steps up to its end.
             self.materialize_all(self.series.next_boundary(), false);

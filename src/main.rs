@@ -187,8 +187,9 @@ struct RunArgs {
 struct SlurmArgs {
     /// The spec to run.
     spec: PathBuf,
-    /// Array tasks (default: the number of runs, at most 32).
-    #[arg(long)]
+    /// Array tasks, at least 1 (default: the number of runs, at most 32;
+    /// more tasks than runs are cut to the number of runs).
+    #[arg(value_parser = clap::value_parser!(u32).range(1..), long)]
     tasks: Option<u32>,
     /// CPUs per task (each task runs its share of runs in parallel).
     #[arg(long, default_value_t = 4)]
@@ -309,13 +310,13 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
             eprintln!("… and {} more failed runs (see the error column of runs.parquet)", report.failures.len() - 10);
         }
     }
-    if plan.report && report.merged.is_some() && !report.executed.is_empty() {
+    if plan.report && report.merged.is_some() && report.executed > 0 {
         auto_report(&output);
     }
     if report.interrupted {
         return Err(Failure::Run(format!(
             "interrupted after {} of {} runs ({} stopped in flight, recorded as interrupted); finished runs are saved — rerun with --resume to complete",
-            report.executed.len() - report.interrupted_runs.len(),
+            report.executed as usize - report.interrupted_runs.len(),
             report.selected - report.skipped,
             report.interrupted_runs.len()
         )));
@@ -385,17 +386,17 @@ fn convert(config: &std::path::Path, output: Option<&std::path::Path>, force: bo
 fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, wall: f64) -> String {
     let mut text = String::new();
     if plan.total_runs() == 1
-        && let Some((_, Some(summary))) = report.executed.first()
+        && let Some((summary, sc25)) = &report.first
     {
         text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
         text.push_str(&opal::report::text::summary_table(summary));
-        if let Some((_, rows)) = report.sc25.first() {
-            text.push_str(&opal::report::text::sc25_table(rows));
+        if !sc25.is_empty() {
+            text.push_str(&opal::report::text::sc25_table(sc25));
         }
-    } else if !report.executed.is_empty() {
-        text.push_str(&opal::report::text::sweep_table(plan, &report.executed));
+    } else if report.executed > 0 {
+        text.push_str(&opal::report::text::sweep_table(plan, &report.points));
     }
-    if report.executed.is_empty() && report.skipped == report.selected && report.selected > 0 {
+    if report.executed == 0 && report.skipped == report.selected && report.selected > 0 {
         text.push_str(&format!(
             "all {} runs are already in {} — nothing to do (--overwrite runs them again)\n",
             report.selected,
@@ -403,7 +404,7 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         ));
         return text;
     }
-    let ok = report.executed.len() - report.failures.len() - report.interrupted_runs.len();
+    let ok = report.executed as usize - report.failures.len() - report.interrupted_runs.len();
     text.push_str(&format!(
         "{ok} runs ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
         report.failures.len(),
@@ -454,7 +455,11 @@ fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
     // Slurm opens the task logs (in the output directory) before the script runs.
     std::fs::create_dir_all(&output).map_err(|e| Failure::Run(format!("{}: cannot create: {e}", output.display())))?;
     let exe = std::env::current_exe().map_err(|e| Failure::Run(format!("cannot locate opal-sweep: {e}")))?;
-    let tasks = args.tasks.unwrap_or_else(|| plan.total_runs().min(32)).clamp(1, plan.total_runs().max(1));
+    let runs = plan.total_runs().max(1);
+    if let Some(t) = args.tasks.filter(|&t| t > runs) {
+        eprintln!("warning: --tasks {t} is more than the {runs} runs; the array has {runs} tasks");
+    }
+    let tasks = args.tasks.unwrap_or_else(|| runs.min(32)).clamp(1, runs);
     out(&opal::report::text::slurm_script(&opal::report::text::SlurmJob {
         name: &plan.name,
         exe: &exe,

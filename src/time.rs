@@ -16,6 +16,12 @@ use std::ops::{Add, AddAssign, Sub};
 /// Nanoseconds per second.
 pub const NANOS_PER_SEC: u64 = 1_000_000_000;
 
+/// The latest simulated time a run may reach: 10⁹ s (31.7 years). A run
+/// whose next event lies beyond it fails, naming the likely cause (epoch
+/// timestamps, a vanishing request rate), rather than creating structures
+/// sized by an absurd time.
+pub const HORIZON: SimTime = SimTime(1_000_000_000 * NANOS_PER_SEC);
+
 /// A point in simulated time, in nanoseconds since the start of the run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SimTime(pub u64);

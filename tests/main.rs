@@ -1,5 +1,6 @@
 //! Integration tests: behaviour seen from outside the library and the CLI.
 
+mod bad_inputs;
 mod calibration;
 mod cli;
 mod kvcache;

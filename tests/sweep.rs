@@ -255,6 +255,10 @@ fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
     let dir = setup("failing", &spec);
     let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
     assert_eq!(o.status.code(), Some(1), "a failed run makes the exit code 1");
+    // Why, on standard error, also with -q.
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("failed: ") && stderr.contains("does not fit in GPU memory"), "{stderr}");
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("does not fit"), "not on standard output");
     let runs = read(&dir.join("out/runs.parquet"));
     assert_eq!(runs.num_rows(), 8);
     let status = runs.column_by_name("status").unwrap().as_string::<i32>();
@@ -298,6 +302,14 @@ fn dry_run_lists_every_run_with_its_seed_and_overrides() {
         )
     );
     assert!(!dir.join("results").exists(), "a dry run writes nothing");
+}
+
+#[test]
+fn slurm_refuses_zero_tasks() {
+    let dir = setup("slurm-zero", SPEC);
+    let o = opal_sweep(&["slurm", "spec.toml", "--tasks", "0"], &dir);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--tasks"), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]

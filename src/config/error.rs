@@ -98,6 +98,90 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+impl ConfigError {
+    /// Adds the line of its key in its file, when it names a key but no
+    /// line and the file is TOML: the key's own line, or — for a scenario
+    /// key that a `[grid]` or `[[zip]]` axis sets — the axis's line (the
+    /// value came from there), or else the line of the nearest enclosing
+    /// table that is written out (for a missing key).
+    pub fn located(mut self) -> ConfigError {
+        if self.line.is_some() || super::is_json(std::path::Path::new(&self.file)) {
+            return self;
+        }
+        let Some(key) = &self.key else { return self };
+        let Ok(text) = std::fs::read_to_string(&self.file) else { return self };
+        self.line = key_line(&text, key);
+        self
+    }
+}
+
+/// The segments of a dotted key path; `"quoted.parts"` stay whole.
+fn segments(key: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in key.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            '.' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// 1-based line where `key` (a dotted path, as errors name keys) is
+/// written in the TOML `text`; see [`ConfigError::located`].
+pub fn key_line(text: &str, key: &str) -> Option<usize> {
+    use toml::de::{DeTable, DeValue};
+    let doc = DeTable::parse(text).ok()?;
+    let segs = segments(key);
+    let line = |span: std::ops::Range<usize>| line_of(text, span.start);
+    // An axis that sets this key (or a table above it).
+    let axis = |table: &DeTable<'_>| {
+        table.iter().find_map(|(k, v)| {
+            let path = k.get_ref().as_ref();
+            (key == path || key.starts_with(&format!("{path}."))).then(|| line(v.span()))
+        })
+    };
+    if let Some(DeValue::Table(grid)) = doc.get_ref().get("grid").map(|v| v.get_ref())
+        && let Some(l) = axis(grid)
+    {
+        return Some(l);
+    }
+    if let Some(DeValue::Array(zips)) = doc.get_ref().get("zip").map(|v| v.get_ref()) {
+        for z in zips.iter() {
+            if let DeValue::Table(t) = z.get_ref()
+                && let Some(l) = axis(t)
+            {
+                return Some(l);
+            }
+        }
+    }
+    // The key itself, or the deepest part of its path that is written.
+    let mut best = None;
+    let mut cur: Option<&DeValue<'_>> = None;
+    let mut table = doc.get_ref();
+    for seg in &segs {
+        let next = match cur {
+            None => table.iter().find(|(k, _)| k.get_ref().as_ref() == seg.as_str()).map(|(k, v)| (k.span(), v)),
+            Some(DeValue::Table(t)) => {
+                t.iter().find(|(k, _)| k.get_ref().as_ref() == seg.as_str()).map(|(k, v)| (k.span(), v))
+            }
+            Some(DeValue::Array(items)) => seg.parse::<usize>().ok().and_then(|i| items.get(i)).map(|v| (v.span(), v)),
+            Some(_) => None,
+        };
+        let Some((span, v)) = next else { break };
+        best = Some(line(span));
+        cur = Some(v.get_ref());
+        if let DeValue::Table(t) = v.get_ref() {
+            table = t;
+        }
+    }
+    best
+}
+
 /// 1-based line of byte `offset` in `text`.
 pub fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
@@ -124,6 +208,23 @@ mod tests {
         assert_eq!(closest("max_num_seq", keys), Some("max_num_seqs"));
         assert_eq!(closest("blocksize", keys), Some("block_size"));
         assert_eq!(closest("banana", keys), None);
+    }
+
+    #[test]
+    fn a_key_is_found_on_its_line_or_on_the_axis_that_sets_it() {
+        let text = "[sweep]\nname = \"x\"\n\n[grid]\n\"workload.stages.0.workload_params.request_rate\" = [1.0, 2.0]\n\n[worker.vllm_params]\nblock_size = 16\n\n[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nprompt_size_min = 5\n\n[[zip]]\n\"router.router_params.policy\" = [\"RoundRobin\"]\n";
+        assert_eq!(key_line(text, "worker.vllm_params.block_size"), Some(8));
+        assert_eq!(key_line(text, "sweep.name"), Some(2));
+        // Set by an axis: the axis's line.
+        assert_eq!(key_line(text, "workload.stages.0.workload_params.request_rate"), Some(5));
+        assert_eq!(key_line(text, "router.router_params.policy"), Some(16));
+        // In an array of tables, by index.
+        assert_eq!(key_line(text, "workload.stages.0.workload_params.prompt_size_min"), Some(13));
+        assert_eq!(key_line(text, "workload.stages.0.type"), Some(11));
+        // Missing: the nearest written table.
+        assert_eq!(key_line(text, "worker.vllm_params.max_num_seqs"), Some(7));
+        assert_eq!(key_line(text, "grid.\"workload.stages.0.workload_params.request_rate\""), Some(5));
+        assert_eq!(key_line(text, "model.model_params.name"), None);
     }
 
     #[test]

@@ -157,9 +157,28 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
         return err.unknown_key();
     }
     if let Some(rest) = message.strip_prefix("unknown variant ") {
-        return ConfigError::key(source, key, format!("unknown value {rest}")).schema();
+        let valid = &ticks[1.min(ticks.len())..];
+        return ConfigError::key(source, key, format!("unknown value {rest}"))
+            .hint(format!("one of: {}", valid.join(", ")))
+            .schema();
     }
-    ConfigError::key(source, key, message.trim().to_string()).schema()
+    let hint = expected_hint(&message);
+    ConfigError::key(source, key, message.trim().to_string()).hint(hint).schema()
+}
+
+/// What to write instead, from serde's "expected …" (the type the key takes).
+fn expected_hint(message: &str) -> String {
+    let expected = message.rsplit_once("expected ").map_or("", |(_, e)| e.trim());
+    match expected {
+        "u32" => format!("give a whole number from 0 to {}", u32::MAX),
+        "u64" => format!("give a whole number from 0 to {}", u64::MAX),
+        "i64" => "give a whole number".into(),
+        "f64" => "give a number, e.g. 1.0".into(),
+        "a boolean" => "give true or false".into(),
+        "a string" => "give a quoted string".into(),
+        "" => "see the key's description in the README's configuration reference".into(),
+        other => format!("give {other}"),
+    }
 }
 
 #[cfg(test)]

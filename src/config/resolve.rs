@@ -59,17 +59,18 @@ impl Ctx<'_> {
         }
     }
 
-    /// `-1` (or any negative) means "off"; otherwise a positive number of seconds.
+    /// `-1` means "off"; otherwise a positive number of seconds, at most
+    /// the horizon a run may reach.
     pub(super) fn optional_secs(&self, key: &str, v: f64) -> Result<Option<SimDuration>, ConfigError> {
-        if v == -1.0 || (v < 0.0 && v.is_finite()) {
+        if v == -1.0 {
             Ok(None)
-        } else if v.is_finite() && v > 0.0 {
+        } else if v.is_finite() && v > 0.0 && v <= crate::time::HORIZON.as_secs_f64() {
             Ok(Some(SimDuration::from_secs_f64(v)))
         } else {
             Err(self.err(
                 key,
-                format!("must be -1 (no limit) or a positive number of seconds, got {v}"),
-                "use -1 or a value greater than 0",
+                format!("must be -1 (no limit) or a positive number of seconds up to 1e9, got {v}"),
+                "use -1 for no limit, or a duration in seconds greater than 0",
             ))
         }
     }
@@ -83,13 +84,34 @@ impl Ctx<'_> {
     }
 }
 
+use crate::metrics::{MAX_INTERVALS, MIN_INTERVAL_SECS};
+
 /// Validates `file` (read from `source`; relative paths resolve against `base_dir`).
 pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenario, ConfigError> {
     let cx = Ctx { source };
     let sim = &file.simulation;
     let time_limit = cx.optional_secs("simulation.simulation_time", sim.simulation_time)?.map(|d| SimTime::ZERO + d);
-    let interval =
-        SimDuration::from_secs_f64(cx.positive("simulation.time_series_interval_sec", sim.time_series_interval_sec)?);
+    let interval_secs = sim.time_series_interval_sec;
+    if !(interval_secs.is_finite() && interval_secs >= MIN_INTERVAL_SECS) {
+        return Err(cx.err(
+            "simulation.time_series_interval_sec",
+            format!("must be at least {MIN_INTERVAL_SECS} s, got {interval_secs}"),
+            "use e.g. 1.0 (seconds per row of timeseries.parquet)",
+        ));
+    }
+    let interval = SimDuration::from_secs_f64(interval_secs);
+    if let Some(limit) = time_limit
+        && limit.0 / interval.0 > MAX_INTERVALS
+    {
+        return Err(cx.err(
+            "simulation.time_series_interval_sec",
+            format!(
+                "{interval_secs} s intervals over simulation_time = {} s would be more than {MAX_INTERVALS} time-series rows",
+                limit.as_secs_f64()
+            ),
+            format!("use an interval of at least {:.3} s", limit.as_secs_f64() / MAX_INTERVALS as f64),
+        ));
+    }
     let num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
 
     let model = resolve_model(&cx, file, base_dir)?;

@@ -422,6 +422,8 @@ pub struct TraceParams {
     pub start_offset: f64,
     /// Skip malformed lines (they are counted) instead of failing the run.
     pub skip_bad_lines: bool,
+    /// Make timestamps relative to the first line's (traces with absolute, epoch timestamps).
+    pub shift_to_first: bool,
     /// Stage time limit, seconds from the stage start; `-1` = none.
     pub time_duration_sec: f64,
     /// In-flight cap; `-1` = unlimited.
@@ -438,6 +440,7 @@ impl Default for TraceParams {
             time_scale: 1.0,
             start_offset: 0.0,
             skip_bad_lines: false,
+            shift_to_first: false,
             time_duration_sec: -1.0,
             max_outstanding_requests: -1,
         }

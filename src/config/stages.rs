@@ -132,13 +132,28 @@ impl StageCx<'_> {
         Ok(total)
     }
 
+    /// A request rate: positive, and not so small that arrivals would lie
+    /// beyond the horizon a run may reach (one per 10⁹ s).
+    fn request_rate(&self, v: f64) -> Result<f64, ConfigError> {
+        let least = 1.0 / crate::time::HORIZON.as_secs_f64();
+        if v.is_finite() && v >= least {
+            Ok(v)
+        } else {
+            Err(self.cx.err(
+                &self.key("request_rate"),
+                format!("must be a positive number of requests per second, at least {least:e}, got {v}"),
+                "give the rate in requests per second, e.g. 10.0",
+            ))
+        }
+    }
+
     fn rate(&self, p: RateParams, uniform: bool) -> Result<StageConfig, ConfigError> {
         let arrival = if uniform {
             ArrivalProcess::Uniform
         } else {
             ArrivalProcess::Exponential { jitter: self.jitter(p.jitter)? }
         };
-        let rate = self.cx.positive(&self.key("request_rate"), p.request_rate)?;
+        let rate = self.request_rate(p.request_rate)?;
         let prompt = self.lengths(
             "prompt_size",
             p.prompt_size.as_ref(),
@@ -214,6 +229,13 @@ impl StageCx<'_> {
                 .schema());
         }
         let path = self.base_dir.join(&p.trace_file);
+        if path.is_dir() {
+            return Err(self.err(
+                "trace_file",
+                format!("{} is a directory, not a trace file", path.display()),
+                "name the JSONL file itself",
+            ));
+        }
         if !path.is_file() {
             return Err(self.err(
                 "trace_file",
@@ -242,16 +264,39 @@ impl StageCx<'_> {
                 ));
             }
         };
+        let trace = TraceStage {
+            path,
+            chunk_size,
+            multiplier_to_sec,
+            time_scale,
+            start_offset: p.start_offset,
+            total,
+            skip_bad_lines: p.skip_bad_lines,
+            shift_to_first: p.shift_to_first,
+        };
+        // The first request now, so that an empty file, an unreadable first
+        // line or absolute timestamps stop the sweep before any run.
+        let first = crate::workload::TraceReader::open(&trace).and_then(|mut r| r.next_request(0));
+        match first {
+            Ok(Some(_)) => {}
+            Ok(None) if total == Some(0) => {}
+            Ok(None) => {
+                return Err(self.err(
+                    "trace_file",
+                    format!("{} holds no requests", trace.path.display()),
+                    "give a Mooncake-style JSONL file with one request per line",
+                ));
+            }
+            Err(e) => {
+                let at = ConfigError::file(e.path, e.message).hint(e.hint);
+                return Err(match e.line {
+                    Some(line) => at.at_line(line as usize),
+                    None => at,
+                });
+            }
+        }
         Ok(StageConfig {
-            kind: StageKind::Trace(TraceStage {
-                path,
-                chunk_size,
-                multiplier_to_sec,
-                time_scale,
-                start_offset: p.start_offset,
-                total,
-                skip_bad_lines: p.skip_bad_lines,
-            }),
+            kind: StageKind::Trace(trace),
             time_limit: self.time_limit(p.time_duration_sec)?,
             max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
         })
@@ -306,7 +351,7 @@ impl StageCx<'_> {
             ));
         }
         let stage = RagStage {
-            rate: self.cx.positive(&self.key("request_rate"), p.request_rate)?,
+            rate: self.request_rate(p.request_rate)?,
             jitter: self.jitter(p.jitter)?,
             total: self.count("total_requests", p.total_requests, time_limit)?,
             system_prompt_size: self.at_least("system_prompt_size", p.system_prompt_size, 0)?,

@@ -8,7 +8,7 @@
 
 mod series;
 
-pub use series::{Gauges, IntervalRow, TimeSeries};
+pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, TimeSeries};
 
 use crate::time::{SimDuration, SimTime};
 use hdrhistogram::Histogram;
@@ -414,6 +414,10 @@ pub struct RunSummary {
     pub routing_mispredictions: f64,
     /// Malformed trace lines skipped.
     pub trace_lines_skipped: u64,
+    /// Trace lines whose timestamp was earlier than the line before (sent at once).
+    pub trace_lines_reordered: u64,
+    /// Trace lines with `output_length` 0 (sent with 1 token).
+    pub trace_outputs_raised: u64,
     /// Sessions ended early: their next turn would exceed `max_context_tokens`.
     pub sessions_truncated: u64,
     /// The served model's parameters (all experts included).
@@ -468,6 +472,8 @@ impl Default for RunSummary {
             kv_staleness_ms: none,
             routing_mispredictions: 0.0,
             trace_lines_skipped: 0,
+            trace_lines_reordered: 0,
+            trace_outputs_raised: 0,
             sessions_truncated: 0,
             model_params: 0,
             model_active_params: 0,
@@ -535,6 +541,8 @@ impl RunSummary {
         c.push(("kv_event_batches".into(), Count(self.kv_event_batches)));
         c.push(("routing_mispredictions".into(), Real(self.routing_mispredictions)));
         c.push(("trace_lines_skipped".into(), Count(self.trace_lines_skipped)));
+        c.push(("trace_lines_reordered".into(), Count(self.trace_lines_reordered)));
+        c.push(("trace_outputs_raised".into(), Count(self.trace_outputs_raised)));
         c.push(("sessions_truncated".into(), Count(self.sessions_truncated)));
         c.push(("model_params".into(), Count(self.model_params)));
         c.push(("model_active_params".into(), Count(self.model_active_params)));

@@ -57,6 +57,15 @@ pub struct Gauges {
     pub total_blocks: u64,
 }
 
+/// Most intervals a run's time series may have: a run that would need more
+/// fails (naming `time_series_interval_sec`) instead of growing without
+/// bound. At the default 1 s interval that is 4.6 simulated days; the rows
+/// then take about 70 MB.
+pub const MAX_INTERVALS: u64 = 400_000;
+
+/// The shortest time-series interval, seconds.
+pub const MIN_INTERVAL_SECS: f64 = 1e-3;
+
 /// Builds the time series as the run advances.
 #[derive(Clone, Debug)]
 pub struct TimeSeries {
@@ -91,6 +100,16 @@ impl TimeSeries {
             self.busy_ns.resize(i + 1, 0);
         }
         &mut self.rows[i]
+    }
+
+    /// Whether the series can reach `t` within [`MAX_INTERVALS`].
+    pub fn can_reach(&self, t: SimTime) -> bool {
+        t.0 / self.width.0 < MAX_INTERVALS
+    }
+
+    /// The interval width.
+    pub fn width(&self) -> SimDuration {
+        self.width
     }
 
     /// The start of the next interval to close.

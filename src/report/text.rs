@@ -22,6 +22,13 @@ pub fn summary_table(s: &RunSummary) -> String {
         s.workers
     );
     out.push_str(&cache_line(&s.tiers));
+    if s.trace_lines_skipped + s.trace_lines_reordered + s.trace_outputs_raised > 0 {
+        let _ = writeln!(
+            out,
+            "trace: {} malformed lines skipped, {} lines earlier than the line before (sent at once), {} with output_length 0 (sent with 1 token)",
+            s.trace_lines_skipped, s.trace_lines_reordered, s.trace_outputs_raised
+        );
+    }
     let _ = writeln!(
         out,
         "{:<12}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}",
@@ -147,33 +154,28 @@ pub fn dry_run(plan: &crate::sweep::SweepPlan) -> String {
 
 /// One line per grid point: replicate means of key metrics (TTFT and
 /// TPOT in ms, requests/s, GPU utilisation, prefix-hit ratio).
-pub fn sweep_table(plan: &crate::sweep::SweepPlan, runs: &[(crate::output::RunMeta, Option<RunSummary>)]) -> String {
+pub fn sweep_table(
+    plan: &crate::sweep::SweepPlan,
+    points: &std::collections::BTreeMap<u32, crate::sweep::runner::PointTally>,
+) -> String {
     let mut out = format!(
         "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}  point\n",
         "point", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "req/s", "GPU %", "hit %"
     );
-    for p in &plan.points {
-        let ok: Vec<&RunSummary> =
-            runs.iter().filter(|(m, _)| m.point_id == p.id).filter_map(|(_, s)| s.as_ref()).collect();
-        let n = runs.iter().filter(|(m, _)| m.point_id == p.id).count();
-        if n == 0 {
-            continue;
-        }
-        let mean = |f: &dyn Fn(&RunSummary) -> f64| {
-            if ok.is_empty() { f64::NAN } else { ok.iter().map(|s| f(s)).sum::<f64>() / ok.len() as f64 }
-        };
+    for (&id, t) in points {
+        let [ttft50, ttft99, tpot50, rps, gpu, hit] = t.means();
         let _ = writeln!(
             out,
             "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9.2} {:>9.1} {:>7.1}  {}",
-            p.id,
-            format!("{}/{n}", ok.len()),
-            format_ms(mean(&|s| s.ttft_ms.p50)),
-            format_ms(mean(&|s| s.ttft_ms.p99)),
-            format_ms(mean(&|s| s.tpot_ms.p50)),
-            mean(&|s| s.requests_per_s),
-            100.0 * mean(&|s| s.gpu_utilization),
-            100.0 * mean(&|s| s.tiers.prefix_hit_ratio()),
-            p.describe()
+            id,
+            format!("{}/{}", t.ok, t.runs),
+            format_ms(ttft50),
+            format_ms(ttft99),
+            format_ms(tpot50),
+            rps,
+            100.0 * gpu,
+            100.0 * hit,
+            plan.points[id as usize].describe()
         );
     }
     out

@@ -28,6 +28,13 @@ use std::hash::Hasher;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Most grid points a sweep may have (each is validated and kept while the
+/// sweep runs).
+pub const MAX_POINTS: usize = 100_000;
+
+/// Most runs (points × replicates) a sweep may have.
+pub const MAX_RUNS: u64 = 1_000_000;
+
 /// The seed of replicate `replicate`.
 pub fn seed_for(base_seed: u64, replicate: u32) -> u64 {
     base_seed.wrapping_add(u64::from(replicate))
@@ -296,14 +303,44 @@ fn base_scenario(spec: &Spec, source: &str) -> Result<(toml::Table, PathBuf, Str
         .schema());
     }
     let path = spec.base_dir().join(base);
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if same(&path, &spec.path) {
+        return Err(ConfigError::key(source, "sweep.base", format!("{base:?} is this spec itself"))
+            .hint("point base at the file that holds the scenario sections")
+            .schema());
+    }
     let base_spec = crate::config::load_spec(&path)?;
+    if let Some(next) = &base_spec.file.sweep.base {
+        return Err(ConfigError::key(
+            base_spec.source(),
+            "sweep.base",
+            format!("the base file has a base of its own ({next:?}); bases do not chain"),
+        )
+        .hint("point the spec's base at the file that holds the scenario sections")
+        .schema());
+    }
     Ok((strip(&base_spec.table), base_spec.base_dir().to_path_buf(), base_spec.source(), base_spec.notes))
 }
 
-/// Expands and validates `spec`.
+/// Expands and validates `spec`. Errors name the line of their key (see
+/// [`ConfigError::located`]).
 pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
+    expand(spec).map_err(ConfigError::located)
+}
+
+fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
     let source = spec.source();
     let sweep = &spec.file.sweep;
+    if let Some(name) = &sweep.name
+        && (name.is_empty() || name.contains(['/', '\\']) || name == "." || name == ".." || name.contains('\0'))
+    {
+        return Err(ConfigError::key(&source, "sweep.name", format!("{name:?} is not a plain name"))
+            .hint("a name is one path component (results go to results/<name>/); set [sweep] output to write elsewhere")
+            .schema());
+    }
     let (scenario_table, base_dir, scenario_source, notes) = base_scenario(spec, &source)?;
     let base_file = spec_from_table(&scenario_table, &scenario_source)?;
     let axes = axes_of(spec, &source)?;
@@ -314,13 +351,13 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
             .hint("use replicates = 1 for one run per point"));
     }
     let interval = match sweep.time_series_interval_sec {
-        Some(v) if !(v.is_finite() && v > 0.0) => {
+        Some(v) if !(v.is_finite() && v >= crate::metrics::MIN_INTERVAL_SECS) => {
             return Err(ConfigError::key(
                 &source,
                 "sweep.time_series_interval_sec",
-                format!("must be a positive number of seconds, got {v}"),
+                format!("must be at least {} s, got {v}", crate::metrics::MIN_INTERVAL_SECS),
             )
-            .hint("use e.g. 1.0"));
+            .hint("use e.g. 1.0 (seconds per row of timeseries.parquet)"));
         }
         v => v,
     };
@@ -333,7 +370,25 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         }
     }
 
-    let count: usize = axes.iter().map(Axis::len).product();
+    let count = axes.iter().try_fold(1usize, |n, a| n.checked_mul(a.len())).unwrap_or(usize::MAX);
+    if count > MAX_POINTS {
+        let sizes = axes.iter().map(|a| a.len().to_string()).collect::<Vec<_>>().join(" × ");
+        return Err(ConfigError::key(
+            &source,
+            "grid",
+            format!("{sizes} = {count} grid points, more than the {MAX_POINTS} a sweep may have"),
+        )
+        .hint("split the study into several specs, or vary fewer values together")
+        .schema());
+    }
+    if count as u64 * u64::from(replicates) > MAX_RUNS {
+        return Err(ConfigError::key(
+            &source,
+            "sweep.replicates",
+            format!("{count} points × {replicates} replicates is more than the {MAX_RUNS} runs a sweep may have"),
+        )
+        .hint("use fewer replicates, or split the study"));
+    }
     let mut points = Vec::with_capacity(count);
     for id in 0..count {
         // Mixed-radix digits, last axis fastest.
@@ -365,14 +420,18 @@ pub fn plan(spec: &Spec) -> Result<SweepPlan, ConfigError> {
             if !point_desc.is_empty() {
                 e.message = format!("{} (grid point {id}: {point_desc})", e.message);
             }
-            e.line = None;
+            // A line in the spec no longer applies once a point's values are
+            // set; a line in another file (a trace) does.
+            if e.file == source {
+                e.line = None;
+            }
             e
         };
         let file = spec_from_table(&table, &source).map_err(in_point)?;
         let scenario = match resolve(&file, &scenario_source, &base_dir) {
             Ok(s) => Ok(Arc::new(s)),
             Err(e) if e.kind == ErrorKind::Schema => return Err(in_point(e)),
-            Err(e) => Err(in_point(e)),
+            Err(e) => Err(in_point(e).located()),
         };
         points.push(Point { id: id as u32, overrides, axis_values, scenario });
     }

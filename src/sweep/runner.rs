@@ -10,9 +10,7 @@
 
 use super::{RunPlan, SweepPlan, run_scenario};
 use crate::metrics::RunSummary;
-use crate::output::{
-    Layout, MergeReport, OutputError, PartBuffer, RunMeta, RunResult, TableKind, completed_runs, merge,
-};
+use crate::output::{Layout, MergeReport, OutputError, PartBuffer, RunResult, TableKind, completed_runs, merge};
 use crate::{RunError, RunOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -93,12 +91,16 @@ pub struct SweepReport {
     pub selected: u32,
     /// Of those, already present and skipped (`--resume`).
     pub skipped: u32,
-    /// Runs executed now, with their summaries (None: failed).
-    pub executed: Vec<(RunMeta, Option<RunSummary>)>,
+    /// Runs executed now (failed and interrupted ones included).
+    pub executed: u32,
+    /// What the runs executed now gave, per grid point (memory bounded by
+    /// the grid, not by the runs).
+    pub points: std::collections::BTreeMap<u32, PointTally>,
+    /// The summary of run 0 and its SC25 rows, when it was executed now and
+    /// succeeded (what a one-run spec prints).
+    pub first: Option<(RunSummary, Vec<crate::metrics::Sc25Row>)>,
     /// Failed runs executed now: (run id, message).
     pub failures: Vec<(u32, String)>,
-    /// Cold and warm TTFT of runs executed now with an `SC25Workload` stage, by run id.
-    pub sc25: Vec<(u32, Vec<crate::metrics::Sc25Row>)>,
     /// Stopped early by a signal.
     pub interrupted: bool,
     /// Runs stopped in flight by the signal (recorded as `interrupted`; `--resume` runs them again).
@@ -107,6 +109,43 @@ pub struct SweepReport {
     pub merged: Option<MergeReport>,
     /// Wall seconds spent writing parts and merging (the Parquet share of the sweep).
     pub write_secs: f64,
+}
+
+/// Means over a grid point's successful runs of the numbers the terminal
+/// shows, kept as sums.
+#[derive(Clone, Debug, Default)]
+pub struct PointTally {
+    /// Runs executed.
+    pub runs: u32,
+    /// Of those, successful.
+    pub ok: u32,
+    sums: [f64; 6],
+}
+
+impl PointTally {
+    fn add(&mut self, s: Option<&RunSummary>) {
+        self.runs += 1;
+        if let Some(s) = s {
+            self.ok += 1;
+            let values = [
+                s.ttft_ms.p50,
+                s.ttft_ms.p99,
+                s.tpot_ms.p50,
+                s.requests_per_s,
+                s.gpu_utilization,
+                s.tiers.prefix_hit_ratio(),
+            ];
+            for (acc, v) in self.sums.iter_mut().zip(values) {
+                *acc += v;
+            }
+        }
+    }
+
+    /// Means over the successful runs of TTFT p50 and p99, TPOT p50 (ms),
+    /// requests/s, GPU utilisation and prefix-hit ratio (NaN without one).
+    pub fn means(&self) -> [f64; 6] {
+        self.sums.map(|v| if self.ok == 0 { f64::NAN } else { v / f64::from(self.ok) })
+    }
 }
 
 /// A problem that stops a sweep (not a failed run).
@@ -328,11 +367,13 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         };
         for result in rx.iter() {
             progress.finished(&result);
-            report.executed.push((result.meta, result.outcome.as_ref().ok().map(|o| o.summary.clone())));
-            if let Ok(o) = &result.outcome
-                && !o.sc25.is_empty()
+            report.executed += 1;
+            let summary = result.outcome.as_ref().ok().map(|o| &o.summary);
+            report.points.entry(result.meta.point_id).or_default().add(summary);
+            if result.meta.run_id == 0
+                && let Ok(o) = &result.outcome
             {
-                report.sc25.push((result.meta.run_id, o.sc25.clone()));
+                report.first = Some((o.summary.clone(), o.sc25.clone()));
             }
             match &result.outcome {
                 Err(RunError::Interrupted { .. }) => report.interrupted_runs.push(result.meta.run_id),
@@ -363,8 +404,8 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     if let Some(e) = write_error {
         return Err(e.into());
     }
-    report.interrupted =
-        stop.load(Ordering::Relaxed) && (report.executed.len() < todo.len() || !report.interrupted_runs.is_empty());
+    report.interrupted = stop.load(Ordering::Relaxed)
+        && ((report.executed as usize) < todo.len() || !report.interrupted_runs.is_empty());
     if !sharded {
         let t = Instant::now();
         report.merged =
@@ -372,7 +413,6 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         write_secs += t.elapsed().as_secs_f64();
     }
     report.write_secs = write_secs;
-    report.executed.sort_by_key(|(m, _)| m.run_id);
     report.failures.sort_by_key(|(id, _)| *id);
     Ok(report)
 }

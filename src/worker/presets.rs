@@ -65,12 +65,20 @@ impl ModelArch {
     /// The preset called `name` (case-insensitive; Hugging Face ids and
     /// `-instruct`-style variants of the same architecture are accepted).
     pub fn preset(name: &str) -> Option<ModelArch> {
+        // Parsed once per process: a sweep resolves the model at every grid point.
+        static PARSED: std::sync::OnceLock<Vec<ModelArch>> = std::sync::OnceLock::new();
         let key = canonical(name);
-        let p = MODELS.iter().find(|p| p.name == key || p.aliases.contains(&key.as_str()))?;
-        Some(
-            config::parse(p.config, p.name)
-                .unwrap_or_else(|e| panic!("the shipped preset {} does not parse: {e}", p.name)),
-        )
+        let i = MODELS.iter().position(|p| p.name == key || p.aliases.contains(&key.as_str()))?;
+        let parsed = PARSED.get_or_init(|| {
+            MODELS
+                .iter()
+                .map(|p| {
+                    config::parse(p.config, p.name)
+                        .unwrap_or_else(|e| panic!("the shipped preset {} does not parse: {e}", p.name))
+                })
+                .collect()
+        });
+        Some(parsed[i].clone())
     }
 
     /// Names of all model presets.

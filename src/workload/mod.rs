@@ -30,7 +30,7 @@ pub use rag::RagStage;
 pub use rate::{PromptContent, RateStage};
 pub use sc25::{SC25_PROMPT_SIZES, Sc25Stage};
 pub use sessions::SessionsStage;
-pub use trace::{TraceReader, TraceRequest, TraceStage};
+pub use trace::{TraceCounts, TraceError, TraceReader, TraceRequest, TraceStage};
 
 use crate::ids::StageId;
 use crate::kvcache::{Content, content_id};
@@ -242,15 +242,15 @@ impl Workload {
         self.done
     }
 
-    /// Malformed trace lines skipped so far.
-    pub fn skipped_lines(&self) -> u64 {
-        self.state
-            .iter()
-            .map(|s| match &s.source {
-                Source::Trace(t) => t.skipped(),
-                _ => 0,
-            })
-            .sum()
+    /// What trace replays adjusted or left out so far, over every stage.
+    pub fn trace_counts(&self) -> TraceCounts {
+        let mut all = TraceCounts::default();
+        for s in &self.state {
+            if let Source::Trace(t) = &s.source {
+                all += t.counts();
+            }
+        }
+        all
     }
 
     /// Sessions ended early because the next turn would exceed `max_context_tokens`.

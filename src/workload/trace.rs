@@ -5,13 +5,16 @@
 //! traces, for everything before them. A request is sent at
 //! `stage start + start_offset + timestamp × multiplier_to_sec × time_scale`
 //! (timestamps are relative to the stage start, so a trace can follow
-//! another stage; rows out of order are sent at once).
+//! another stage; rows out of order are sent at once, and counted). Traces
+//! with absolute (epoch) timestamps are refused unless `shift_to_first`
+//! makes every timestamp relative to the first line's.
 //!
 //! Content: hash id `h` is the segment `("trace", h)` of `chunk_size` tokens
 //! (the last one as long as the prompt leaves); tokens beyond what the hash
 //! ids cover get request-unique content, and hash ids beyond `input_length`
-//! are ignored. Output lengths of 0 are sent as 1 (an engine produces at
-//! least one token).
+//! are refused (more ids than the prompt has chunks means a wrong
+//! `chunk_size`). Output lengths of 0 are sent as 1 (an engine produces at
+//! least one token), and counted. A UTF-8 byte-order mark is ignored.
 
 use super::{Due, Emit, Generator, Label};
 use crate::kvcache::{Content, content_id};
@@ -38,7 +41,13 @@ pub struct TraceStage {
     pub total: Option<u64>,
     /// Skip malformed lines (counted) instead of failing.
     pub skip_bad_lines: bool,
+    /// Make timestamps relative to the first line's (for epoch timestamps).
+    pub shift_to_first: bool,
 }
+
+/// A first arrival later than this many seconds after the stage start
+/// (3.2 years) means the timestamps are absolute, not relative.
+const ABSOLUTE_TIMESTAMP_SECS: f64 = 1e8;
 
 impl TraceStage {
     /// The whole of `path`, as Mooncake traces are written (512 tokens per
@@ -52,6 +61,7 @@ impl TraceStage {
             start_offset: 0.0,
             total: None,
             skip_bad_lines: false,
+            shift_to_first: false,
         }
     }
 }
@@ -87,28 +97,91 @@ pub struct TraceReader {
     line: String,
     line_no: u64,
     sent: u64,
-    /// Malformed lines skipped.
-    pub skipped: u64,
+    /// The first row's timestamp (what `shift_to_first` subtracts).
+    first: Option<f64>,
+    /// The previous row's timestamp.
+    last: f64,
+    /// Lines counted as they were read.
+    pub counts: TraceCounts,
 }
+
+/// What a replay adjusted or left out, line by line (reported per run).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceCounts {
+    /// Malformed lines skipped (`skip_bad_lines`).
+    pub skipped: u64,
+    /// Lines with a timestamp earlier than the line before (sent at once).
+    pub reordered: u64,
+    /// Lines with `output_length` 0 (sent with 1).
+    pub outputs_raised: u64,
+}
+
+impl std::ops::AddAssign for TraceCounts {
+    fn add_assign(&mut self, o: TraceCounts) {
+        self.skipped += o.skipped;
+        self.reordered += o.reordered;
+        self.outputs_raised += o.outputs_raised;
+    }
+}
+
+/// A problem with a trace file: where, what, and how to fix it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceError {
+    /// The file.
+    pub path: String,
+    /// 1-based line, when the problem is one line.
+    pub line: Option<u64>,
+    /// What is wrong (naming the field, for a field).
+    pub message: String,
+    /// How to fix it.
+    pub hint: String,
+}
+
+impl std::fmt::Display for TraceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.path)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        write!(f, ": {}\n  fix: {}", self.message, self.hint)
+    }
+}
+
+impl std::error::Error for TraceError {}
+
+/// The fix for a malformed line.
+const LINE_FIX: &str = "each line must be {\"timestamp\": number, \"input_length\": integer ≥ 1, \"output_length\": integer, \"hash_ids\": [integers]}, or set skip_bad_lines = true";
 
 impl TraceReader {
     /// Opens the trace.
-    pub fn open(cfg: &TraceStage) -> Result<TraceReader, String> {
-        let file = File::open(&cfg.path).map_err(|e| format!("{}: cannot open the trace: {e}", cfg.path.display()))?;
+    pub fn open(cfg: &TraceStage) -> Result<TraceReader, TraceError> {
+        let err = |message: String, hint: &str| TraceError {
+            path: cfg.path.display().to_string(),
+            line: None,
+            message,
+            hint: hint.into(),
+        };
+        if cfg.path.is_dir() {
+            return Err(err("is a directory, not a trace file".into(), "name the JSONL file in trace_file"));
+        }
+        let file = File::open(&cfg.path)
+            .map_err(|e| err(format!("cannot open the trace: {e}"), "check the path (relative to the spec file)"))?;
         Ok(TraceReader {
             cfg: cfg.clone(),
             file: Some(BufReader::new(file)),
             line: String::new(),
             line_no: 0,
             sent: 0,
-            skipped: 0,
+            first: None,
+            last: f64::NEG_INFINITY,
+            counts: TraceCounts::default(),
         })
     }
 
     /// The next request, `Ok(None)` at the end (or after `total`), or an
     /// error naming the file, line and problem. Its request-unique content
     /// (the tokens its hash ids do not cover) is keyed by `unique_key`.
-    pub fn next_request(&mut self, unique_key: u64) -> Result<Option<TraceRequest>, String> {
+    pub fn next_request(&mut self, unique_key: u64) -> Result<Option<TraceRequest>, TraceError> {
         if self.cfg.total.is_some_and(|t| self.sent >= t) {
             self.file = None;
         }
@@ -117,14 +190,20 @@ impl TraceReader {
             self.line.clear();
             self.line_no += 1;
             let read = file.read_line(&mut self.line);
-            let at = || format!("{}:{}", self.cfg.path.display(), self.line_no);
+            let (path, line) = (self.cfg.path.display().to_string(), Some(self.line_no));
+            let err = move |message: String, hint: &str| TraceError { path, line, message, hint: hint.into() };
             match read {
                 Ok(0) => {
                     self.file = None;
                     return Ok(None);
                 }
                 Ok(_) => {}
-                Err(e) => return Err(format!("{}: cannot read: {e}", at())),
+                Err(e) => {
+                    return Err(err(format!("cannot read: {e}"), "a trace is UTF-8 text, one JSON object per line"));
+                }
+            }
+            if self.line_no == 1 && self.line.starts_with('\u{feff}') {
+                self.line.drain(..'\u{feff}'.len_utf8());
             }
             if self.line.trim().is_empty() {
                 continue;
@@ -134,31 +213,59 @@ impl TraceReader {
                     self.sent += 1;
                     return Ok(Some(r));
                 }
-                Err(_) if self.cfg.skip_bad_lines => self.skipped += 1,
-                Err(e) => {
-                    return Err(format!(
-                        "{}: {e}\n  fix: each line must be {{\"timestamp\": number, \"input_length\": integer ≥ 1, \"output_length\": integer, \"hash_ids\": [integers]}}, or set skip_bad_lines = true",
-                        at()
-                    ));
+                Err(Bad::Absolute(e)) => {
+                    let hint = "set shift_to_first = true to replay from the first line's time (and check multiplier_to_sec: Mooncake timestamps are milliseconds, 0.001)";
+                    return Err(TraceError { hint: hint.into(), ..err(e, "") });
                 }
+                Err(_) if self.cfg.skip_bad_lines => self.counts.skipped += 1,
+                Err(Bad::Line(e)) => return Err(TraceError { hint: LINE_FIX.into(), ..err(e, "") }),
             }
         }
     }
 
-    fn parse(&self, unique_key: u64) -> Result<TraceRequest, String> {
+    fn parse(&mut self, unique_key: u64) -> Result<TraceRequest, Bad> {
         let mut de = serde_json::Deserializer::from_str(&self.line);
         let row: Row = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let field = e.path().to_string();
             let msg = e.into_inner().to_string();
             let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
             // A missing field names itself; a wrong value is named by its path.
-            if field == "." { msg } else { format!("field `{field}`: {msg}") }
+            Bad::Line(if field == "." { msg } else { format!("field `{field}`: {msg}") })
         })?;
         if !(row.timestamp.is_finite() && row.timestamp >= 0.0) {
-            return Err(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp));
+            return Err(Bad::Line(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp)));
         }
         if row.input_length == 0 || row.input_length > u64::from(u32::MAX) {
-            return Err(format!("field `input_length`: must be between 1 and {}, got {}", u32::MAX, row.input_length));
+            return Err(Bad::Line(format!(
+                "field `input_length`: must be between 1 and {}, got {}",
+                u32::MAX,
+                row.input_length
+            )));
+        }
+        let chunks = row.input_length.div_ceil(u64::from(self.cfg.chunk_size));
+        if row.hash_ids.len() as u64 > chunks {
+            return Err(Bad::Line(format!(
+                "field `hash_ids`: {} ids for {} tokens, which at chunk_size = {} need at most {chunks} — is chunk_size the trace's tokens per hash id?",
+                row.hash_ids.len(),
+                row.input_length,
+                self.cfg.chunk_size
+            )));
+        }
+        let first = *self.first.get_or_insert(row.timestamp);
+        let relative = if self.cfg.shift_to_first { (row.timestamp - first).max(0.0) } else { row.timestamp };
+        let secs = self.cfg.start_offset + relative * self.cfg.multiplier_to_sec * self.cfg.time_scale;
+        if self.sent == 0 && !self.cfg.shift_to_first && secs > ABSOLUTE_TIMESTAMP_SECS {
+            return Err(Bad::Absolute(format!(
+                "field `timestamp`: {} puts the first request {secs:.3e} s after the stage start — the timestamps look absolute (epoch)",
+                row.timestamp
+            )));
+        }
+        if row.timestamp < self.last {
+            self.counts.reordered += 1;
+        }
+        self.last = row.timestamp;
+        if row.output_length == 0 {
+            self.counts.outputs_raised += 1;
         }
         let prompt = row.input_length as u32;
         let mut content = Content::default();
@@ -172,7 +279,6 @@ impl TraceReader {
             left -= n;
         }
         content.push(content_id("trace-unique", unique_key), left);
-        let secs = self.cfg.start_offset + row.timestamp * self.cfg.multiplier_to_sec * self.cfg.time_scale;
         Ok(TraceRequest {
             offset: SimDuration::from_secs_f64(secs),
             prompt_tokens: prompt,
@@ -180,6 +286,14 @@ impl TraceReader {
             content,
         })
     }
+}
+
+/// Why a line was not used.
+enum Bad {
+    /// The line is malformed (skippable with `skip_bad_lines`).
+    Line(String),
+    /// The timestamps are absolute: every line would be, so never skipped.
+    Absolute(String),
 }
 
 /// The generator of a trace stage: the reader and the next request, read
@@ -200,14 +314,14 @@ impl TraceSource {
         TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, stage }
     }
 
-    /// Malformed lines skipped so far.
-    pub fn skipped(&self) -> u64 {
-        self.reader.as_ref().map_or(0, |r| r.skipped)
+    /// What the replay adjusted or left out so far.
+    pub fn counts(&self) -> TraceCounts {
+        self.reader.as_ref().map_or_else(TraceCounts::default, |r| r.counts)
     }
 
     fn read_next(&mut self, key: u64) -> Result<Due, String> {
         let reader = self.reader.as_mut().expect("the trace is open while its stage runs");
-        self.pending = reader.next_request(key)?;
+        self.pending = reader.next_request(key).map_err(|e| e.to_string())?;
         Ok(self.pending.as_ref().map_or(Due::Done, |p| Due::At(self.start + p.offset)))
     }
 }
@@ -215,7 +329,7 @@ impl TraceSource {
 impl Generator for TraceSource {
     fn start(&mut self, now: SimTime) -> Result<Due, String> {
         self.start = now;
-        self.reader = Some(TraceReader::open(&self.cfg)?);
+        self.reader = Some(TraceReader::open(&self.cfg).map_err(|e| e.to_string())?);
         self.read_next(super::unique_key(self.stage, 0))
     }
 
@@ -270,7 +384,7 @@ mod tests {
         let mut r = TraceReader::open(&cfg).unwrap();
         assert!(r.next_request(0).unwrap().is_some());
         assert!(r.next_request(1).unwrap().is_some(), "hash_ids may be absent");
-        let e = r.next_request(2).unwrap_err();
+        let e = r.next_request(2).unwrap_err().to_string();
         assert!(e.contains("t.jsonl:3:"), "{e}");
         assert!(e.contains("input_length") || e.contains("invalid type"), "{e}");
         assert!(e.contains("field `input_length`: invalid type"), "the field is named: {e}");
@@ -278,7 +392,49 @@ mod tests {
         skip.skip_bad_lines = true;
         let mut r = TraceReader::open(&skip).unwrap();
         let n = std::iter::from_fn(|| r.next_request(0).unwrap()).count();
-        assert_eq!((n, r.skipped), (2, 1));
+        assert_eq!((n, r.counts.skipped), (2, 1));
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_ignored_and_adjusted_lines_are_counted() {
+        let text = "\u{feff}{\"timestamp\": 5, \"input_length\": 10, \"output_length\": 0}\n{\"timestamp\": 3, \"input_length\": 10, \"output_length\": 2}\n{\"timestamp\": 4, \"input_length\": 10, \"output_length\": 0}\n";
+        let mut r = TraceReader::open(&stage(text, "bom")).unwrap();
+        let outputs: Vec<u32> = std::iter::from_fn(|| r.next_request(0).unwrap()).map(|q| q.output_tokens).collect();
+        assert_eq!(outputs, [1, 2, 1]);
+        assert_eq!(r.counts, TraceCounts { skipped: 0, reordered: 1, outputs_raised: 2 });
+    }
+
+    #[test]
+    fn epoch_timestamps_are_refused_unless_shifted_to_the_first_line() {
+        let text = "{\"timestamp\": 1700000000000, \"input_length\": 10, \"output_length\": 1}\n{\"timestamp\": 1700000001500, \"input_length\": 10, \"output_length\": 1}\n";
+        let mut cfg = stage(text, "epoch");
+        cfg.skip_bad_lines = true; // absolute timestamps are never skipped line by line
+        let e = TraceReader::open(&cfg).unwrap().next_request(0).unwrap_err();
+        assert_eq!(e.line, Some(1));
+        assert!(e.message.contains("look absolute") && e.hint.contains("shift_to_first = true"), "{e}");
+        cfg.shift_to_first = true;
+        let mut r = TraceReader::open(&cfg).unwrap();
+        let offsets: Vec<SimDuration> = std::iter::from_fn(|| r.next_request(0).unwrap()).map(|q| q.offset).collect();
+        assert_eq!(offsets, [SimDuration(0), SimDuration(1_500_000_000)]);
+    }
+
+    #[test]
+    fn more_hash_ids_than_the_prompt_has_chunks_is_a_bad_line() {
+        // 1,000 tokens at 512 per id: 2 ids at most.
+        let text = "{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2]}\n{\"timestamp\": 0, \"input_length\": 1000, \"output_length\": 1, \"hash_ids\": [1, 2, 3]}\n";
+        let mut r = TraceReader::open(&stage(text, "ids")).unwrap();
+        assert!(r.next_request(0).unwrap().is_some());
+        let e = r.next_request(1).unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(e.message.contains("3 ids for 1000 tokens") && e.message.contains("chunk_size"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_is_named_as_one() {
+        let mut cfg = stage("", "dir");
+        cfg.path = cfg.path.parent().unwrap().to_path_buf();
+        let e = TraceReader::open(&cfg).unwrap_err();
+        assert!(e.message.contains("is a directory") && e.line.is_none(), "{e}");
     }
 
     #[test]

@@ -1,0 +1,158 @@
+//! No input value makes memory grow without bound: inputs that imply an
+//! absurd size (epoch timestamps, a vanishing rate, a nanosecond time-series
+//! interval, arrivals ages apart) end with an error naming the value while
+//! the heap stays small. A test binary of its own, so that its counting
+//! allocator sees only these tests (run one at a time).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+/// The system allocator, counting live bytes and their peak.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
+            PEAK.fetch_max(live, Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(p, layout) };
+        LIVE.fetch_sub(layout.size(), Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// One test at a time: the peak is process-wide.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// The acceptance bound on memory for a refused input.
+const LIMIT: usize = 200 << 20;
+
+/// Plans and runs `spec` (TOML text, with `trace` written next to it);
+/// returns the first error (plan or run) and the heap's peak above the start.
+fn attempt(name: &str, spec: &str, trace: Option<&str>) -> (String, usize) {
+    let dir = std::env::temp_dir().join(format!("opal-guard-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    if let Some(t) = trace {
+        std::fs::write(dir.join("t.jsonl"), t).unwrap();
+    }
+    let path: PathBuf = dir.join("spec.toml");
+    std::fs::write(&path, spec).unwrap();
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let error = run(&path);
+    let peak = PEAK.load(Relaxed) - base;
+    std::fs::remove_dir_all(&dir).unwrap();
+    (error, peak)
+}
+
+fn run(path: &Path) -> String {
+    let spec = match opal::config::load_spec(path) {
+        Ok(s) => s,
+        Err(e) => return format!("spec: {e}"),
+    };
+    let plan = match opal::sweep::plan(&spec) {
+        Ok(p) => p,
+        Err(e) => return format!("spec: {e}"),
+    };
+    let scenario = match &plan.points[0].scenario {
+        Ok(s) => s.clone(),
+        Err(e) => return format!("spec: {e}"),
+    };
+    match opal::simulate(&scenario) {
+        Ok(_) => "no error".into(),
+        Err(e) => format!("run: {e}"),
+    }
+}
+
+fn trace_spec(extra: &str) -> String {
+    format!(
+        r#"
+        [simulation]
+        num_workers = 1
+        {extra}
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "t.jsonl"
+        "#
+    )
+}
+
+fn line(ms: f64) -> String {
+    format!("{{\"timestamp\": {ms}, \"input_length\": 100, \"output_length\": 2, \"hash_ids\": [1]}}\n")
+}
+
+fn check(name: &str, spec: &str, trace: Option<&str>, expect: &[&str]) {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (error, peak) = attempt(name, spec, trace);
+    for e in expect {
+        assert!(error.contains(e), "{name}: expected {e:?} in\n{error}");
+    }
+    assert!(error.contains("fix:"), "{name}: no fix in\n{error}");
+    assert!(peak < LIMIT, "{name}: {peak} bytes at the peak");
+    eprintln!("{name}: peak heap {} KiB", peak >> 10);
+}
+
+#[test]
+fn an_epoch_millisecond_trace_is_refused_before_any_run() {
+    let trace = line(1.7e12) + &line(1.7e12 + 1500.0);
+    check("epoch", &trace_spec(""), Some(&trace), &["spec: ", "t.jsonl:1:", "look absolute", "shift_to_first = true"]);
+}
+
+#[test]
+fn a_nanosecond_time_series_interval_is_refused_before_any_run() {
+    check(
+        "interval",
+        &trace_spec("time_series_interval_sec = 1e-9"),
+        Some(&line(0.0)),
+        &["spec: ", "simulation.time_series_interval_sec", "at least 0.001"],
+    );
+}
+
+#[test]
+fn a_vanishing_request_rate_is_refused_before_any_run() {
+    let spec = r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 1e-300
+        "#;
+    check("rate", spec, None, &["spec: ", "workload.stages.0.workload_params.request_rate"]);
+}
+
+#[test]
+fn a_run_that_would_need_more_intervals_than_the_limit_fails_naming_the_interval() {
+    // Relative timestamps, but the second request comes 2·10⁶ s after the
+    // first: at 1 ms per interval, 2·10⁹ intervals.
+    let trace = line(0.0) + &line(2e9);
+    check(
+        "intervals",
+        &trace_spec("time_series_interval_sec = 0.001"),
+        Some(&trace),
+        &["run: ", "time_series_interval_sec = 0.001", "more than 400000 intervals"],
+    );
+}
+
+#[test]
+fn a_run_whose_next_event_lies_beyond_the_horizon_fails_naming_the_likely_causes() {
+    // 10¹³ ms = 10¹⁰ s after the first request.
+    let trace = line(0.0) + &line(1e13);
+    check("horizon", &trace_spec(""), Some(&trace), &["run: ", "the next arrival is at 1.000e10", "trace timestamps"]);
+}
