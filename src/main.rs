@@ -396,6 +396,19 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
     } else if report.executed > 0 {
         text.push_str(&opal::report::text::sweep_table(plan, &report.points));
     }
+    if !report.dropped.is_empty() {
+        text.push_str(&format!(
+            "the spec changed: kept the {} earlier runs it still holds, dropped {} it no longer does:\n",
+            report.skipped,
+            report.dropped.len()
+        ));
+        for d in report.dropped.iter().take(10) {
+            text.push_str(&format!("  {d}\n"));
+        }
+        if report.dropped.len() > 10 {
+            text.push_str(&format!("  … and {} more\n", report.dropped.len() - 10));
+        }
+    }
     if report.executed == 0 && report.skipped == report.selected && report.selected > 0 {
         text.push_str(&format!(
             "all {} runs are already in {} — nothing to do (--overwrite runs them again)\n",

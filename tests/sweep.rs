@@ -246,6 +246,55 @@ fn resume_after_a_killed_sweep_runs_only_the_missing_runs_and_matches_a_clean_ru
     assert!(!dir.join("out/parts").exists(), "parts (and the killed run's temporary files) are cleaned up");
 }
 
+/// Runs of `dir/out` by their identity: run_key → (status, ttft_p99_ms).
+fn by_key(dir: &Path) -> std::collections::BTreeMap<u64, (String, Option<f64>)> {
+    let runs = read(&dir.join("runs.parquet"));
+    let keys = runs.column_by_name("run_key").unwrap().as_primitive::<arrow_array::types::UInt64Type>().clone();
+    let status = runs.column_by_name("status").unwrap().as_string::<i32>().clone();
+    let p99 = opal::output::f64_column(&runs, "ttft_p99_ms").unwrap();
+    (0..runs.num_rows()).map(|i| (keys.value(i), (status.value(i).to_string(), p99[i]))).collect()
+}
+
+#[test]
+fn resume_after_adding_a_grid_value_and_a_replicate_runs_only_the_new_runs() {
+    let dir = setup("incremental", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir));
+    let before = by_key(&dir.join("out"));
+    assert_eq!(before.len(), 12);
+    // One more rate in the middle of its axis, and a third replicate: run ids move.
+    let grown = SPEC
+        .replace("request_rate\" = [5.0, 10.0]", "request_rate\" = [5.0, 7.5, 10.0]")
+        .replace("replicates = 2", "replicates = 3");
+    std::fs::write(dir.join("spec.toml"), &grown).unwrap();
+    let plain = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(plain.status.code(), Some(1), "without --resume a changed spec is refused");
+    assert!(String::from_utf8_lossy(&plain.stderr).contains("--resume"));
+    let resumed = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
+    ok(&resumed);
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    // 3 policies × 3 rates × 3 replicates = 27 runs, 12 of them kept.
+    assert!(stdout.contains("15 runs ok, 0 failed, 12 skipped (already done) of 27"), "{stdout}");
+    let after = by_key(&dir.join("out"));
+    for (k, v) in &before {
+        assert_eq!(after.get(k), Some(v), "a kept run is unchanged");
+    }
+    // Equal, but for wall time, to the new spec run from scratch.
+    ok(&opal_sweep(&["spec.toml", "-o", "fresh", "-q"], &dir));
+    assert_same_tables(&dir.join("out"), &dir.join("fresh"));
+    assert!(!dir.join("out/parts").exists());
+
+    // Dropping a policy drops its runs, and says so.
+    let fewer = grown.replace("[\"RoundRobin\", \"Random\", \"LeastLoaded\"]", "[\"RoundRobin\", \"LeastLoaded\"]");
+    std::fs::write(dir.join("spec.toml"), &fewer).unwrap();
+    let resumed = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
+    ok(&resumed);
+    let stdout = String::from_utf8_lossy(&resumed.stdout);
+    assert!(stdout.contains("all 18 runs are already in out"), "{stdout}");
+    assert!(stdout.contains("dropped 9 it no longer does") && stdout.contains("policy=\"Random\""), "{stdout}");
+    ok(&opal_sweep(&["spec.toml", "-o", "fresh2", "-q"], &dir));
+    assert_same_tables(&dir.join("out"), &dir.join("fresh2"));
+}
+
 #[test]
 fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
     let spec = SPEC.replace(

@@ -126,6 +126,10 @@ pub struct RunMeta {
     pub replicate: u32,
     /// Seed used.
     pub seed: u64,
+    /// The run's identity: a hash of its resolved scenario, seed, tool
+    /// version and tables. `--resume` keeps a finished run whose key the
+    /// current plan still holds, whatever its id now.
+    pub run_key: u64,
 }
 
 /// A finished (or failed) run, ready to be written.
@@ -180,6 +184,7 @@ impl TableSet {
                     c("point_id", ColType::U32),
                     c("replicate", ColType::U32),
                     c("seed", ColType::U64),
+                    c("run_key", ColType::U64),
                 ];
                 cols.extend(self.axis_columns.iter().cloned());
                 cols.extend([c("status", ColType::Str), c("error", ColType::Str), c("wall_s", ColType::F64)]);
@@ -273,7 +278,8 @@ impl TableSet {
         match kind {
             TableKind::Runs => {
                 let m = &r.meta;
-                let mut row = vec![id, Cell::U32(m.point_id), Cell::U32(m.replicate), Cell::U64(m.seed)];
+                let mut row =
+                    vec![id, Cell::U32(m.point_id), Cell::U32(m.replicate), Cell::U64(m.seed), Cell::U64(m.run_key)];
                 row.extend(r.axes.iter().map(AxisValue::cell));
                 let summary = r.outcome.as_ref().ok().map(|o| o.summary.columns());
                 let message = r.outcome.as_ref().err().map(ToString::to_string);
@@ -692,6 +698,172 @@ pub fn completed_runs(layout: &Layout) -> Result<BTreeSet<u32>, OutputError> {
         }
     }
     Ok(ids)
+}
+
+/// A run already in a sweep directory (from its runs table and parts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoredRun {
+    /// Its run id when it was written.
+    pub run_id: u32,
+    /// Its grid point when it was written.
+    pub point_id: u32,
+    /// Its identity (absent in tables written before run keys existed).
+    pub run_key: Option<u64>,
+    /// Stopped by a signal (not complete).
+    pub interrupted: bool,
+}
+
+/// Every run row in the directory's runs table and runs parts.
+pub fn stored_runs(layout: &Layout) -> Result<Vec<StoredRun>, OutputError> {
+    let mut files = layout.parts(TableKind::Runs)?;
+    let final_runs = layout.table(TableKind::Runs);
+    if final_runs.exists() {
+        files.push(final_runs);
+    }
+    let mut out = Vec::new();
+    for path in files {
+        for batch in read_table(&path)? {
+            let ids = run_ids(&batch, &path)?;
+            let column = |name: &str| batch.column_by_name(name);
+            let points = column("point_id").and_then(|c| c.as_any().downcast_ref::<UInt32Array>().cloned());
+            let keys = column("run_key").and_then(|c| c.as_any().downcast_ref::<arrow_array::UInt64Array>().cloned());
+            let status = column("status").and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>().cloned());
+            let (Some(points), Some(status)) = (points, status) else {
+                return Err(OutputError(format!("{}: not a runs table of opal-sweep", path.display())));
+            };
+            for i in 0..batch.num_rows() {
+                out.push(StoredRun {
+                    run_id: ids.value(i),
+                    point_id: points.value(i),
+                    run_key: keys.as_ref().map(|k| k.value(i)),
+                    interrupted: status.value(i) == STATUS_INTERRUPTED,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites the directory's tables (final and parts) for a changed spec:
+/// the rows of each run in `keep` (by its old run id) take its new identity
+/// — and, in the runs table, its new point id and axis columns, shaped as
+/// `set` says — and every other run's rows are dropped. Each table becomes
+/// one part (sorted by the new ids), and the old files are removed; a merge
+/// then makes the final tables. Returns the rows dropped.
+pub fn rebase(
+    layout: &Layout,
+    set: &TableSet,
+    keep: &std::collections::BTreeMap<u32, (RunMeta, Vec<AxisValue>)>,
+) -> Result<u64, OutputError> {
+    remove_stale_temporaries(layout);
+    let dir = layout.parts_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| oerr(&dir, "cannot create", e))?;
+    let mut dropped = 0;
+    let mut old_files = Vec::new();
+    for kind in TableKind::WRITE_ORDER {
+        let mut files = layout.parts(kind)?;
+        let final_path = layout.table(kind);
+        if final_path.exists() {
+            files.push(final_path);
+        }
+        if files.is_empty() {
+            continue;
+        }
+        old_files.extend(files.iter().cloned());
+        if !set.tables.contains(&kind) {
+            continue; // the spec no longer writes this table
+        }
+        // Slices of kept runs, each with its new id; sorted by it, stably.
+        let mut slices: Vec<(u32, RecordBatch)> = Vec::new();
+        for path in &files {
+            for batch in read_table(path)? {
+                let ids = run_ids(&batch, path)?;
+                let mut start = 0;
+                while start < batch.num_rows() {
+                    let id = ids.value(start);
+                    let mut end = start;
+                    while end < batch.num_rows() && ids.value(end) == id {
+                        end += 1;
+                    }
+                    match keep.get(&id) {
+                        Some((meta, axes)) => {
+                            let rows = batch.slice(start, end - start);
+                            let rows = if kind == TableKind::Runs {
+                                restamp_runs(&rows, set, meta, axes, path)?
+                            } else {
+                                with_run_id(&rows, meta.run_id)?
+                            };
+                            slices.push((meta.run_id, rows));
+                        }
+                        None => dropped += (end - start) as u64,
+                    }
+                    start = end;
+                }
+            }
+        }
+        slices.sort_by_key(|(id, _)| *id);
+        let Some(schema) = slices.first().map(|(_, b)| b.schema()) else { continue };
+        let part = dir.join(format!("{}.rebase.{}.parquet", kind.name(), std::process::id()));
+        write_atomic(&part, FileKind::Part, schema, slices.into_iter().map(|(_, b)| Ok(b)))?;
+    }
+    for f in old_files {
+        std::fs::remove_file(&f).map_err(|e| oerr(&f, "cannot remove", e))?;
+    }
+    Ok(dropped)
+}
+
+/// `rows` (one run's) with run id `id`.
+fn with_run_id(rows: &RecordBatch, id: u32) -> Result<RecordBatch, OutputError> {
+    let mut columns = rows.columns().to_vec();
+    columns[0] = std::sync::Arc::new(UInt32Array::from(vec![id; rows.num_rows()]));
+    RecordBatch::try_new(rows.schema(), columns).map_err(|e| OutputError(e.to_string()))
+}
+
+/// One run's runs-table row with its new identity and axis columns, in the
+/// columns of `set`; every other column is carried over by name.
+fn restamp_runs(
+    rows: &RecordBatch,
+    set: &TableSet,
+    meta: &RunMeta,
+    axes: &[AxisValue],
+    path: &Path,
+) -> Result<RecordBatch, OutputError> {
+    let cols = set.columns(TableKind::Runs);
+    let mut fresh = TableBuilder::new(&cols);
+    let fixed: Vec<Cell<'_>> = [
+        Cell::U32(meta.run_id),
+        Cell::U32(meta.point_id),
+        Cell::U32(meta.replicate),
+        Cell::U64(meta.seed),
+        Cell::U64(meta.run_key),
+    ]
+    .into_iter()
+    .chain(axes.iter().map(AxisValue::cell))
+    .collect();
+    let n_fixed = fixed.len();
+    // The new identity and axis cells; the rest is taken from `rows`.
+    let mut row = fixed;
+    row.extend(std::iter::repeat_n(Cell::Null, cols.len() - n_fixed));
+    for _ in 0..rows.num_rows() {
+        fresh.push(&row);
+    }
+    let stamped = fresh.finish();
+    let mut columns = stamped.columns()[..n_fixed].to_vec();
+    for (name, _) in &cols[n_fixed..] {
+        let c = rows.column_by_name(name).ok_or_else(|| {
+            OutputError(format!(
+                "{}: has no column `{name}` — written by another version of opal-sweep?\n  fix: rerun with --overwrite",
+                path.display()
+            ))
+        })?;
+        columns.push(c.clone());
+    }
+    RecordBatch::try_new(stamped.schema(), columns).map_err(|e| {
+        OutputError(format!(
+            "{}: its columns do not match this version's ({e})\n  fix: rerun with --overwrite",
+            path.display()
+        ))
+    })
 }
 
 /// The runs table's `status` of an outcome: `ok`, `failed`, or

@@ -35,6 +35,29 @@ pub const MAX_POINTS: usize = 100_000;
 /// Most runs (points × replicates) a sweep may have.
 pub const MAX_RUNS: u64 = 1_000_000;
 
+/// `table` with every table's keys in sorted order, so that key order in a
+/// spec does not change what a point is.
+fn sorted(table: &toml::Table) -> toml::Table {
+    fn value(v: &toml::Value) -> toml::Value {
+        match v {
+            toml::Value::Table(t) => toml::Value::Table(sorted(t)),
+            toml::Value::Array(a) => toml::Value::Array(a.iter().map(value).collect()),
+            other => other.clone(),
+        }
+    }
+    let mut keys: Vec<&String> = table.keys().collect();
+    keys.sort();
+    keys.into_iter().map(|k| (k.clone(), value(&table[k]))).collect()
+}
+
+/// The identity of a run of the point with key `point_key` and seed `seed`.
+pub fn run_key(point_key: u64, seed: u64) -> u64 {
+    let mut h = Fnv64::default();
+    h.write_u64(point_key);
+    h.write_u64(seed);
+    h.finish()
+}
+
 /// The seed of replicate `replicate`.
 pub fn seed_for(base_seed: u64, replicate: u32) -> u64 {
     base_seed.wrapping_add(u64::from(replicate))
@@ -51,6 +74,9 @@ pub struct Point {
     pub axis_values: Vec<AxisValue>,
     /// The point's scenario, or why it cannot run (a value error).
     pub scenario: Result<Arc<Scenario>, ConfigError>,
+    /// Hash of what the point runs (its resolved scenario text, the tool
+    /// version and the tables written); with the seed, a run's identity.
+    pub key: u64,
 }
 
 impl Point {
@@ -109,8 +135,9 @@ impl SweepPlan {
     pub fn run(&self, run_id: u32) -> RunPlan<'_> {
         let point = &self.points[(run_id / self.replicates) as usize];
         let replicate = run_id % self.replicates;
+        let seed = seed_for(self.base_seed, replicate);
         RunPlan {
-            meta: RunMeta { run_id, point_id: point.id, replicate, seed: seed_for(self.base_seed, replicate) },
+            meta: RunMeta { run_id, point_id: point.id, replicate, seed, run_key: run_key(point.key, seed) },
             point,
         }
     }
@@ -428,12 +455,20 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
             e
         };
         let file = spec_from_table(&table, &source).map_err(in_point)?;
+        // What the point runs, as text: the resolved scenario's table (paths
+        // inside it resolve against base_dir, which is part of it too).
+        let mut h = Fnv64::default();
+        h.write(env!("CARGO_PKG_VERSION").as_bytes());
+        h.write(format!("{:?}", tables).as_bytes());
+        h.write(base_dir.to_string_lossy().as_bytes());
+        h.write(toml::to_string(&sorted(&table)).unwrap_or_default().as_bytes());
+        let key = h.finish();
         let scenario = match resolve(&file, &scenario_source, &base_dir) {
             Ok(s) => Ok(Arc::new(s)),
             Err(e) if e.kind == ErrorKind::Schema => return Err(in_point(e)),
             Err(e) => Err(in_point(e).located()),
         };
-        points.push(Point { id: id as u32, overrides, axis_values, scenario });
+        points.push(Point { id: id as u32, overrides, axis_values, scenario, key });
     }
 
     let mut canonical = String::new();

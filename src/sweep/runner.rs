@@ -10,7 +10,9 @@
 
 use super::{RunPlan, SweepPlan, run_scenario};
 use crate::metrics::RunSummary;
-use crate::output::{Layout, MergeReport, OutputError, PartBuffer, RunResult, TableKind, completed_runs, merge};
+use crate::output::{
+    Layout, MergeReport, OutputError, PartBuffer, RunResult, TableKind, completed_runs, merge, rebase, stored_runs,
+};
 use crate::{RunError, RunOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
@@ -105,6 +107,9 @@ pub struct SweepReport {
     pub interrupted: bool,
     /// Runs stopped in flight by the signal (recorded as `interrupted`; `--resume` runs them again).
     pub interrupted_runs: Vec<u32>,
+    /// With `--resume` after the spec changed: earlier runs the spec no
+    /// longer holds, removed from the results (described).
+    pub dropped: Vec<String>,
     /// The merge, if this invocation merged.
     pub merged: Option<MergeReport>,
     /// Wall seconds spent writing parts and merging (the Parquet share of the sweep).
@@ -266,7 +271,13 @@ pub fn manifests(dir: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>, SweepE
     Ok(out)
 }
 
-fn prepare_dir(plan: &SweepPlan, opts: &RunnerOptions, layout: &Layout) -> Result<(), SweepError> {
+/// Makes the output directory ready. Returns the manifest of a different
+/// spec whose runs `--resume` may reuse (see [`rebase_changed_spec`]).
+fn prepare_dir(
+    plan: &SweepPlan,
+    opts: &RunnerOptions,
+    layout: &Layout,
+) -> Result<Option<serde_json::Value>, SweepError> {
     let dir = &layout.dir;
     std::fs::create_dir_all(dir)
         .map_err(|e| SweepError(format!("{}: cannot create the output directory: {e}", dir.display())))?;
@@ -276,25 +287,78 @@ fn prepare_dir(plan: &SweepPlan, opts: &RunnerOptions, layout: &Layout) -> Resul
         }
         let _ = std::fs::remove_dir_all(layout.parts_dir());
         let _ = std::fs::remove_file(dir.join("manifest.json"));
-        return Ok(());
+        return Ok(None);
     }
     let digest = format!("{:016x}", plan.digest);
+    let mut changed = None;
     for (path, m) in manifests(dir)? {
-        if m["spec_digest"].as_str() != Some(digest.as_str()) {
+        if m["spec_digest"].as_str() == Some(digest.as_str()) {
+            continue;
+        }
+        let sharded = opts.shard.is_some_and(|s| s.count > 1) || m["shard"].is_object();
+        if !opts.resume || sharded {
+            let fix = if sharded {
+                "fix: resume a changed spec without shards (opal-sweep SPEC --resume merges and reuses what it can), choose another output with -o, or pass --overwrite"
+            } else {
+                "fix: pass --resume to keep the runs the spec still contains and run the rest, choose another output with -o, or pass --overwrite to delete them"
+            };
             return Err(SweepError(format!(
-                "{} holds results of a different spec ({}); refusing to mix them\n  fix: choose another output with -o, or pass --overwrite to delete them",
+                "{} holds results of a different spec ({}); refusing to mix them\n  {fix}",
                 dir.display(),
                 path.display()
             )));
         }
+        changed = Some(m);
     }
-    Ok(())
+    Ok(changed)
+}
+
+/// For `--resume` after the spec changed: keeps every finished run of the
+/// old results whose identity (resolved scenario and seed, see
+/// [`crate::output::RunMeta::run_key`]) the plan still holds, under its new
+/// run id, and drops the others. Returns the old runs dropped, described
+/// with the old manifest's grid.
+fn rebase_changed_spec(plan: &SweepPlan, layout: &Layout, old: &serde_json::Value) -> Result<Vec<String>, SweepError> {
+    let stored = stored_runs(layout)?;
+    if stored.iter().any(|r| r.run_key.is_none()) {
+        return Err(SweepError(format!(
+            "{}: these results predate run identities, so runs of a changed spec cannot be matched\n  fix: pass --overwrite to start over, or choose another output with -o",
+            layout.dir.display()
+        )));
+    }
+    let new: std::collections::HashMap<u64, RunPlan<'_>> = plan.runs().map(|r| (r.meta.run_key, r)).collect();
+    let mut keep = std::collections::BTreeMap::new();
+    let mut dropped = Vec::new();
+    let describe = |point: u32| {
+        old["grid"]
+            .as_array()
+            .and_then(|g| g.iter().find(|p| p["point_id"] == point))
+            .and_then(|p| p["overrides"].as_object())
+            .map(|o| o.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", "))
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| "the base scenario".into())
+    };
+    for r in &stored {
+        match r.run_key.and_then(|k| new.get(&k)).filter(|_| !r.interrupted) {
+            Some(run) => {
+                keep.insert(r.run_id, (run.meta, run.point.axis_values.clone()));
+            }
+            None if r.interrupted => {} // run again if the plan still has it
+            None => dropped.push(format!("run {} (point {}: {})", r.run_id, r.point_id, describe(r.point_id))),
+        }
+    }
+    rebase(layout, &plan.tables, &keep)?;
+    Ok(dropped)
 }
 
 /// Runs the sweep per `opts`; `stop` is set by a signal handler to stop early.
 pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> Result<SweepReport, SweepError> {
     let layout = Layout { dir: opts.output.clone() };
-    prepare_dir(plan, opts, &layout)?;
+    let changed = prepare_dir(plan, opts, &layout)?;
+    let dropped = match &changed {
+        Some(old) => rebase_changed_spec(plan, &layout, old)?,
+        None => Vec::new(),
+    };
     let sharded = opts.shard.is_some_and(|s| s.count > 1);
     match opts.shard.filter(|_| sharded) {
         Some(s) => {
@@ -308,7 +372,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         None => write_json_atomic(&layout.dir.join("manifest.json"), &manifest(plan, None))?,
     }
     let done = completed_runs(&layout)?;
-    let mut report = SweepReport { total: plan.total_runs(), ..SweepReport::default() };
+    let mut report = SweepReport { total: plan.total_runs(), dropped, ..SweepReport::default() };
     let mut todo = Vec::new();
     for run in plan.runs() {
         if opts.shard.is_some_and(|s| !s.contains(run.meta.run_id)) {
