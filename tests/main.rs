@@ -9,6 +9,7 @@ mod queueing;
 mod report;
 mod router;
 mod scenarios;
+mod shipped;
 mod signals;
 mod sweep;
 mod workloads;

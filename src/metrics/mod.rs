@@ -21,6 +21,7 @@ pub struct LatencyHistogram {
     sum_ns: u128,
     count: u64,
     max_ns: u64,
+    min_ns: u64,
 }
 
 impl Default for LatencyHistogram {
@@ -30,6 +31,7 @@ impl Default for LatencyHistogram {
             sum_ns: 0,
             count: 0,
             max_ns: 0,
+            min_ns: u64::MAX,
         }
     }
 }
@@ -80,6 +82,7 @@ impl LatencyHistogram {
         self.sum_ns += u128::from(d.0) * u128::from(n);
         self.count += n;
         self.max_ns = self.max_ns.max(d.0);
+        self.min_ns = self.min_ns.min(d.0);
     }
 
     fn record_hist(&mut self, us: u64, n: u64) {
@@ -113,7 +116,11 @@ impl LatencyHistogram {
                 max: f64::NAN,
             };
         }
-        let q = |q: f64| self.hist.value_at_quantile(q) as f64 / 1e3;
+        // The histogram answers with the top of a bucket (3 significant
+        // digits), which can lie above the exact maximum (or below the exact
+        // minimum): a percentile is clamped into [min, max].
+        let (min, max) = (self.min_ns as f64 / 1e6, self.max_ns as f64 / 1e6);
+        let q = |q: f64| (self.hist.value_at_quantile(q) as f64 / 1e3).clamp(min, max);
         LatencyStats {
             p50: q(0.50),
             p90: q(0.90),
@@ -121,7 +128,7 @@ impl LatencyHistogram {
             p99: q(0.99),
             p999: q(0.999),
             mean: self.sum_ns as f64 / self.count as f64 / 1e6,
-            max: self.max_ns as f64 / 1e6,
+            max,
         }
     }
 }
@@ -615,6 +622,12 @@ mod tests {
         assert!((s.mean - (998.0 + 3000.0) / 1000.0).abs() < 1e-12);
         assert_eq!(s.max, 1500.0);
         assert_eq!(h.count(), 1000);
+        // One sample of 6,801 ms: its bucket's top is 6,803.2 ms, above the
+        // exact maximum; every percentile is clamped to it.
+        let mut one = LatencyHistogram::default();
+        one.record(SimDuration(6_801_000_000));
+        assert!(one.histogram().value_at_quantile(0.99) > 6_801_000);
+        assert_eq!((one.stats().p50, one.stats().p99, one.stats().max), (6801.0, 6801.0, 6801.0));
         assert!(LatencyHistogram::default().stats().p50.is_nan());
     }
 

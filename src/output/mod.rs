@@ -319,15 +319,14 @@ impl TableSet {
                         hit_tokens,
                         tier_bytes,
                     } = row;
-                    let nan_null = |v: f64| if v.is_nan() { Cell::Null } else { Cell::F64(v) };
                     let mut cells = vec![
                         id,
                         Cell::F64(*start_s),
                         Cell::U64(*requests_completed),
                         Cell::U64(*prompt_tokens),
                         Cell::U64(*generated_tokens),
-                        nan_null(*ttft_p50_ms),
-                        nan_null(*ttft_p99_ms),
+                        Cell::F64(*ttft_p50_ms),
+                        Cell::F64(*ttft_p99_ms),
                         Cell::U64(*queue_depth),
                         Cell::U64(*running),
                         Cell::U32(*active_workers),

@@ -112,7 +112,9 @@ impl TableBuilder {
                 (ColType::U64, Cell::Null) => put!(UInt64Builder, None::<u64>),
                 (ColType::I64, Cell::I64(v)) => put!(Int64Builder, Some(v)),
                 (ColType::I64, Cell::Null) => put!(Int64Builder, None::<i64>),
-                (ColType::F64, Cell::F64(v)) => put!(Float64Builder, Some(v)),
+                // A missing number is null, never NaN: NaN poisons sums and
+                // means in polars and DuckDB, null is skipped.
+                (ColType::F64, Cell::F64(v)) => put!(Float64Builder, (!v.is_nan()).then_some(v)),
                 (ColType::F64, Cell::Null) => put!(Float64Builder, None::<f64>),
                 (ColType::Bool, Cell::Bool(v)) => put!(BooleanBuilder, Some(v)),
                 (ColType::Bool, Cell::Null) => put!(BooleanBuilder, None::<bool>),
