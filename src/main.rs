@@ -70,7 +70,8 @@ enum Command {
         #[arg(short, long, value_name = "DIR")]
         output: Option<PathBuf>,
         /// Also write each figure as PNG (for slides and papers); the page
-        /// then shows the PNGs. Rasterising takes most of a report's time.
+        /// then shows the PNGs. Rasterising takes most of a report's time,
+        /// and needs a build with `--features png`.
         #[arg(long)]
         png: bool,
     },
@@ -325,6 +326,9 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
 }
 
 fn report(dir: &std::path::Path, output: Option<&std::path::Path>, png: bool) -> Result<ExitCode, Failure> {
+    if png && !opal::report::figures::PNG_SUPPORTED {
+        return Err(Failure::Input(opal::report::figures::NO_PNG.into()));
+    }
     let target = output.map_or_else(|| opal::report::default_dir(dir), std::path::Path::to_path_buf);
     let started = std::time::Instant::now();
     let r = opal::report::write_report(dir, &target, png).map_err(|e| match e {

@@ -6,6 +6,7 @@ mod cli;
 mod kvcache;
 mod performance;
 mod queueing;
+mod readme;
 mod report;
 mod router;
 mod scenarios;

@@ -192,11 +192,10 @@ fn merging_with_a_shard_missing_reports_the_gap() {
     ok(&opal_sweep(&["spec.toml", "-o", "out", "--shard", "0/3", "-q"], &dir));
     let o = opal_sweep(&["merge", "out"], &dir);
     assert_eq!(o.status.code(), Some(1));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("merged 4 of 12 runs"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("merged 4 of 12 runs"), "{stderr}");
+    // Shard 0 of 3 ran 0, 3, 6 and 9.
+    assert!(stderr.contains("missing run ids 1–2, 4–5, 7–8, 10–11 (shards 1/3, 2/3)"), "{stderr}");
 }
 
 #[test]

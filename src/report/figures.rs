@@ -1140,19 +1140,6 @@ where
     Ok(())
 }
 
-/// DejaVu Sans for rasterising (the same face the layout was measured with).
-fn font_db() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
-    static DB: std::sync::OnceLock<std::sync::Arc<resvg::usvg::fontdb::Database>> = std::sync::OnceLock::new();
-    DB.get_or_init(|| {
-        let mut db = resvg::usvg::fontdb::Database::new();
-        db.load_font_data(dejavu::sans::regular().to_vec());
-        db.load_font_data(dejavu::sans::bold().to_vec());
-        db.set_sans_serif_family("DejaVu Sans");
-        std::sync::Arc::new(db)
-    })
-    .clone()
-}
-
 /// Font families for the SVG's text: the layout was measured with DejaVu
 /// Sans; Verdana (which DejaVu's Bitstream Vera ancestor matches in width)
 /// stands in where it is not installed.
@@ -1178,32 +1165,68 @@ fn render(number: u32, f: &Figure, dir: &Path, png: bool) -> Result<FigureFile, 
     let svg = svg.replace(r#"font-family="sans-serif""#, SVG_FONTS);
     super::write_atomic(&dir.join(&file.svg), svg.as_bytes())?;
     let Some(png_name) = &file.png else { return Ok(file) };
-    let options = resvg::usvg::Options { fontdb: font_db(), ..resvg::usvg::Options::default() };
-    let tree = resvg::usvg::Tree::from_str(&svg, &options).map_err(|e| fail(png_name, &e))?;
-    let mut pixmap = resvg::tiny_skia::Pixmap::new(size.0, size.1)
-        .ok_or_else(|| fail(png_name, &format!("cannot allocate a {}×{} pixel image", size.0, size.1)))?;
-    pixmap.fill(resvg::tiny_skia::Color::WHITE);
-    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
-    let png = encode_opaque_png(&pixmap).map_err(|e| fail(png_name, &e))?;
+    let png = raster::png(&svg, size).map_err(|e| fail(png_name, &e))?;
     super::write_atomic(&dir.join(png_name), &png)?;
     Ok(file)
 }
 
-/// A figure drawn on white as an RGB PNG with fast compression: the pixels
-/// are opaque, so the alpha channel carries nothing, and deflate's default
-/// level took most of a report's time for files a few per cent smaller.
-fn encode_opaque_png(pixmap: &resvg::tiny_skia::Pixmap) -> Result<Vec<u8>, png::EncodingError> {
-    let rgba = pixmap.data();
-    debug_assert!(rgba.chunks_exact(4).all(|p| p[3] == 255), "figures are drawn on an opaque background");
-    let rgb: Vec<u8> = rgba.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
-    let mut out = Vec::new();
-    let mut encoder = png::Encoder::new(&mut out, pixmap.width(), pixmap.height());
-    encoder.set_color(png::ColorType::Rgb);
-    encoder.set_depth(png::BitDepth::Eight);
-    encoder.set_compression(png::Compression::Fast);
-    encoder.write_header()?.write_image_data(&rgb)?;
-    Ok(out)
+/// Whether this build can write PNGs (the `png` feature: resvg and an
+/// encoder, about a third of the dependencies, left out of a lean build).
+pub const PNG_SUPPORTED: bool = cfg!(feature = "png");
+
+#[cfg(feature = "png")]
+mod raster {
+    /// DejaVu Sans for rasterising (the same face the layout was measured with).
+    fn font_db() -> std::sync::Arc<resvg::usvg::fontdb::Database> {
+        static DB: std::sync::OnceLock<std::sync::Arc<resvg::usvg::fontdb::Database>> = std::sync::OnceLock::new();
+        DB.get_or_init(|| {
+            let mut db = resvg::usvg::fontdb::Database::new();
+            db.load_font_data(dejavu::sans::regular().to_vec());
+            db.load_font_data(dejavu::sans::bold().to_vec());
+            db.set_sans_serif_family("DejaVu Sans");
+            std::sync::Arc::new(db)
+        })
+        .clone()
+    }
+
+    /// `svg` drawn on white at `size` pixels, as PNG bytes.
+    pub fn png(svg: &str, size: (u32, u32)) -> Result<Vec<u8>, String> {
+        let options = resvg::usvg::Options { fontdb: font_db(), ..resvg::usvg::Options::default() };
+        let tree = resvg::usvg::Tree::from_str(svg, &options).map_err(|e| e.to_string())?;
+        let mut pixmap = resvg::tiny_skia::Pixmap::new(size.0, size.1)
+            .ok_or_else(|| format!("cannot allocate a {}×{} pixel image", size.0, size.1))?;
+        pixmap.fill(resvg::tiny_skia::Color::WHITE);
+        resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pixmap.as_mut());
+        encode_opaque_png(&pixmap).map_err(|e| e.to_string())
+    }
+
+    /// A figure drawn on white as an RGB PNG with fast compression: the pixels
+    /// are opaque, so the alpha channel carries nothing, and deflate's default
+    /// level took most of a report's time for files a few per cent smaller.
+    fn encode_opaque_png(pixmap: &resvg::tiny_skia::Pixmap) -> Result<Vec<u8>, png::EncodingError> {
+        let rgba = pixmap.data();
+        debug_assert!(rgba.chunks_exact(4).all(|p| p[3] == 255), "figures are drawn on an opaque background");
+        let rgb: Vec<u8> = rgba.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect();
+        let mut out = Vec::new();
+        let mut encoder = png::Encoder::new(&mut out, pixmap.width(), pixmap.height());
+        encoder.set_color(png::ColorType::Rgb);
+        encoder.set_depth(png::BitDepth::Eight);
+        encoder.set_compression(png::Compression::Fast);
+        encoder.write_header()?.write_image_data(&rgb)?;
+        Ok(out)
+    }
 }
+
+#[cfg(not(feature = "png"))]
+mod raster {
+    /// This build has no rasteriser.
+    pub fn png(_svg: &str, _size: (u32, u32)) -> Result<Vec<u8>, String> {
+        Err(super::NO_PNG.into())
+    }
+}
+
+/// Why a lean build writes no PNG, and the fix.
+pub const NO_PNG: &str = "this opal-sweep was built without PNG support\n  fix: reinstall with `cargo install --path . --features png` (the SVG figures need nothing)";
 
 /// Computes every figure the data supports and writes each as SVG, and as
 /// PNG if `png`, into `dir` (figures are drawn in parallel; the files do not

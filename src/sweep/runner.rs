@@ -16,6 +16,7 @@ use crate::output::{
 use crate::{RunError, RunOptions};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -515,13 +516,41 @@ pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
     let _ = std::fs::remove_dir(layout.parts_dir());
     let expected = m["runs"].as_u64().unwrap_or(0) as usize;
     if report.runs < expected {
+        let done = completed_runs(&layout)?;
+        let missing: Vec<u32> = (0..expected as u32).filter(|id| !done.contains(id)).collect();
+        let shards: BTreeSet<String> = found
+            .iter()
+            .filter_map(|(_, m)| m["shard"]["count"].as_u64())
+            .flat_map(|n| missing.iter().map(move |&id| format!("{}/{n}", u64::from(id) % n)))
+            .collect();
+        let shards = if shards.is_empty() {
+            String::new()
+        } else {
+            format!(" (shards {})", shards.into_iter().collect::<Vec<_>>().join(", "))
+        };
         return Err(SweepError(format!(
-            "merged {} of {expected} runs into {}; the missing runs' shards have not finished (rerun them, then merge again)",
+            "merged {} of {expected} runs into {}; missing run ids {}{shards}\n  fix: rerun those shards (tasks run with --resume), then merge again",
             report.runs,
-            dir.display()
+            dir.display(),
+            id_ranges(&missing)
         )));
     }
     Ok(report)
+}
+
+/// `ids` (sorted) as ranges, `0–3, 7, 9–12`, at most 20 of them.
+pub fn id_ranges(ids: &[u32]) -> String {
+    let mut ranges: Vec<(u32, u32)> = Vec::new();
+    for &id in ids {
+        match ranges.last_mut() {
+            Some((_, end)) if *end + 1 == id => *end = id,
+            _ => ranges.push((id, id)),
+        }
+    }
+    let shown: Vec<String> =
+        ranges.iter().take(20).map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}–{b}") }).collect();
+    let more = if ranges.len() > 20 { format!(" and {} more ranges", ranges.len() - 20) } else { String::new() };
+    format!("{}{more}", shown.join(", "))
 }
 
 /// Progress display: a bar on a terminal, otherwise log lines at most every 2 s.
@@ -590,6 +619,14 @@ mod tests {
         for id in 0..30 {
             assert_eq!(shards.iter().filter(|s| s.contains(id)).count(), 1);
         }
+    }
+
+    #[test]
+    fn missing_ids_are_shown_as_ranges() {
+        assert_eq!(id_ranges(&[0, 1, 2, 3, 7, 9, 10, 11, 12]), "0–3, 7, 9–12");
+        assert_eq!(id_ranges(&[5]), "5");
+        let many: Vec<u32> = (0..50).map(|i| i * 2).collect();
+        assert!(id_ranges(&many).ends_with("38 and 30 more ranges"), "{}", id_ranges(&many));
     }
 
     #[test]
