@@ -301,7 +301,20 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let started = std::time::Instant::now();
     let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
     let wall = started.elapsed().as_secs_f64();
-    out(&summarize(&plan, &report, &output, wall));
+    if !report.dropped.is_empty() {
+        eprintln!(
+            "warning: the spec changed: kept the {} earlier runs it still holds, dropped {} it no longer does:",
+            report.skipped,
+            report.dropped.len()
+        );
+        for d in report.dropped.iter().take(10) {
+            eprintln!("  {d}");
+        }
+        if report.dropped.len() > 10 {
+            eprintln!("  … and {} more", report.dropped.len() - 10);
+        }
+    }
+    out(&summarize(&plan, &report, &output, wall, args.quiet));
     if args.quiet {
         // Without -q the progress display has already said why each run failed.
         for (id, msg) in report.failures.iter().take(10) {
@@ -387,9 +400,14 @@ fn convert(config: &std::path::Path, output: Option<&std::path::Path>, force: bo
     Ok(ExitCode::SUCCESS)
 }
 
-fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, wall: f64) -> String {
+/// What a finished sweep prints: the summary (a run's numbers or one line
+/// per point), what a changed spec kept and dropped, the counts and where
+/// the results are. With `quiet`, only the last line, counts included.
+fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, wall: f64, quiet: bool) -> String {
     let mut text = String::new();
-    if plan.total_runs() == 1
+    if quiet {
+        // Only the closing line below.
+    } else if plan.total_runs() == 1
         && let Some((summary, sc25)) = &report.first
     {
         text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
@@ -398,20 +416,8 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
             text.push_str(&opal::report::text::sc25_table(sc25));
         }
     } else if report.executed > 0 {
-        text.push_str(&opal::report::text::sweep_table(plan, &report.points));
-    }
-    if !report.dropped.is_empty() {
-        text.push_str(&format!(
-            "the spec changed: kept the {} earlier runs it still holds, dropped {} it no longer does:\n",
-            report.skipped,
-            report.dropped.len()
-        ));
-        for d in report.dropped.iter().take(10) {
-            text.push_str(&format!("  {d}\n"));
-        }
-        if report.dropped.len() > 10 {
-            text.push_str(&format!("  … and {} more\n", report.dropped.len() - 10));
-        }
+        let width = terminal_size::terminal_size().map_or(120, |(w, _)| usize::from(w.0)).max(60);
+        text.push_str(&opal::report::text::sweep_table(plan, &report.points, width));
     }
     if report.executed == 0 && report.skipped == report.selected && report.selected > 0 {
         text.push_str(&format!(
@@ -422,6 +428,16 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         return text;
     }
     let ok = report.executed as usize - report.failures.len() - report.interrupted_runs.len();
+    let place = match &report.merged {
+        Some(_) => format!("results: {}", output.display()),
+        None => {
+            format!("parts: {} (merge with: opal-sweep merge {})", output.join("parts").display(), output.display())
+        }
+    };
+    if quiet {
+        text.push_str(&place);
+        text.push_str(" — ");
+    }
     text.push_str(&format!(
         "{ok} runs ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
         report.failures.len(),
@@ -436,13 +452,9 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         text.push_str(&format!(" (this shard; {} runs in the sweep)", report.total));
     }
     text.push('\n');
-    match &report.merged {
-        Some(_) => text.push_str(&format!("results: {}\n", output.display())),
-        None => text.push_str(&format!(
-            "parts: {} (merge with: opal-sweep merge {})\n",
-            output.join("parts").display(),
-            output.display()
-        )),
+    if !quiet {
+        text.push_str(&place);
+        text.push('\n');
     }
     text
 }

@@ -139,6 +139,34 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
 }
 
 #[test]
+fn the_terminal_table_has_units_unique_headers_and_fits_the_width_and_quiet_prints_one_line() {
+    let spec = SPEC.replace(
+        "\"router.router_params.policy\" = [\"RoundRobin\", \"Random\", \"LeastLoaded\"]",
+        "\"model.model_params.name\" = [\"llama-3.1-8b\", \"llama-3.1-70b\"]",
+    );
+    let dir = setup("table", &spec);
+    let o = opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    let header = lines[0];
+    for h in ["TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "req/s", "busy %", "hit %", "axis values"] {
+        assert_eq!(header.matches(h).count(), 1, "{header}");
+    }
+    assert_eq!(header.matches("point").count(), 1, "one column named point: {header}");
+    // Not a terminal: 120 columns.
+    assert!(lines.iter().all(|l| l.chars().count() <= 120), "{stdout}");
+    // The failed points (llama-3.1-70b does not fit) show one notation for missing numbers.
+    let failed: Vec<&&str> = lines.iter().filter(|l| l.contains("0/2")).collect();
+    assert_eq!(failed.len(), 2, "{stdout}");
+    assert!(failed.iter().all(|l| l.contains('–') && !l.contains("NaN") && !l.contains(" - ")), "{stdout}");
+
+    let quiet = opal_sweep(&["spec.toml", "-o", "out2", "-q"], &dir);
+    let stdout = String::from_utf8_lossy(&quiet.stdout);
+    assert_eq!(stdout.lines().count(), 1, "{stdout}");
+    assert!(stdout.starts_with("results: out2 — 4 runs ok, 4 failed"), "{stdout}");
+}
+
+#[test]
 fn histograms_deserialize_and_their_p99_equals_the_runs_table() {
     let dir = setup("hist", SPEC);
     ok(&opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir));
@@ -292,7 +320,8 @@ fn resume_after_adding_a_grid_value_and_a_replicate_runs_only_the_new_runs() {
     ok(&resumed);
     let stdout = String::from_utf8_lossy(&resumed.stdout);
     assert!(stdout.contains("all 18 runs are already in out"), "{stdout}");
-    assert!(stdout.contains("dropped 9 it no longer does") && stdout.contains("policy=\"Random\""), "{stdout}");
+    let stderr = String::from_utf8_lossy(&resumed.stderr);
+    assert!(stderr.contains("dropped 9 it no longer does") && stderr.contains("policy=\"Random\""), "{stderr}");
     ok(&opal_sweep(&["spec.toml", "-o", "fresh2", "-q"], &dir));
     assert_same_tables(&dir.join("out"), &dir.join("fresh2"));
 }

@@ -109,9 +109,12 @@ pub fn sc25_table(rows: &[crate::metrics::Sc25Row]) -> String {
     out
 }
 
+/// How a missing number is shown in every terminal table.
+pub const MISSING: &str = "–";
+
 fn format_ms(v: f64) -> String {
     if v.is_nan() {
-        "-".into()
+        MISSING.into()
     } else if v >= 100.0 {
         format!("{v:.0}")
     } else {
@@ -153,30 +156,41 @@ pub fn dry_run(plan: &crate::sweep::SweepPlan) -> String {
 }
 
 /// One line per grid point: replicate means of key metrics (TTFT and
-/// TPOT in ms, requests/s, GPU utilisation, prefix-hit ratio).
+/// TPOT in ms, requests/s, GPU busy time, prefix-hit ratio), then the
+/// point's axis values, cut to `width` characters (a terminal's width).
 pub fn sweep_table(
     plan: &crate::sweep::SweepPlan,
     points: &std::collections::BTreeMap<u32, crate::sweep::runner::PointTally>,
+    width: usize,
 ) -> String {
-    let mut out = format!(
-        "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9} {:>9} {:>7}  point\n",
-        "point", "ok", "TTFT p50", "TTFT p99", "TPOT p50", "req/s", "GPU %", "hit %"
-    );
+    let fixed = |cells: [&str; 8]| {
+        format!(
+            "{:>5} {:>5} {:>12} {:>12} {:>12} {:>8} {:>7} {:>6}",
+            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6], cells[7]
+        )
+    };
+    let mut out = fixed(["point", "ok", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "req/s", "busy %", "hit %"]);
+    out.push_str("  axis values\n");
+    let number = |v: f64, digits: usize| if v.is_nan() { MISSING.to_string() } else { format!("{v:.digits$}") };
     for (&id, t) in points {
-        let [ttft50, ttft99, tpot50, rps, gpu, hit] = t.means();
-        let _ = writeln!(
-            out,
-            "{:>5} {:>5} {:>11} {:>11} {:>11} {:>9.2} {:>9.1} {:>7.1}  {}",
-            id,
-            format!("{}/{}", t.ok, t.runs),
-            format_ms(ttft50),
-            format_ms(ttft99),
-            format_ms(tpot50),
-            rps,
-            100.0 * gpu,
-            100.0 * hit,
-            plan.points[id as usize].describe()
-        );
+        let [ttft50, ttft99, tpot50, rps, busy, hit] = t.means();
+        let mut line = fixed([
+            &id.to_string(),
+            &format!("{}/{}", t.ok, t.runs),
+            &format_ms(ttft50),
+            &format_ms(ttft99),
+            &format_ms(tpot50),
+            &number(rps, 2),
+            &number(100.0 * busy, 1),
+            &number(100.0 * hit, 1),
+        ]);
+        line.push_str("  ");
+        line.push_str(&plan.points[id as usize].describe());
+        if line.chars().count() > width {
+            line = line.chars().take(width.saturating_sub(1)).collect::<String>() + "…";
+        }
+        out.push_str(&line);
+        out.push('\n');
     }
     out
 }
