@@ -75,6 +75,25 @@ enum Command {
         #[arg(long)]
         png: bool,
     },
+    /// Print the effective configuration: every key of a spec's scenario,
+    /// defaults filled in, each with a comment — TOML that runs to the same
+    /// results.
+    ///
+    /// With --point N, grid point N's scenario alone; with --defaults, the
+    /// scenario of an empty spec.
+    Config {
+        /// The spec (TOML or Opal JSON).
+        #[arg(required_unless_present = "defaults")]
+        spec: Option<PathBuf>,
+        /// Print grid point N (as --dry-run numbers them) instead of the axes and base scenario.
+        #[arg(long, value_name = "N", conflicts_with = "defaults")]
+        point: Option<usize>,
+        /// Print the default scenario.
+        #[arg(long, conflicts_with = "spec")]
+        defaults: bool,
+    },
+    /// List the model and GPU presets with their key numbers.
+    Presets,
     /// Print what the simulator derives from a model, and how it fits on a GPU.
     ///
     /// The model is a preset name (or a Hugging Face id of one) or a path to
@@ -222,6 +241,8 @@ fn main() -> ExitCode {
         Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
         Some(Command::Report { dir, output, png }) => report(&dir, output.as_deref(), png),
         Some(Command::Model(args)) => model(&args),
+        Some(Command::Config { spec, point, defaults }) => config(spec.as_deref(), point, defaults),
+        Some(Command::Presets) => presets(),
         Some(Command::Calibrate(args)) => calibrate(&args),
         None => run(&cli.run),
     };
@@ -336,6 +357,23 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         )));
     }
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn config(spec: Option<&std::path::Path>, point: Option<usize>, defaults: bool) -> Result<ExitCode, Failure> {
+    let text = match spec.filter(|_| !defaults) {
+        Some(path) => {
+            let spec = opal::config::load_spec(path).map_err(|e| Failure::Input(e.to_string()))?;
+            opal::sweep::effective_config(&spec, point)
+        }
+        None => opal::sweep::default_config(),
+    };
+    out(&text.map_err(|e| Failure::Input(e.to_string()))?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn presets() -> Result<ExitCode, Failure> {
+    out(&opal::report::text::presets_table());
+    Ok(ExitCode::SUCCESS)
 }
 
 fn report(dir: &std::path::Path, output: Option<&std::path::Path>, png: bool) -> Result<ExitCode, Failure> {

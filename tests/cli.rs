@@ -316,3 +316,23 @@ fn calibrate_writes_an_inference_block_that_runs() {
     let o = opal_sweep(&["calibrate", "m.csv", "--model", "llama-3.1-8b", "--gpu", "H100"], &dir);
     assert_input_error(&o, &["m.csv:3", "prefil"]);
 }
+
+#[test]
+fn config_prints_the_defaults_and_presets_lists_models_and_gpus() {
+    let dir = temp_dir("config-cli");
+    let o = opal_sweep(&["config", "--defaults"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    // It parses as a spec, and says every default.
+    std::fs::write(dir.join("d.toml"), text.as_bytes()).unwrap();
+    assert!(opal_sweep(&["d.toml", "--dry-run"], &dir).status.success());
+    for key in ["policy = \"MaxPrefix\"", "block_size = 16", "gpu_memory_utilization = 0.9", "capacity_GB = 8.0"] {
+        assert!(text.contains(key), "{key} missing");
+    }
+    let o = opal_sweep(&["presets"], &dir);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("deepseek-v3") && text.contains("H200") && text.contains("4.80"), "{text}");
+    std::fs::write(dir.join("one.toml"), "[model.model_params]\nname = \"llama-3.1-8b\"\n").unwrap();
+    let o = opal_sweep(&["config", "one.toml", "--point", "3"], &dir);
+    assert_input_error(&o, &["one.toml", "1 grid points; there is no point 3", "fix:"]);
+}

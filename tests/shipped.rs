@@ -12,7 +12,10 @@ use std::sync::atomic::AtomicBool;
 
 /// `text` with one replicate and small stages.
 fn cut_down(text: &str) -> String {
-    let mut t: toml::Table = text.parse().unwrap();
+    cut_down_table(text.parse().unwrap())
+}
+
+fn cut_down_table(mut t: toml::Table) -> String {
     let sweep = t.entry("sweep").or_insert(toml::Value::Table(toml::Table::new())).as_table_mut().unwrap();
     sweep.insert("replicates".into(), toml::Value::Integer(1));
     sweep.insert("report".into(), toml::Value::Boolean(false));
@@ -95,4 +98,73 @@ fn shipped_sweeps_write_no_nan_and_no_percentile_above_its_max() {
     }
     assert!(checked > 500, "{checked} percentiles compared with their max");
     let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
+
+/// The runs table of `plan` run into `out`, without its wall-clock column.
+fn runs_of(plan: &opal::sweep::SweepPlan, out: &Path) -> arrow_array::RecordBatch {
+    let opts = RunnerOptions {
+        output: out.to_path_buf(),
+        jobs: None,
+        shard: None,
+        resume: false,
+        overwrite: true,
+        progress: false,
+    };
+    run_sweep(plan, &opts, &AtomicBool::new(false)).unwrap();
+    let mut b = read(&out.join("runs.parquet"));
+    b.remove_column(b.schema().index_of("wall_s").unwrap());
+    b
+}
+
+#[test]
+fn the_effective_configuration_runs_to_the_same_results() {
+    let dir = crate::temp_dir("effective");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cases: Vec<(std::path::PathBuf, String)> =
+        ["policy-rate", "dfs-bandwidth", "sessions", "sc25-tiers", "rag"]
+            .iter()
+            .map(|n| {
+                let p = root.join(format!("sweeps/{n}.toml"));
+                let text = cut_down(&std::fs::read_to_string(&p).unwrap());
+                (p, text)
+            })
+            .collect();
+    // The Opal JSON example, imported.
+    let json = root.join("examples/opal/exponential-12rps.json");
+    let imported = opal::config::load_spec(&json).unwrap();
+    cases.push((json.with_extension("toml"), cut_down_table(imported.table)));
+    for (i, (path, text)) in cases.iter().enumerate() {
+        let spec = opal::config::Spec::from_text(text, path).unwrap();
+        let effective = opal::sweep::effective_config(&spec, None).unwrap();
+        // Written out where nothing relative would resolve: every path in it is absolute.
+        let elsewhere = dir.join(format!("effective-{i}.toml"));
+        std::fs::write(&elsewhere, &effective).unwrap();
+        let again = opal::config::load_spec(&elsewhere).unwrap_or_else(|e| panic!("{e}\n{effective}"));
+        let (a, b) = (opal::sweep::plan(&spec).unwrap(), opal::sweep::plan(&again).unwrap());
+        assert_eq!(
+            runs_of(&a, &dir.join(format!("a-{i}"))),
+            runs_of(&b, &dir.join(format!("b-{i}"))),
+            "{}: the effective configuration runs differently (run keys included)",
+            path.display()
+        );
+        // Every key commented.
+        let keys = effective.lines().filter(|l| l.contains(" = ") && !l.starts_with('#') && !l.starts_with('"'));
+        assert!(keys.clone().count() > 60, "{effective}");
+        for line in keys {
+            assert!(line.contains("  # "), "{}: uncommented key: {line}", path.display());
+        }
+    }
+    // One grid point alone equals that point of the sweep.
+    let (path, text) = &cases[0];
+    let spec = opal::config::Spec::from_text(text, path).unwrap();
+    let point = opal::sweep::effective_config(&spec, Some(5)).unwrap();
+    assert!(!point.contains("[grid]"));
+    let point_spec = opal::config::Spec::from_text(&point, &dir.join("point.toml")).unwrap();
+    let alone = runs_of(&opal::sweep::plan(&point_spec).unwrap(), &dir.join("point"));
+    let all = runs_of(&opal::sweep::plan(&spec).unwrap(), &dir.join("all"));
+    let key = |b: &arrow_array::RecordBatch, i: usize| {
+        b.column_by_name("run_key").unwrap().as_primitive::<arrow_array::types::UInt64Type>().value(i)
+    };
+    assert_eq!(key(&alone, 0), key(&all, 5), "the point's run has the same identity alone");
+    let _ = std::fs::remove_dir_all(&dir);
 }

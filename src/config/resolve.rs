@@ -297,6 +297,17 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
     })
 }
 
+/// A tier's defaults: (bandwidth GB/s, latency ns, concurrency, capacity GiB),
+/// the original Opal's `configs/defaults.json` values.
+pub(super) fn tier_defaults(tier: Tier) -> (f64, f64, u64, f64) {
+    match tier {
+        Tier::Cpu => (50.0, 200.0, 1_000_000, 8.0),
+        Tier::Nvme => (10.0, 10_000.0, 1_000, 1024.0),
+        Tier::Dfs => (100.0, 100_000.0, 1_000, 1_048_576.0),
+        Tier::Gpu => unreachable!("not a kvc tier"),
+    }
+}
+
 fn resolve_kvc(
     cx: &Ctx<'_>,
     file: &SpecFile,
@@ -326,12 +337,13 @@ fn resolve_kvc(
         if tiers.iter().any(|t| t.tier == tier) {
             return Err(cx.err(&key, format!("{name} is listed twice"), "list each tier once, fastest first"));
         }
-        let (p, defaults): (&TierParams, (f64, f64, u64, f64)) = match tier {
-            Tier::Cpu => (&k.CPUMemory, (50.0, 200.0, 1_000_000, 8.0)),
-            Tier::Nvme => (&k.LocalNVMe, (10.0, 10_000.0, 1_000, 1024.0)),
-            Tier::Dfs => (&k.DistributedFS, (100.0, 100_000.0, 1_000, 1_048_576.0)),
+        let p: &TierParams = match tier {
+            Tier::Cpu => &k.CPUMemory,
+            Tier::Nvme => &k.LocalNVMe,
+            Tier::Dfs => &k.DistributedFS,
             Tier::Gpu => unreachable!("not a kvc tier"),
         };
+        let defaults = tier_defaults(tier);
         let at = |f: &str| format!("kvc.{}.{f}", tier.opal_name());
         let bandwidth = cx.positive(&at("bandwidth_GBps"), p.bandwidth_GBps.unwrap_or(defaults.0))?;
         let latency = p.latency_nsec.unwrap_or(defaults.1);

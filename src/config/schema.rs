@@ -103,8 +103,8 @@ pub struct ModelSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelParams {
-    /// A preset (llama-3.1-8b, llama-3.1-70b, granite-3.3-8b, qwen2.5-7b; Hugging Face ids and
-    /// `-instruct` names accepted) or, with `config_dir`, a sub-directory holding `config.json`.
+    /// A model preset (`opal-sweep presets` lists them; Hugging Face ids and `-instruct` names
+    /// accepted) or, with `config_dir`, a sub-directory holding `config.json`.
     pub name: String,
     /// Directory containing `<name>/config.json` (Opal's layout), relative to the spec file.
     pub config_dir: Option<String>,

@@ -345,6 +345,46 @@ pub fn calibration_table(fit: &crate::worker::calibrate::Calibration) -> String 
     out
 }
 
+/// `opal-sweep presets`: the model presets (parameters, active parameters,
+/// weights, KV bytes per token, context) and the GPU presets (memory,
+/// dense BF16/FP8 peaks, bandwidth, power).
+pub fn presets_table() -> String {
+    use crate::worker::model::ModelArch;
+    use crate::worker::presets::GpuSpec;
+    let gib = |b: f64| b / (1u64 << 30) as f64;
+    let mut out = format!(
+        "models ([model.model_params] name; Hugging Face ids accepted)\n{:<44} {:>9} {:>9} {:>10} {:>11} {:>9}\n",
+        "name", "params B", "active B", "weights GiB", "KV B/token", "context"
+    );
+    for name in ModelArch::presets() {
+        let m = ModelArch::preset(name).expect("a listed preset");
+        let _ = writeln!(
+            out,
+            "{name:<44} {:>9.2} {:>9.2} {:>10.1} {:>11} {:>9}",
+            m.parameter_count() as f64 / 1e9,
+            m.active_parameter_count() as f64 / 1e9,
+            gib(m.weight_bytes() as f64),
+            m.kv_bytes_per_token(),
+            m.max_model_len
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nGPUs ([worker.hw] gpu)\n{:<10} {:>10} {:>12} {:>11} {:>9} {:>8}",
+        "name", "memory GiB", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "power W"
+    );
+    for name in GpuSpec::presets() {
+        let g = GpuSpec::preset(name).expect("a listed preset");
+        let fp8 = g.fp8_tflops.map_or(MISSING.to_string(), |v| format!("{v:.0}"));
+        let _ = writeln!(
+            out,
+            "{name:<10} {:>10.0} {:>12.0} {fp8:>11} {:>9.2} {:>8.0}",
+            g.memory_gb, g.tflops, g.mem_bw_tbps, g.power_w
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -74,8 +74,8 @@ pub struct Point {
     pub axis_values: Vec<AxisValue>,
     /// The point's scenario, or why it cannot run (a value error).
     pub scenario: Result<Arc<Scenario>, ConfigError>,
-    /// Hash of what the point runs (its resolved scenario text, the tool
-    /// version and the tables written); with the seed, a run's identity.
+    /// Hash of what the point runs (its effective scenario, the tool version
+    /// and the tables written); with the seed, a run's identity.
     pub key: u64,
 }
 
@@ -115,6 +115,10 @@ pub struct SweepPlan {
     pub points: Vec<Point>,
     /// The resolved spec (base scenario, axes, sweep settings) as TOML, for the manifest.
     pub canonical: String,
+    /// The base scenario with every default written out (values derived
+    /// from presets stay implicit, so each point is this plus its
+    /// overrides), as TOML, for the manifest.
+    pub scenario_with_defaults: String,
     /// FNV-1a of `canonical`: results from another spec are never mixed in.
     pub digest: u64,
     /// Default output directory.
@@ -457,17 +461,26 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         let file = spec_from_table(&table, &source).map_err(in_point)?;
         // What the point runs, as text: the resolved scenario's table (paths
         // inside it resolve against base_dir, which is part of it too).
-        let mut h = Fnv64::default();
-        h.write(env!("CARGO_PKG_VERSION").as_bytes());
-        h.write(format!("{:?}", tables).as_bytes());
-        h.write(base_dir.to_string_lossy().as_bytes());
-        h.write(toml::to_string(&sorted(&table)).unwrap_or_default().as_bytes());
-        let key = h.finish();
         let scenario = match resolve(&file, &scenario_source, &base_dir) {
             Ok(s) => Ok(Arc::new(s)),
             Err(e) if e.kind == ErrorKind::Schema => return Err(in_point(e)),
             Err(e) => Err(in_point(e).located()),
         };
+        // What the point runs: its effective scenario (every key written
+        // out, paths absolute), so that writing a default out, reordering
+        // keys or moving the spec does not change it; for a point that
+        // cannot run, its table as written.
+        let what = match &scenario {
+            Ok(s) => {
+                crate::config::effective::effective_table(&file, Some(s), &base_dir).unwrap_or_else(|_| table.clone())
+            }
+            Err(_) => table.clone(),
+        };
+        let mut h = Fnv64::default();
+        h.write(env!("CARGO_PKG_VERSION").as_bytes());
+        h.write(format!("{tables:?}").as_bytes());
+        h.write(toml::to_string(&sorted(&what)).unwrap_or_default().as_bytes());
+        let key = h.finish();
         points.push(Point { id: id as u32, overrides, axis_values, scenario, key });
     }
 
@@ -489,6 +502,9 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         }
     }
     canonical.push_str(&toml::to_string(&scenario_table).unwrap_or_default());
+    let scenario_with_defaults = crate::config::effective::effective_table(&base_file, None, &base_dir)
+        .map(|t| toml::to_string(&t).unwrap_or_default())
+        .unwrap_or_default();
     let mut h = Fnv64::default();
     h.write(canonical.as_bytes());
     let default_output = sweep.output.as_ref().map_or_else(|| Path::new("results").join(spec.name()), PathBuf::from);
@@ -500,11 +516,73 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         tables: TableSet { tables, axis_columns },
         points,
         canonical,
+        scenario_with_defaults,
         digest: h.finish(),
         default_output,
         notes,
         report: sweep.report.unwrap_or(false),
     })
+}
+
+/// What `spec` runs, with every key written out (see
+/// [`crate::config::effective`]), as commented TOML that runs to the same
+/// results: its `[sweep]` settings (a base file's scenario is inlined), and
+/// then either its axes and the base scenario, or — for `point` — that grid
+/// point's scenario alone.
+pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, ConfigError> {
+    let source = spec.source();
+    let plan = plan(spec)?;
+    let (mut table, base_dir, scenario_source, _) = base_scenario(spec, &source)?;
+    if let Some(n) = point {
+        let p = plan.points.get(n).ok_or_else(|| {
+            ConfigError::file(
+                &source,
+                format!("the sweep has {} grid points; there is no point {n}", plan.points.len()),
+            )
+            .hint("points count from 0; --dry-run lists them")
+        })?;
+        for (path, v) in &p.overrides {
+            set_path(&mut table, path, v.clone()).map_err(|e| ConfigError::key(&source, path.as_str(), e))?;
+        }
+    }
+    let file = spec_from_table(&table, &scenario_source)?;
+    let scenario = resolve(&file, &scenario_source, &base_dir)?;
+    let effective = crate::config::effective::effective_table(&file, Some(&scenario), &base_dir)
+        .map_err(|e| ConfigError::file(&source, e))?;
+    let mut head = toml::Table::new();
+    if let Some(toml::Value::Table(sweep)) = spec.table.get("sweep") {
+        let mut sweep = sweep.clone();
+        sweep.remove("base");
+        if !sweep.is_empty() {
+            head.insert("sweep".into(), toml::Value::Table(sweep));
+        }
+    }
+    if point.is_none() {
+        for key in ["grid", "zip"] {
+            if let Some(v) = spec.table.get(key) {
+                head.insert(key.into(), v.clone());
+            }
+        }
+    }
+    let what = match point {
+        Some(n) => format!("grid point {n} of {source}"),
+        None => source.clone(),
+    };
+    let mut out = format!(
+        "# The effective configuration of {what}: every key, defaults filled in\n# (opal-sweep {}). It runs to the same results.\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    out.push_str(&crate::config::effective::commented(&head));
+    out.push_str(&crate::config::effective::commented(&effective));
+    Ok(out)
+}
+
+/// The default scenario (an empty spec's), written out as
+/// [`effective_config`] writes a spec's.
+pub fn default_config() -> Result<String, ConfigError> {
+    let spec = Spec::from_text("", Path::new("defaults.toml"))?;
+    let text = effective_config(&spec, None)?;
+    Ok(text.replacen("The effective configuration of defaults.toml", "The default scenario", 1))
 }
 
 /// The scenario of one run: its point's scenario with the replicate's seed.

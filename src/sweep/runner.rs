@@ -226,6 +226,7 @@ pub fn manifest(plan: &SweepPlan, shard: Option<Shard>) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "shard": shard.map(|s| serde_json::json!({"index": s.index, "count": s.count})),
         "resolved_spec": plan.canonical,
+        "scenario_with_defaults": plan.scenario_with_defaults,
     })
 }
 

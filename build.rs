@@ -1,0 +1,54 @@
+//! Extracts the documentation of every key of the spec schema
+//! (`src/config/schema.rs`: each `pub` field's `///` lines, its type and
+//! its serde name) into `$OUT_DIR/schema_docs.rs`, so that `opal-sweep
+//! config` can comment every key it prints with the same words the code
+//! documents it with — one source for both.
+
+use std::fmt::Write;
+
+fn main() {
+    let path = "src/config/schema.rs";
+    println!("cargo:rerun-if-changed={path}");
+    let text = std::fs::read_to_string(path).expect("the schema source");
+    let mut out = String::from(
+        "/// (struct, key, field type, doc) of every key of the spec schema.\npub const SCHEMA_DOCS: &[(&str, &str, &str, &str)] = &[\n",
+    );
+    let mut strukt: Option<String> = None;
+    let mut doc: Vec<String> = Vec::new();
+    let mut rename: Option<String> = None;
+    for line in text.lines() {
+        let t = line.trim();
+        if let Some(rest) = t.strip_prefix("pub struct ") {
+            strukt = rest.split([' ', '{', '(']).next().map(str::to_string);
+            doc.clear();
+            continue;
+        }
+        if t == "}" && !line.starts_with(' ') {
+            strukt = None;
+        }
+        if let Some(d) = t.strip_prefix("///") {
+            doc.push(d.trim().to_string());
+            continue;
+        }
+        if let Some(r) = t.strip_prefix("#[serde(rename = \"") {
+            rename = r.split('"').next().map(str::to_string);
+            continue;
+        }
+        if t.starts_with("#[") {
+            continue;
+        }
+        if let (Some(s), Some(field)) = (&strukt, t.strip_prefix("pub "))
+            && let Some((name, ty)) = field.split_once(':')
+        {
+            let key = rename.take().unwrap_or_else(|| name.trim().to_string());
+            let ty = ty.trim().trim_end_matches(',');
+            let text = doc.join(" ");
+            writeln!(out, "    ({s:?}, {key:?}, {ty:?}, {text:?}),").unwrap();
+        }
+        doc.clear();
+        rename = None;
+    }
+    out.push_str("];\n");
+    let dest = std::path::Path::new(&std::env::var("OUT_DIR").expect("cargo sets OUT_DIR")).join("schema_docs.rs");
+    std::fs::write(dest, out).expect("write schema_docs.rs");
+}
