@@ -172,7 +172,7 @@ pub struct Cluster<'a> {
     /// Hashes requests' blocks (remembering a shared leading segment's).
     hasher: crate::kvcache::BlockHasher,
     /// Scratch for the decode steps materialised from runs.
-    substeps: Vec<(SimTime, SimDuration, u64)>,
+    substeps: Vec<crate::metrics::StepRecord>,
     /// Requests generated so far (the next one's serial).
     generated: u32,
     tally: Tally,
@@ -434,7 +434,7 @@ impl<'a> Cluster<'a> {
         let mut subs = std::mem::take(&mut self.substeps);
         self.workers[w.index()].take_substeps(&mut subs);
         self.series.on_steps(&subs);
-        self.latencies.get_mut(LatencyMetric::Itl).record_each(subs.iter().map(|&(_, d, decodes)| (d, decodes)));
+        self.latencies.get_mut(LatencyMetric::Itl).record_each(subs.iter().map(|s| (s.duration, s.decodes)));
         subs.clear();
         self.substeps = subs;
     }
@@ -527,6 +527,7 @@ impl<'a> Cluster<'a> {
         let out = &self.outcome;
         self.series.on_busy(now - out.duration, now);
         self.series.on_tokens(now, out.prompt_tokens, out.generated_tokens);
+        self.series.on_peak(now, out.peak);
         self.latencies.get_mut(LatencyMetric::Itl).record_n(out.duration, out.decodes);
         for &gap in &out.resumed_gaps {
             self.latencies.get_mut(LatencyMetric::Itl).record(gap);
@@ -720,6 +721,10 @@ impl<'a> Cluster<'a> {
         }
         let gauges = self.gauges();
         let trace = self.workload.trace_counts();
+        let mut peak = crate::metrics::PeakSeconds::default();
+        for w in &self.workers {
+            peak += w.peak_total();
+        }
         let summary = RunSummary {
             requests_generated: u64::from(self.generated),
             requests_completed: self.completed,
@@ -737,7 +742,9 @@ impl<'a> Cluster<'a> {
             e2e_ms: self.latencies.get(LatencyMetric::E2e).stats(),
             queue_wait_ms: self.latencies.get(LatencyMetric::QueueWait).stats(),
             kv_fetch_ms: self.latencies.get(LatencyMetric::KvFetch).stats(),
-            gpu_utilization: if worker_time > 0.0 { busy as f64 / worker_time } else { 0.0 },
+            gpu_busy_fraction: if worker_time > 0.0 { busy as f64 / worker_time } else { 0.0 },
+            gpu_compute_fraction: if worker_time > 0.0 { peak.compute * 1e9 / worker_time } else { 0.0 },
+            gpu_hbm_fraction: if worker_time > 0.0 { peak.memory * 1e9 / worker_time } else { 0.0 },
             preemptions: self.workers.iter().map(Worker::preemptions).sum(),
             prefill_tokens_computed: t.prefill_tokens_computed,
             mean_requests_in_system: self.in_system.mean(end),
@@ -780,7 +787,9 @@ impl<'a> Cluster<'a> {
                         0.0
                     },
                     busy_s: busy,
-                    utilization: if alive > 0.0 { busy / alive } else { 0.0 },
+                    busy_fraction: if alive > 0.0 { busy / alive } else { 0.0 },
+                    compute_fraction: if alive > 0.0 { w.peak_total().compute / alive } else { 0.0 },
+                    hbm_fraction: if alive > 0.0 { w.peak_total().memory / alive } else { 0.0 },
                     preemptions: w.preemptions(),
                     chunks_indexed: self.index.held_by(w.id()),
                 }

@@ -48,7 +48,7 @@ fn check_md1(rho: f64, requests: u64) {
     let l = out.summary.mean_requests_in_system;
     assert!((l - lambda * w).abs() / l < 1e-9, "L = {l}, λW = {}", lambda * w);
     // And the utilisation equals ρ (service time × throughput).
-    assert!((out.summary.gpu_utilization - 0.010 * lambda).abs() < 1e-9);
+    assert!((out.summary.gpu_busy_fraction - 0.010 * lambda).abs() < 1e-9);
 }
 
 #[test]

@@ -183,3 +183,49 @@ fn a_mixture_of_experts_computes_its_active_experts_and_reads_the_experts_it_tou
     assert_eq!((r.e2e_s.unwrap() * 1e9).round() as u64, e2e, "E2E");
     assert_eq!(out.summary.model_params, total as u64);
 }
+
+#[test]
+fn busy_time_and_the_share_of_peak_compute_differ_as_hand_computed_for_one_step() {
+    // One request of 1,000 prompt tokens and one output token on one H100
+    // with a synthetic 1 s step: one prefill step, busy all of its second.
+    let s = crate::scenario(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [worker.inference_params]
+        model = "synthetic"
+        mean_latency_secs = 1.0
+        [kvc]
+        kvc_tiers = []
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 1000
+        output_tokens = 1
+        "#,
+    );
+    let out = crate::run(&s).summary;
+    // Llama-3.1-8B: 32 layers, attention width 32 × 128 = 4,096, d = 4,096.
+    // Attention: 4·d per causal pair per layer, 1000·1001/2 pairs.
+    let attention = 4.0 * 4096.0 * 32.0 * (1000.0 * 1001.0 / 2.0);
+    // Linear layers: the roofline's 24·d² per layer and token.
+    let linear = 24.0 * 32.0 * 4096.0 * 4096.0 * 1000.0;
+    let h100 = opal::worker::presets::GpuSpec::preset("H100").unwrap();
+    let compute_secs = (attention + linear) / (h100.tflops * 1e12); // dense BF16 peak (989.5 TFLOP/s)
+    // HBM: every weight once, the 1,000 tokens' KV (32 layers × 8 KV heads × 128 × K and V × 2 B).
+    let weights = opal::worker::model::ModelArch::preset("llama-3.1-8b").unwrap().weight_bytes() as f64;
+    let memory_secs = (weights + 1000.0 * 131_072.0) / (h100.mem_bw_tbps * 1e12);
+    let worker_secs = out.sim_time_s;
+    assert!((out.gpu_busy_fraction - 1.0 / worker_secs).abs() < 1e-9, "{}", out.gpu_busy_fraction);
+    assert!(
+        (out.gpu_compute_fraction - compute_secs / worker_secs).abs() < 1e-9,
+        "{} vs {} ({} s)",
+        out.gpu_compute_fraction,
+        compute_secs / worker_secs,
+        worker_secs
+    );
+    assert!((out.gpu_hbm_fraction - memory_secs / worker_secs).abs() < 1e-9, "{}", out.gpu_hbm_fraction);
+    // A GPU busy every second of a step used 1.3 % of its compute.
+    assert!((compute_secs - 0.01328).abs() < 1e-4, "{compute_secs}");
+}

@@ -110,7 +110,9 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
         ("tpot_p999_ms", D::Float64),
         ("queue_wait_max_ms", D::Float64),
         ("input_tokens_per_s", D::Float64),
-        ("gpu_utilization", D::Float64),
+        ("gpu_busy_fraction", D::Float64),
+        ("gpu_compute_fraction", D::Float64),
+        ("gpu_hbm_fraction", D::Float64),
         ("preemptions", D::UInt64),
     ] {
         assert_eq!(

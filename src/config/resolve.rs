@@ -639,6 +639,7 @@ fn resolve_worker(
         report_evictions: false,
         publish_events: false,
         perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
+        usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
         sliding_window: model.window.map(|(w, _)| w),
     })
 }

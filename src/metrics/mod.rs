@@ -8,7 +8,7 @@
 
 mod series;
 
-pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, TimeSeries};
+pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepRecord, TimeSeries};
 
 use crate::time::{SimDuration, SimTime};
 use hdrhistogram::Histogram;
@@ -305,8 +305,12 @@ pub struct WorkerRow {
     pub prefix_hit_ratio: f64,
     /// Seconds spent computing steps.
     pub busy_s: f64,
-    /// Busy fraction since it started.
-    pub utilization: f64,
+    /// Busy fraction since it started: time spent in steps.
+    pub busy_fraction: f64,
+    /// Fraction of its peak FLOP/s its steps used since it started.
+    pub compute_fraction: f64,
+    /// Fraction of its peak HBM bandwidth its steps used since it started.
+    pub hbm_fraction: f64,
     /// Preemptions.
     pub preemptions: u64,
     /// Chunks the router's index says it holds at the end.
@@ -398,8 +402,14 @@ pub struct RunSummary {
     pub queue_wait_ms: LatencyStats,
     /// KV fetch time of requests that fetched, ms.
     pub kv_fetch_ms: LatencyStats,
-    /// Fraction of worker time spent computing steps.
-    pub gpu_utilization: f64,
+    /// Fraction of worker time spent in steps ("busy"; a batch of one keeps
+    /// a GPU as busy as a full one).
+    pub gpu_busy_fraction: f64,
+    /// Fraction of the workers' peak FLOP/s the steps used (model FLOPs
+    /// utilisation, as [`crate::worker::perf::Roofline::peak_seconds`] counts them).
+    pub gpu_compute_fraction: f64,
+    /// Fraction of the workers' peak HBM bandwidth the steps used.
+    pub gpu_hbm_fraction: f64,
     /// Preemptions.
     pub preemptions: u64,
     /// Prompt tokens prefilled, including recomputation.
@@ -468,7 +478,9 @@ impl Default for RunSummary {
             e2e_ms: none,
             queue_wait_ms: none,
             kv_fetch_ms: none,
-            gpu_utilization: 0.0,
+            gpu_busy_fraction: 0.0,
+            gpu_compute_fraction: 0.0,
+            gpu_hbm_fraction: 0.0,
             preemptions: 0,
             prefill_tokens_computed: 0,
             mean_requests_in_system: 0.0,
@@ -524,7 +536,9 @@ impl RunSummary {
             c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
         }
         c.extend([
-            ("gpu_utilization".into(), Real(self.gpu_utilization)),
+            ("gpu_busy_fraction".into(), Real(self.gpu_busy_fraction)),
+            ("gpu_compute_fraction".into(), Real(self.gpu_compute_fraction)),
+            ("gpu_hbm_fraction".into(), Real(self.gpu_hbm_fraction)),
             ("preemptions".into(), Count(self.preemptions)),
             ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),

@@ -31,8 +31,12 @@ pub struct IntervalRow {
     pub running: u64,
     /// Workers at the interval end.
     pub active_workers: u32,
-    /// Busy fraction of the workers over the interval (0–1).
+    /// Busy fraction of the workers over the interval (0–1): time spent in steps.
     pub gpu_busy_fraction: f64,
+    /// Fraction of the workers' peak FLOP/s the interval's steps used (0–1).
+    pub gpu_compute_fraction: f64,
+    /// Fraction of the workers' peak HBM bandwidth the interval's steps used (0–1).
+    pub gpu_hbm_fraction: f64,
     /// Fraction of GPU KV blocks in use at the interval end, over all workers.
     pub gpu_kv_usage: f64,
     /// Prompt tokens served from each cache tier (gpu, cpu, nvme, dfs), by
@@ -66,12 +70,48 @@ pub const MAX_INTERVALS: u64 = 400_000;
 /// The shortest time-series interval, seconds.
 pub const MIN_INTERVAL_SECS: f64 = 1e-3;
 
+/// What steps ask of a GPU, as seconds of its datasheet peaks: `compute`
+/// is the steps' FLOPs at the peak FLOP/s, `memory` the bytes they move
+/// through HBM at the peak bandwidth. Summed over a run and divided by the
+/// workers' time, they are the fractions of the GPUs' compute and bandwidth
+/// the run used — unlike busy time, which is 100 % for a GPU that steps a
+/// batch of one without pause.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PeakSeconds {
+    /// FLOPs ÷ peak FLOP/s.
+    pub compute: f64,
+    /// HBM bytes ÷ peak bytes/s.
+    pub memory: f64,
+}
+
+impl std::ops::AddAssign for PeakSeconds {
+    fn add_assign(&mut self, o: PeakSeconds) {
+        self.compute += o.compute;
+        self.memory += o.memory;
+    }
+}
+
+/// A step of one worker, as the time series counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepRecord {
+    /// When it ended.
+    pub end: SimTime,
+    /// How long it took.
+    pub duration: SimDuration,
+    /// Tokens it generated.
+    pub decodes: u64,
+    /// What it asked of the GPU.
+    pub peak: PeakSeconds,
+}
+
 /// Builds the time series as the run advances.
 #[derive(Clone, Debug)]
 pub struct TimeSeries {
     width: SimDuration,
     rows: Vec<IntervalRow>,
     busy_ns: Vec<u64>,
+    /// Peak seconds of the steps that ended in each interval.
+    peak: Vec<PeakSeconds>,
     /// Intervals before this one are closed.
     open: usize,
     ttft_ms: Vec<f64>,
@@ -81,7 +121,7 @@ impl TimeSeries {
     /// An empty series of intervals `width` wide.
     pub fn new(width: SimDuration) -> TimeSeries {
         assert!(width.0 > 0, "interval width must be positive");
-        TimeSeries { width, rows: Vec::new(), busy_ns: Vec::new(), open: 0, ttft_ms: Vec::new() }
+        TimeSeries { width, rows: Vec::new(), busy_ns: Vec::new(), peak: Vec::new(), open: 0, ttft_ms: Vec::new() }
     }
 
     fn index(&self, t: SimTime) -> usize {
@@ -98,6 +138,7 @@ impl TimeSeries {
                 ..IntervalRow::default()
             }));
             self.busy_ns.resize(i + 1, 0);
+            self.peak.resize(i + 1, PeakSeconds::default());
         }
         &mut self.rows[i]
     }
@@ -150,8 +191,12 @@ impl TimeSeries {
             self.close_covering(g, covered);
         }
         self.rows.truncate(self.open);
-        for (row, busy) in self.rows.iter_mut().zip(&self.busy_ns) {
-            row.gpu_busy_fraction = *busy as f64 / row.gpu_busy_fraction;
+        for ((row, busy), peak) in self.rows.iter_mut().zip(&self.busy_ns).zip(&self.peak) {
+            // gpu_busy_fraction holds the interval's worker-nanoseconds until here.
+            let worker_ns = row.gpu_busy_fraction;
+            row.gpu_busy_fraction = *busy as f64 / worker_ns;
+            row.gpu_compute_fraction = peak.compute * 1e9 / worker_ns;
+            row.gpu_hbm_fraction = peak.memory * 1e9 / worker_ns;
         }
         self.rows
     }
@@ -188,29 +233,39 @@ impl TimeSeries {
         self.row(i).tier_bytes[tier.index()] += bytes;
     }
 
-    /// Steps `(end, duration, tokens generated)` of one worker, in order, as
-    /// [`Self::on_busy`] and [`Self::on_tokens`] would take them one by one:
-    /// back-to-back steps are one busy span, and the tokens of steps ending
-    /// in one interval are added up first.
-    pub fn on_steps(&mut self, steps: &[(SimTime, SimDuration, u64)]) {
-        let Some(&(first_end, first_d, _)) = steps.first() else { return };
+    /// A step ending at `t` asked `peak` of its GPU.
+    pub fn on_peak(&mut self, t: SimTime, peak: PeakSeconds) {
+        let i = self.index(t);
+        self.row(i);
+        self.peak[i] += peak;
+    }
+
+    /// Steps of one worker, in order, as [`Self::on_busy`], [`Self::on_tokens`]
+    /// and [`Self::on_peak`] would take them one by one: back-to-back steps
+    /// are one busy span, and the tokens and work of steps ending in one
+    /// interval are added up first.
+    pub fn on_steps(&mut self, steps: &[StepRecord]) {
+        let Some(first) = steps.first() else { return };
         // The busy span so far: empty, where the first step starts.
-        let (mut start, mut end) = (first_end - first_d, first_end - first_d);
-        let (mut interval, mut tokens) = (self.index(first_end), 0);
-        for &(e, d, n) in steps {
-            if e - d != end {
+        let (mut start, mut end) = (first.end - first.duration, first.end - first.duration);
+        let (mut interval, mut tokens, mut peak) = (self.index(first.end), 0, PeakSeconds::default());
+        for s in steps {
+            if s.end - s.duration != end {
                 self.on_busy(start, end);
-                start = e - d;
+                start = s.end - s.duration;
             }
-            end = e;
-            if self.index(e) != interval {
+            end = s.end;
+            if self.index(s.end) != interval {
                 self.row(interval).generated_tokens += tokens;
-                (interval, tokens) = (self.index(e), 0);
+                self.peak[interval] += peak;
+                (interval, tokens, peak) = (self.index(s.end), 0, PeakSeconds::default());
             }
-            tokens += n;
+            tokens += s.decodes;
+            peak += s.peak;
         }
         self.on_busy(start, end);
         self.row(interval).generated_tokens += tokens;
+        self.peak[interval] += peak;
     }
 
     /// A worker was busy over [start, end) (reported once the span is over).
@@ -256,19 +311,26 @@ mod tests {
     fn steps_at_once_count_as_steps_one_by_one() {
         // Back-to-back steps across a boundary, a gap, then one more step.
         let ms = |x: u64| SimTime(x * 1_000_000);
+        let step = |end, d, decodes, compute| StepRecord {
+            end,
+            duration: SimDuration(d),
+            decodes,
+            peak: PeakSeconds { compute, memory: 2.0 * compute },
+        };
         let steps = [
-            (ms(900), SimDuration(200_000_000), 3),
-            (ms(1_050), SimDuration(150_000_000), 4),
-            (ms(1_100), SimDuration(50_000_000), 4),
-            (ms(1_800), SimDuration(100_000_000), 2),
+            step(ms(900), 200_000_000, 3, 0.1),
+            step(ms(1_050), 150_000_000, 4, 0.05),
+            step(ms(1_100), 50_000_000, 4, 0.02),
+            step(ms(1_800), 100_000_000, 2, 0.03),
         ];
         let g = Gauges { active_workers: 1, ..Gauges::default() };
         let mut at_once = TimeSeries::new(SimDuration::from_secs(1));
         at_once.on_steps(&steps);
         let mut one_by_one = TimeSeries::new(SimDuration::from_secs(1));
-        for &(end, d, n) in &steps {
-            one_by_one.on_busy(end - d, end);
-            one_by_one.on_tokens(end, 0, n);
+        for s in &steps {
+            one_by_one.on_busy(s.end - s.duration, s.end);
+            one_by_one.on_tokens(s.end, 0, s.decodes);
+            one_by_one.on_peak(s.end, s.peak);
         }
         let (a, b) = (at_once.finish(ms(2_000), g), one_by_one.finish(ms(2_000), g));
         assert_eq!(format!("{a:?}"), format!("{b:?}"), "equal rows (NaN percentiles included)");
@@ -276,6 +338,9 @@ mod tests {
         assert_eq!((a[0].gpu_busy_fraction, a[0].generated_tokens), (0.3, 3));
         assert!((a[1].gpu_busy_fraction - 0.2).abs() < 1e-12);
         assert_eq!(a[1].generated_tokens, 10);
+        // Work by the interval the step ended in: 0.1 s of peak compute in 1 s of one worker.
+        assert!((a[0].gpu_compute_fraction - 0.1).abs() < 1e-12 && (a[0].gpu_hbm_fraction - 0.2).abs() < 1e-12);
+        assert!((a[1].gpu_compute_fraction - 0.1).abs() < 1e-12);
     }
 
     #[test]

@@ -216,6 +216,8 @@ impl TableSet {
                 c("running", ColType::U64),
                 c("active_workers", ColType::U32),
                 c("gpu_busy_fraction", ColType::F64),
+                c("gpu_compute_fraction", ColType::F64),
+                c("gpu_hbm_fraction", ColType::F64),
                 c("gpu_kv_usage", ColType::F64),
             ]
             .into_iter()
@@ -230,7 +232,9 @@ impl TableSet {
                 c("requests_completed", ColType::U64),
                 c("prefix_hit_ratio", ColType::F64),
                 c("busy_s", ColType::F64),
-                c("utilization", ColType::F64),
+                c("busy_fraction", ColType::F64),
+                c("compute_fraction", ColType::F64),
+                c("hbm_fraction", ColType::F64),
                 c("preemptions", ColType::U64),
                 c("chunks_indexed", ColType::U64),
             ],
@@ -315,6 +319,8 @@ impl TableSet {
                         running,
                         active_workers,
                         gpu_busy_fraction,
+                        gpu_compute_fraction,
+                        gpu_hbm_fraction,
                         gpu_kv_usage,
                         hit_tokens,
                         tier_bytes,
@@ -331,6 +337,8 @@ impl TableSet {
                         Cell::U64(*running),
                         Cell::U32(*active_workers),
                         Cell::F64(*gpu_busy_fraction),
+                        Cell::F64(*gpu_compute_fraction),
+                        Cell::F64(*gpu_hbm_fraction),
                         Cell::F64(*gpu_kv_usage),
                     ];
                     cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
@@ -348,7 +356,9 @@ impl TableSet {
                         requests_completed,
                         prefix_hit_ratio,
                         busy_s,
-                        utilization,
+                        busy_fraction,
+                        compute_fraction,
+                        hbm_fraction,
                         preemptions,
                         chunks_indexed,
                     } = w;
@@ -360,7 +370,9 @@ impl TableSet {
                         Cell::U64(*requests_completed),
                         Cell::F64(*prefix_hit_ratio),
                         Cell::F64(*busy_s),
-                        Cell::F64(*utilization),
+                        Cell::F64(*busy_fraction),
+                        Cell::F64(*compute_fraction),
+                        Cell::F64(*hbm_fraction),
                         Cell::U64(*preemptions),
                         Cell::U64(*chunks_indexed),
                     ]);

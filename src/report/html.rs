@@ -32,7 +32,7 @@ padding:.6rem 1rem}td.err{text-align:left;white-space:normal;max-width:60rem}.sc
 td small{color:#777}";
 
 /// Columns of the summary table: header, runs-table column, scale.
-const COLUMNS: [(&str, &str, f64); 11] = [
+const COLUMNS: [(&str, &str, f64); 13] = [
     ("req/s", "requests_per_s", 1.0),
     ("prompt tok/s", "input_tokens_per_s", 1.0),
     ("output tok/s", "output_tokens_per_s", 1.0),
@@ -42,7 +42,9 @@ const COLUMNS: [(&str, &str, f64); 11] = [
     ("TPOT p99 (ms)", "tpot_p99_ms", 1.0),
     ("E2E p99 (ms)", "e2e_p99_ms", 1.0),
     ("prefix hit", "prefix_hit_ratio", 1.0),
-    ("GPU util (%)", "gpu_utilization", 100.0),
+    ("GPU busy (%)", "gpu_busy_fraction", 100.0),
+    ("compute (% of peak)", "gpu_compute_fraction", 100.0),
+    ("HBM bw (% of peak)", "gpu_hbm_fraction", 100.0),
     ("preemptions", "preemptions", 1.0),
 ];
 

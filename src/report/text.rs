@@ -13,13 +13,15 @@ pub fn summary_table(s: &RunSummary) -> String {
     );
     let _ = writeln!(
         out,
-        "throughput: {:.1} req/s, {:.0} prompt tok/s, {:.0} output tok/s   GPU util {:.1} %   preemptions {}   workers {}",
-        s.requests_per_s,
-        s.input_tokens_per_s,
-        s.output_tokens_per_s,
-        100.0 * s.gpu_utilization,
-        s.preemptions,
-        s.workers
+        "throughput: {:.1} req/s, {:.0} prompt tok/s, {:.0} output tok/s   preemptions {}   workers {}",
+        s.requests_per_s, s.input_tokens_per_s, s.output_tokens_per_s, s.preemptions, s.workers
+    );
+    let _ = writeln!(
+        out,
+        "GPUs: busy {:.1} % of the time; the steps used {:.1} % of their peak compute and {:.1} % of their peak HBM bandwidth",
+        100.0 * s.gpu_busy_fraction,
+        100.0 * s.gpu_compute_fraction,
+        100.0 * s.gpu_hbm_fraction
     );
     out.push_str(&cache_line(&s.tiers));
     if s.trace_lines_skipped + s.trace_lines_reordered + s.trace_outputs_raised > 0 {

@@ -138,7 +138,7 @@ impl PointTally {
                 s.ttft_ms.p99,
                 s.tpot_ms.p50,
                 s.requests_per_s,
-                s.gpu_utilization,
+                s.gpu_busy_fraction,
                 s.tiers.prefix_hit_ratio(),
             ];
             for (acc, v) in self.sums.iter_mut().zip(values) {

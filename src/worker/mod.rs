@@ -71,9 +71,10 @@ pub mod presets;
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
 use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tier};
+use crate::metrics::{PeakSeconds, StepRecord};
 use crate::request::Request;
 use crate::time::{SimDuration, SimTime};
-use perf::{PerfModel, PrefillChunk, StepWork};
+use perf::{PerfModel, PrefillChunk, Roofline, StepWork};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -117,6 +118,9 @@ pub struct WorkerConfig {
     pub publish_events: bool,
     /// Step-time model.
     pub perf: PerfModel,
+    /// The model on this GPU as the roofline counts it, for what steps ask
+    /// of the GPU ([`Roofline::peak_seconds`]) whatever `perf` is.
+    pub usage: Roofline,
     /// The model's sliding window, tokens (windowed layers read at most this much KV).
     pub sliding_window: Option<u64>,
 }
@@ -152,6 +156,8 @@ pub struct StepOutcome {
     pub prompt_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// What the step asked of the GPU.
+    pub peak: PeakSeconds,
 }
 
 impl StepOutcome {
@@ -163,6 +169,7 @@ impl StepOutcome {
         self.completed.clear();
         self.prompt_tokens = 0;
         self.generated_tokens = 0;
+        self.peak = PeakSeconds::default();
     }
 }
 
@@ -225,7 +232,15 @@ pub struct Worker {
     /// Whether the step in flight is a run of several sub-steps.
     in_planned_run: bool,
     /// Sub-steps materialised since the caller last took them: `(end, duration, decodes)`.
-    substeps: Vec<(SimTime, SimDuration, u64)>,
+    substeps: Vec<StepRecord>,
+    /// What the step (or sub-step) in flight asks of the GPU.
+    step_peak: PeakSeconds,
+    /// A run's sub-step `j` asks `run_peak.0 + j × run_peak.1` (decode work
+    /// grows linearly with the context); `run_sub` is the one in flight.
+    run_peak: (PeakSeconds, PeakSeconds),
+    run_sub: f64,
+    /// What the steps done so far asked of the GPU.
+    peak_total: PeakSeconds,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -266,6 +281,10 @@ impl Worker {
             run_limit: FIRST_RUN,
             in_planned_run: false,
             substeps: Vec::new(),
+            step_peak: PeakSeconds::default(),
+            run_peak: (PeakSeconds::default(), PeakSeconds::default()),
+            run_sub: 0.0,
+            peak_total: PeakSeconds::default(),
         }
     }
 
@@ -375,7 +394,14 @@ impl Worker {
             step.start = t;
             self.busy += d;
             self.steps += 1;
-            self.substeps.push((t, d, step.decodes));
+            self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
+            self.peak_total += self.step_peak;
+            self.run_sub += 1.0;
+            let (p0, dp) = self.run_peak;
+            self.step_peak = PeakSeconds {
+                compute: p0.compute + self.run_sub * dp.compute,
+                memory: p0.memory + self.run_sub * dp.memory,
+            };
             self.decode.advance();
             self.step_index += 1;
             let need = self.decode.blocks_needed(self.step_index);
@@ -389,8 +415,13 @@ impl Worker {
         !self.run.is_empty()
     }
 
+    /// What the steps done so far asked of the GPU.
+    pub fn peak_total(&self) -> PeakSeconds {
+        self.peak_total
+    }
+
     /// Moves the sub-steps materialised so far to `out`.
-    pub fn take_substeps(&mut self, out: &mut Vec<(SimTime, SimDuration, u64)>) {
+    pub fn take_substeps(&mut self, out: &mut Vec<StepRecord>) {
         out.append(&mut self.substeps);
     }
 
@@ -454,6 +485,8 @@ impl Worker {
         }
         let step = self.step.take().expect("checked above");
         out.clear();
+        out.peak = self.step_peak;
+        self.peak_total += self.step_peak;
         out.duration = step.end - step.start;
         self.busy += out.duration;
         self.steps += 1;
@@ -636,6 +669,7 @@ impl Worker {
             decode_window_tokens: window,
         };
         let mut end = now + cfg.perf.step_time(&work);
+        self.step_peak = cfg.usage.peak_seconds(&work);
         debug_assert!(self.run.is_empty());
         if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 {
             end = self.plan_run(end, decodes, context, window, cfg);
@@ -658,6 +692,16 @@ impl Worker {
             allowance += self.cache.evictable();
         }
         let below = self.decode.below();
+        let next = StepWork {
+            prefill: &[],
+            decodes,
+            decode_context_tokens: context + decodes,
+            decode_window_tokens: window + below,
+        };
+        let p1 = cfg.usage.peak_seconds(&next);
+        let p0 = self.step_peak;
+        self.run_peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
+        self.run_sub = 0.0;
         let mut end = first_end;
         for j in 1..steps {
             let need = self.decode.blocks_needed(s + j);
@@ -1177,6 +1221,7 @@ mod tests {
                 model: StepModel::Roofline(Roofline::toy(1.0, 10.0, 0.0, 1.0, 1e6, 1e6, 1000.0, 10.0)),
                 mix: MixRule::Max,
             },
+            usage: Roofline::toy(1.0, 10.0, 4.0, 24.0, 1e6, 1e6, 1000.0, 10.0),
             sliding_window: None,
         }
     }

@@ -23,6 +23,7 @@
 //!
 //! Prefill and decode parts combine by [`MixRule`]: `max` (Opal's rule) or `sum`.
 
+use crate::metrics::PeakSeconds;
 use crate::time::SimDuration;
 use crate::worker::model::{ModelArch, ModelShape, attention_pairs};
 use crate::worker::presets::GpuSpec;
@@ -184,6 +185,45 @@ impl Roofline {
         let kv = m.kv_full_bytes_per_token * context as f64 + m.kv_window_bytes_per_token * window_context as f64;
         self.step_overhead_secs
             + (self.weights.read(tokens as f64) + kv) / (self.decode_bw_efficiency * self.mem_bytes_per_sec)
+    }
+}
+
+impl Roofline {
+    /// The physical work of a step, whatever step-time model times it:
+    /// attention 4·d FLOPs per causal query–key pair per layer, the linear
+    /// layers 2 FLOPs per active weight per token (24·Σd², the `b = 24` of
+    /// the roofline's dense term); HBM traffic is the weights the step's
+    /// tokens read once, plus the KV cache every token attends to (decode:
+    /// each sequence's context; prefill: the chunk's whole prefix), plus the
+    /// new tokens' KV written.
+    pub fn peak_seconds(&self, work: &StepWork<'_>) -> PeakSeconds {
+        let m = &self.shape;
+        let attention = |pairs_x2: f64, windowed_x2: f64| {
+            2.0 * m.d_attn * (m.full_layers * pairs_x2 + m.windowed_layers * windowed_x2)
+        };
+        let mut attn_flops = 0.0;
+        let mut tokens = work.decodes;
+        let mut kv_bytes = 0.0;
+        for c in work.prefill {
+            attn_flops +=
+                attention(attention_pairs(c.cached, c.end, u64::MAX), attention_pairs(c.cached, c.end, m.window));
+            tokens += c.end - c.cached;
+            kv_bytes +=
+                m.kv_full_bytes_per_token * c.end as f64 + m.kv_window_bytes_per_token * c.end.min(m.window) as f64;
+        }
+        // A decode token attends to its sequence's context: 4·d per context token per layer.
+        attn_flops += 4.0
+            * m.d_attn
+            * (m.full_layers * work.decode_context_tokens as f64
+                + m.windowed_layers * work.decode_window_tokens as f64);
+        kv_bytes += m.kv_full_bytes_per_token * (work.decode_context_tokens + work.decodes) as f64
+            + m.kv_window_bytes_per_token * (work.decode_window_tokens + work.decodes) as f64;
+        let linear_flops = 24.0 * m.linear_d2 * tokens as f64;
+        let weights = if tokens > 0 { self.weights.read(tokens as f64) } else { 0.0 };
+        PeakSeconds {
+            compute: attn_flops / self.attn_flops_per_sec + linear_flops / self.linear_flops_per_sec,
+            memory: (weights + kv_bytes) / self.mem_bytes_per_sec,
+        }
     }
 }
 
@@ -429,6 +469,27 @@ mod tests {
     /// L = 2, d = 10, a = 4, b = 24, 1e6 FLOP/s, 1e3 B/s, 500 B weights, 10 B/token.
     fn toy_roofline() -> Roofline {
         Roofline::toy(2.0, 10.0, 4.0, 24.0, 1e6, 1e3, 500.0, 10.0)
+    }
+
+    #[test]
+    fn a_steps_peak_seconds_follow_the_physical_counts_by_hand() {
+        // L = 2, d = 10, 1e6 FLOP/s, 1e3 B/s, 500 B weights, 10 B/token of KV.
+        let r = toy_roofline();
+        // Prefill of tokens 0..4: causal pairs 4·5/2 = 10 → attention 4·10·10·2 = 800 FLOPs;
+        // linear 24·(2·10²)·4 = 19,200 FLOPs; HBM 500 B weights + 10·4 B KV.
+        let chunk = [PrefillChunk { cached: 0, end: 4 }];
+        let w = StepWork { prefill: &chunk, decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0 };
+        let p = r.peak_seconds(&w);
+        assert!((p.compute - 20_000.0 / 1e6).abs() < 1e-12, "{p:?}");
+        assert!((p.memory - 540.0 / 1e3).abs() < 1e-12, "{p:?}");
+        // Two decodes over 30 context tokens: attention 4·10·30·2 = 2,400; linear 24·200·2 = 9,600;
+        // HBM 500 + 10·(30 + 2).
+        let w = StepWork { prefill: &[], decodes: 2, decode_context_tokens: 30, decode_window_tokens: 30 };
+        let p = r.peak_seconds(&w);
+        assert!((p.compute - 12_000.0 / 1e6).abs() < 1e-12, "{p:?}");
+        assert!((p.memory - 820.0 / 1e3).abs() < 1e-12, "{p:?}");
+        let idle = StepWork { prefill: &[], decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0 };
+        assert_eq!(r.peak_seconds(&idle), PeakSeconds::default());
     }
 
     #[test]
