@@ -39,7 +39,7 @@ fn bench(label: &str, tiers: &str) {
     .replace("{TIERS}", tiers);
     let file = opal::config::parse_spec(&text, "routing-bench").expect("spec");
     let scenario = opal::config::resolve(&file, "routing-bench", std::path::Path::new(".")).expect("scenario");
-    let opts = opal::RunOptions { request_records: false, profile_routing: true, stop: None };
+    let opts = opal::RunOptions { request_records: false, profile_routing: true, ..opal::RunOptions::default() };
     let mut best: Option<(f64, f64, opal::RunOutput)> = None;
     for _ in 0..3 {
         let t = Instant::now();

@@ -657,7 +657,8 @@ impl<'a> Cluster<'a> {
             Err(e) => return Err(RunError::Failed(e)),
         }
         let limit = self.scenario.time_limit;
-        let stats = engine::run(&mut self, &mut queue, limit, opts.stop);
+        let stats =
+            engine::run(&mut self, &mut queue, limit, engine::Watch { stop: opts.stop, progress: opts.progress });
         if let Some(e) = self.fatal.take() {
             return Err(RunError::Failed(e));
         }
@@ -951,6 +952,10 @@ impl Model for Cluster<'_> {
     /// (asynchronous writes included) has completed.
     fn finished(&self) -> bool {
         self.fatal.is_some() || (self.workload.finished() && self.in_system.count() == 0 && self.connector.idle())
+    }
+
+    fn done(&self) -> u64 {
+        self.completed
     }
 
     fn advance_to(&mut self, now: SimTime) {

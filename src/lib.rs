@@ -58,11 +58,14 @@ pub struct RunOptions<'a> {
     /// events, so within milliseconds); the run then fails with
     /// [`RunError::Interrupted`].
     pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Keep this up to date with the simulated time and the requests
+    /// completed (every few thousand events), for a progress display.
+    pub progress: Option<&'a engine::Progress>,
 }
 
 impl Default for RunOptions<'_> {
     fn default() -> Self {
-        RunOptions { request_records: true, profile_routing: false, stop: None }
+        RunOptions { request_records: true, profile_routing: false, stop: None, progress: None }
     }
 }
 

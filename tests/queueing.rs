@@ -144,7 +144,7 @@ mod processor_sharing {
         };
         let mut q = EventQueue::new();
         q.push(SimTime::ZERO, Ev::Arrival);
-        run(&mut m, &mut q, None, None);
+        run(&mut m, &mut q, None, opal::engine::Watch::default());
         assert_eq!(m.device.stats().bytes_read, ops * 1_000_000, "bytes transferred equal bytes requested");
         m.sojourn_ns as f64 / ops as f64 / 1e6
     }

@@ -42,6 +42,13 @@ pub struct Scenario {
     pub kvc: KvcConfig,
 }
 
+impl Scenario {
+    /// Requests the run will send, when every stage says (for progress displays).
+    pub fn expected_requests(&self) -> Option<u64> {
+        self.stages.iter().map(StageConfig::expected_requests).sum()
+    }
+}
+
 pub(super) struct Ctx<'a> {
     pub(super) source: &'a str,
 }

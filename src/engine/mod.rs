@@ -28,6 +28,31 @@ pub trait Model {
     /// the end with the final time; used to close metric intervals. The default
     /// does nothing.
     fn advance_to(&mut self, _now: SimTime) {}
+
+    /// Work units done so far (requests completed), for progress displays.
+    fn done(&self) -> u64 {
+        0
+    }
+}
+
+/// What a run shows of itself while it runs: written by the engine every few
+/// thousand events, read by whoever displays progress (another thread).
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Simulated nanoseconds reached.
+    pub sim_ns: std::sync::atomic::AtomicU64,
+    /// [`Model::done`] then.
+    pub done: std::sync::atomic::AtomicU64,
+}
+
+/// What a run is watched by: a flag that stops it and a progress record
+/// it keeps up to date (both optional).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Watch<'a> {
+    /// Stop when this becomes true.
+    pub stop: Option<&'a std::sync::atomic::AtomicBool>,
+    /// Keep this up to date.
+    pub progress: Option<&'a Progress>,
 }
 
 /// The view of the queue a model gets while handling an event.
@@ -93,12 +118,13 @@ pub struct RunStats {
 /// With a time limit the run observes the half-open window `[0, until)`: an
 /// event exactly at the limit is not handled, and the final time is the limit
 /// itself. Otherwise the final time is that of the last event handled.
-/// When `stop` becomes true the run ends early ([`StopReason::Interrupted`]).
+/// When `watch.stop` becomes true the run ends early
+/// ([`StopReason::Interrupted`]); `watch.progress` is kept up to date.
 pub fn run<M: Model>(
     model: &mut M,
     queue: &mut EventQueue<M::Event>,
     until: Option<SimTime>,
-    stop: Option<&std::sync::atomic::AtomicBool>,
+    watch: Watch<'_>,
 ) -> RunStats {
     let mut events = 0;
     let mut digest = Fnv64::default();
@@ -114,8 +140,15 @@ pub fn run<M: Model>(
             now = until.unwrap_or(now);
             break StopReason::TimeLimit;
         }
-        if events % STOP_CHECK_EVENTS == 0 && stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed)) {
-            break StopReason::Interrupted;
+        if events % STOP_CHECK_EVENTS == 0 {
+            use std::sync::atomic::Ordering::Relaxed;
+            if let Some(p) = watch.progress {
+                p.sim_ns.store(now.0, Relaxed);
+                p.done.store(model.done(), Relaxed);
+            }
+            if watch.stop.is_some_and(|s| s.load(Relaxed)) {
+                break StopReason::Interrupted;
+            }
         }
         let (time, event) = queue.pop().expect("peeked event vanished");
         now = time;
@@ -200,7 +233,7 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(5), 9);
         let mut m = Countdown { seen: vec![], done_after: 3 };
-        let stats = run(&mut m, &mut q, None, None);
+        let stats = run(&mut m, &mut q, None, Watch::default());
         assert_eq!(m.seen, vec![(5, 9), (15, 8), (25, 7)]);
         assert_eq!(stats.stop, StopReason::Finished);
         assert_eq!(stats.end_time, SimTime(25));
@@ -212,7 +245,7 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(0), 100);
         let mut m = Countdown { seen: vec![], done_after: usize::MAX };
-        let stats = run(&mut m, &mut q, Some(SimTime(30)), None);
+        let stats = run(&mut m, &mut q, Some(SimTime(30)), Watch::default());
         // Events at 0, 10, 20 run; the one at 30 does not (the window is [0, 30)).
         assert_eq!(m.seen.len(), 3);
         assert_eq!(stats.stop, StopReason::TimeLimit);
@@ -225,7 +258,7 @@ mod tests {
             let mut q = EventQueue::new();
             q.push(SimTime(0), start);
             let mut m = Countdown { seen: vec![], done_after: usize::MAX };
-            let stats = run(&mut m, &mut q, None, None);
+            let stats = run(&mut m, &mut q, None, Watch::default());
             assert_eq!(stats.stop, StopReason::QueueEmpty);
             stats.digest
         };
@@ -241,7 +274,7 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(0), u32::MAX);
         let mut m = Countdown { seen: vec![], done_after: usize::MAX };
-        let stats = run(&mut m, &mut q, None, Some(&stop));
+        let stats = run(&mut m, &mut q, None, Watch { stop: Some(&stop), progress: None });
         assert_eq!((stats.stop, stats.events), (StopReason::Interrupted, 0));
         // Raised mid-run (by the model, at its 5,000th event): the run ends at
         // the next check, after 8,192 events.
@@ -262,8 +295,11 @@ mod tests {
         let mut q = EventQueue::new();
         q.push(SimTime(0), u32::MAX);
         let mut m = Raiser(Countdown { seen: vec![], done_after: usize::MAX }, &stop);
-        let stats = run(&mut m, &mut q, None, Some(&stop));
+        let progress = Progress::default();
+        let stats = run(&mut m, &mut q, None, Watch { stop: Some(&stop), progress: Some(&progress) });
         assert_eq!((stats.stop, stats.events), (StopReason::Interrupted, 2 * STOP_CHECK_EVENTS));
+        // Progress as of the last look: 8,192 events handled, the last at 10·8,191.
+        assert_eq!(progress.sim_ns.load(Ordering::Relaxed), 10 * (2 * STOP_CHECK_EVENTS - 1));
         assert_eq!(stats.end_time, SimTime(10 * (2 * STOP_CHECK_EVENTS - 1)));
     }
 

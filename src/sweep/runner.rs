@@ -399,13 +399,22 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         request_records: plan.tables.tables.contains(&TableKind::Requests),
         profile_routing: false,
         stop: Some(stop),
+        progress: None,
     };
     let shard_tag =
         opts.shard.filter(|_| sharded).map_or_else(|| "all".to_string(), |s| format!("s{}of{}", s.index, s.count));
     let pid = std::process::id();
     let progress = Progress::new(todo.len() as u64, opts.progress);
+    let threads = threads_for(opts.jobs, todo.len());
+    // With no more runs than threads, each run shows its own progress (a
+    // long run would otherwise show nothing until it ends).
+    let watch: Vec<Watched> = if opts.progress && todo.len() <= threads {
+        todo.iter().map(|r| Watched::new(r.point.scenario.as_deref().ok())).collect()
+    } else {
+        Vec::new()
+    };
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads_for(opts.jobs, todo.len()))
+        .num_threads(threads)
         .build()
         .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
     let (tx, rx) = mpsc::channel::<RunResult>();
@@ -416,13 +425,15 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     std::thread::scope(|scope| {
         let todo = &todo;
         let run_opts = &run_opts;
+        let watch = &watch;
         scope.spawn(move || {
             pool.install(|| {
-                todo.par_iter().with_max_len(1).for_each_with(tx, |tx, run| {
+                todo.par_iter().enumerate().with_max_len(1).for_each_with(tx, |tx, (i, run)| {
                     if stop.load(Ordering::Relaxed) {
                         return;
                     }
-                    let _ = tx.send(execute(*run, run_opts));
+                    let opts = RunOptions { progress: watch.get(i).map(|w| &w.progress), ..*run_opts };
+                    let _ = tx.send(execute(*run, &opts));
                 });
             });
         });
@@ -431,7 +442,15 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
             *seq += 1;
             buffer.flush(&layout, &format!("{shard_tag}.{pid}-{seq:05}"))
         };
-        for result in rx.iter() {
+        loop {
+            let result = match rx.recv_timeout(Duration::from_millis(250)) {
+                Ok(r) => r,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    progress.running(todo, watch);
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             progress.finished(&result);
             report.executed += 1;
             let summary = result.outcome.as_ref().ok().map(|o| &o.summary);
@@ -558,7 +577,8 @@ pub fn id_ranges(ids: &[u32]) -> String {
 struct Progress {
     bar: Option<ProgressBar>,
     total: u64,
-    state: std::cell::RefCell<(u64, u64, Instant)>,
+    /// (runs finished, of which failed, last log line, start).
+    state: std::cell::RefCell<(u64, u64, Instant, Instant)>,
 }
 
 impl Progress {
@@ -571,7 +591,11 @@ impl Progress {
             );
             bar
         });
-        Progress { bar, total: if enabled { total } else { 0 }, state: std::cell::RefCell::new((0, 0, Instant::now())) }
+        Progress {
+            bar,
+            total: if enabled { total } else { 0 },
+            state: std::cell::RefCell::new((0, 0, Instant::now(), Instant::now())),
+        }
     }
 
     fn finished(&self, r: &RunResult) {
@@ -600,10 +624,89 @@ impl Progress {
         }
     }
 
+    /// Shows how far the runs in flight are: on the bar's line, or on a
+    /// non-terminal a line every 10 s.
+    fn running(&self, todo: &[RunPlan<'_>], watch: &[Watched]) {
+        if watch.is_empty() || self.total == 0 {
+            return;
+        }
+        let mut st = self.state.borrow_mut();
+        if self.bar.is_none() && st.2.elapsed() < Duration::from_secs(10) {
+            return;
+        }
+        let elapsed = st.3.elapsed().as_secs_f64();
+        let parts: Vec<String> =
+            todo.iter().zip(watch).filter_map(|(run, w)| w.describe(run.meta.run_id, elapsed)).collect();
+        if parts.is_empty() {
+            return;
+        }
+        match &self.bar {
+            Some(bar) => bar.set_message(parts.join("; ")),
+            None => {
+                eprintln!("{}", parts.join("; "));
+                st.2 = Instant::now();
+            }
+        }
+    }
+
     fn done(&self) {
         if let Some(bar) = &self.bar {
             bar.finish();
         }
+    }
+}
+
+/// One run in flight, watched: its progress record and what it is going to
+/// do (requests, when the stages say; else the simulated time limit).
+struct Watched {
+    progress: crate::engine::Progress,
+    requests: Option<u64>,
+    until_secs: Option<f64>,
+}
+
+impl Watched {
+    fn new(scenario: Option<&crate::config::Scenario>) -> Self {
+        Watched {
+            progress: Default::default(),
+            requests: scenario.and_then(|s| s.expected_requests()).filter(|&n| n > 0),
+            until_secs: scenario.and_then(|s| s.time_limit).map(|t| t.as_secs_f64()),
+        }
+    }
+
+    /// `run 3: 41,000 of 100,000 requests (41 %), 820 s simulated, ETA 2m10s`
+    /// (`None` before the run starts). The fraction done is that of the
+    /// requests, else that of the simulated time limit; the ETA assumes
+    /// the rest goes as fast as what is done (`elapsed` wall seconds).
+    fn describe(&self, run_id: u32, elapsed: f64) -> Option<String> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let sim_ns = self.progress.sim_ns.load(Relaxed);
+        if sim_ns == 0 {
+            return None;
+        }
+        let (done, sim) = (self.progress.done.load(Relaxed), sim_ns as f64 / 1e9);
+        let (what, fraction) = match (self.requests, self.until_secs) {
+            (Some(n), _) => (format!("{done} of {n} requests"), done as f64 / n as f64),
+            (None, Some(t)) => (format!("{done} requests, {sim:.0} of {t:.0} s simulated"), sim / t),
+            (None, None) => return Some(format!("run {run_id}: {done} requests, {sim:.0} s simulated")),
+        };
+        let fraction = fraction.min(1.0);
+        let eta = if fraction > 0.0 && fraction < 1.0 {
+            format!(", ETA {}", clock(elapsed * (1.0 - fraction) / fraction))
+        } else {
+            String::new()
+        };
+        let sim = if self.requests.is_some() { format!(", {sim:.0} s simulated") } else { String::new() };
+        Some(format!("run {run_id}: {what} ({:.0} %){sim}{eta}", 100.0 * fraction))
+    }
+}
+
+/// Seconds as `1h02m`, `3m05s` or `12s`.
+fn clock(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match (s / 3600, s / 60 % 60, s % 60) {
+        (0, 0, s) => format!("{s}s"),
+        (0, m, s) => format!("{m}m{s:02}s"),
+        (h, m, _) => format!("{h}h{m:02}m"),
     }
 }
 
@@ -620,6 +723,24 @@ mod tests {
         for id in 0..30 {
             assert_eq!(shards.iter().filter(|s| s.contains(id)).count(), 1);
         }
+    }
+
+    #[test]
+    fn a_watched_run_says_how_far_it_is() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let w = Watched { progress: Default::default(), requests: Some(1000), until_secs: None };
+        assert_eq!(w.describe(3, 10.0), None, "nothing before the run starts");
+        w.progress.sim_ns.store(50_000_000_000, Relaxed);
+        w.progress.done.store(250, Relaxed);
+        // A quarter done in 10 s: 30 s to go.
+        assert_eq!(w.describe(3, 10.0).unwrap(), "run 3: 250 of 1000 requests (25 %), 50 s simulated, ETA 30s");
+        let w = Watched { requests: None, until_secs: Some(200.0), ..w };
+        assert_eq!(w.describe(4, 10.0).unwrap(), "run 4: 250 requests, 50 of 200 s simulated (25 %), ETA 30s");
+    }
+
+    #[test]
+    fn clock_times_are_short() {
+        assert_eq!((clock(12.4), clock(185.0), clock(3725.0)), ("12s".into(), "3m05s".into(), "1h02m".into()));
     }
 
     #[test]

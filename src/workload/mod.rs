@@ -65,6 +65,18 @@ pub struct StageConfig {
 }
 
 impl StageConfig {
+    /// Requests the stage will send, when its configuration says (a
+    /// session's turns and a whole trace file are not counted ahead).
+    pub fn expected_requests(&self) -> Option<u64> {
+        match &self.kind {
+            StageKind::Rate(s) => s.total,
+            StageKind::Trace(s) => s.total,
+            StageKind::Sc25(s) => Some(2 * s.prompt_sizes.len() as u64),
+            StageKind::Rag(s) => s.total,
+            StageKind::Sessions(_) => None,
+        }
+    }
+
     /// The longest sequence (prompt + output) the stage can produce, if known in advance.
     pub fn max_sequence_tokens(&self) -> Option<u64> {
         match &self.kind {
