@@ -15,8 +15,8 @@ use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent};
 use crate::metrics::{
-    Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, TierSummary,
-    TimeSeries, WorkerRow,
+    Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, StageRow, StageTally,
+    TierSummary, TimeSeries, WorkerRow,
 };
 use crate::request::Request;
 use crate::rng::{SeedTree, StreamRng};
@@ -145,6 +145,8 @@ pub struct RunOutput {
     pub workers: Vec<WorkerRow>,
     /// Cold and warm TTFT per prompt size of `SC25Workload` stages (empty without one).
     pub sc25: Vec<Sc25Row>,
+    /// One row per workload stage.
+    pub stages: Vec<StageRow>,
     /// Digest of the event sequence (equal digests: identical runs).
     pub event_digest: u64,
     /// Wall seconds spent routing and applying router events (when profiled).
@@ -208,6 +210,8 @@ pub struct Cluster<'a> {
     kv_events: u64,
     kv_batches: u64,
     latencies: Latencies,
+    /// Per workload stage, in `scenario.stages` order.
+    stage_tallies: Vec<StageTally>,
     series: TimeSeries,
     in_system: InSystem,
     completed: u64,
@@ -256,6 +260,7 @@ impl<'a> Cluster<'a> {
             kv_events: 0,
             kv_batches: 0,
             latencies: Latencies::default(),
+            stage_tallies: vec![StageTally::default(); scenario.stages.len()],
             series: TimeSeries::new(scenario.interval),
             in_system: InSystem::default(),
             completed: 0,
@@ -314,9 +319,12 @@ impl<'a> Cluster<'a> {
             let id = self.admit_to_arena(now, nr);
             let r = &self.requests[id.index()];
             let too_long = u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > self.scenario.worker.max_model_len;
+            let tally = &mut self.stage_tallies[stage.index()];
+            tally.arrived(now);
             if too_long {
                 // vLLM rejects it outright; it is reported, not queued.
                 self.rejected += 1;
+                tally.rejected += 1;
                 self.retire(id);
                 let step = self.workload.on_completion(now, stage, label, false);
                 self.schedule_arrival(step, sched);
@@ -538,6 +546,9 @@ impl<'a> Cluster<'a> {
             self.latencies.get_mut(LatencyMetric::Ttft).record(ttft);
             let wait = r.first_scheduled.expect("a request with a token was scheduled") - r.arrival;
             self.latencies.get_mut(LatencyMetric::QueueWait).record(wait);
+            let tally = &mut self.stage_tallies[r.stage.index()];
+            tally.ttft.record(ttft);
+            tally.queue_wait.record(wait);
             self.series.on_first_token(now, ttft, &r.hit_tokens);
         }
         let done = std::mem::take(&mut self.outcome.completed);
@@ -546,9 +557,9 @@ impl<'a> Cluster<'a> {
             if r.output_tokens > 1 {
                 let ttft = r.first_token.expect("completed request has a first token") - r.arrival;
                 let decode = (r.finished.expect("completed") - r.arrival).0 - ttft.0;
-                self.latencies
-                    .get_mut(LatencyMetric::Tpot)
-                    .record(SimDuration(decode / u64::from(r.output_tokens - 1)));
+                let tpot = SimDuration(decode / u64::from(r.output_tokens - 1));
+                self.latencies.get_mut(LatencyMetric::Tpot).record(tpot);
+                self.stage_tallies[r.stage.index()].tpot.record(tpot);
             }
             // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
             let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
@@ -570,6 +581,13 @@ impl<'a> Cluster<'a> {
         self.completed += 1;
         self.completed_prompt_tokens += u64::from(r.prompt_tokens);
         self.completed_output_tokens += u64::from(r.output_tokens);
+        let tally = &mut self.stage_tallies[r.stage.index()];
+        tally.e2e.record(e2e);
+        tally.completed += 1;
+        tally.prompt_tokens += u64::from(r.prompt_tokens);
+        tally.output_tokens += u64::from(r.output_tokens);
+        tally.hit_tokens += r.hit_tokens.iter().sum::<u64>();
+        tally.last_response = Some(now);
         let (stage, label) = (r.stage, r.label);
         let w = r.worker.expect("routed");
         let stats = &mut self.worker_stats[w.index()];
@@ -804,6 +822,13 @@ impl<'a> Cluster<'a> {
             peak_live_requests: self.requests.len() as u64,
             workers,
             sc25: sc25_rows(&self.sc25),
+            stages: self
+                .stage_tallies
+                .iter()
+                .zip(&self.scenario.stages)
+                .enumerate()
+                .map(|(i, (t, st))| t.row(i as u32, st.type_name()))
+                .collect(),
             event_digest: stats.digest,
             routing_wall_s: self.routing_wall.map(|d| d.as_secs_f64()),
         }

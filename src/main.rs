@@ -446,10 +446,13 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
     if quiet {
         // Only the closing line below.
     } else if plan.total_runs() == 1
-        && let Some((summary, sc25)) = &report.first
+        && let Some((summary, sc25, stages)) = &report.first
     {
         text.push_str(&format!("{} — seed {}\n", plan.name, plan.base_seed));
         text.push_str(&opal::report::text::summary_table(summary));
+        if stages.len() > 1 {
+            text.push_str(&opal::report::text::stage_table(stages));
+        }
         if !sc25.is_empty() {
             text.push_str(&opal::report::text::sc25_table(sc25));
         }

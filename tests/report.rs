@@ -93,11 +93,11 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
     let dir = setup("report-small", SPEC);
     let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("report: out/report/index.html (5 figures"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("report: out/report/index.html (6 figures"), "{}", text(&o));
     let report = dir.join("out/report");
     let files = figure_files(&report);
     let expected: BTreeSet<String> =
-        ["fig1-ttft-cdf", "fig2-throughput", "fig3-percentiles", "fig4-cache", "fig5-utilisation"]
+        ["fig1-ttft-cdf", "fig2-throughput", "fig3-percentiles", "fig4-cache", "fig5-utilisation", "fig7-e2e-wait-cdf"]
             .iter()
             .map(|s| format!("{s}.svg"))
             .collect();
@@ -142,7 +142,7 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
     let done = opal::output::f64_column(&runs, "requests_completed").unwrap();
     for p in &data.points {
         let expected: f64 = (0..runs.num_rows()).filter(|&i| point.value(i) == p.id).map(|i| done[i].unwrap()).sum();
-        assert_eq!(data.ttft.as_ref().unwrap()[&p.id].len() as f64, expected, "point {}", p.id);
+        assert_eq!(data.latency.as_ref().unwrap()["ttft"][&p.id].len() as f64, expected, "point {}", p.id);
     }
 }
 
@@ -279,4 +279,63 @@ fn missing_or_corrupt_tables_are_clear_errors() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("runs.parquet") && err.contains("missing"), "{err}");
+}
+
+#[test]
+fn a_one_run_sweep_gets_no_degenerate_figure_and_says_why() {
+    // One point, one replicate, one worker, GPU cache only, light load:
+    // no percentile figure (four lone dots), no constant active-worker line,
+    // no storage-traffic panel, no queue-wait CDF when nothing waits.
+    let dir = setup(
+        "report-one-run",
+        r#"
+        [sweep]
+        name = "one"
+        [kvc]
+        kvc_tiers = []
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 0.5
+        total_requests = 30
+        prompt_size_min = 500
+        prompt_size_max = 2000
+        output_tokens_min = 20
+        output_tokens_max = 100
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 1.0
+        total_requests = 20
+        prompt_size_min = 500
+        prompt_size_max = 500
+        output_tokens_min = 20
+        output_tokens_max = 20
+        "#,
+    );
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = opal_sweep(&["report", "out"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let report = dir.join("out/report");
+    let html = std::fs::read_to_string(report.join("index.html")).unwrap();
+    let files = figure_files(&report);
+    assert!(!files.contains("fig3-percentiles.svg"), "{files:?}");
+    assert!(html.contains("Figure 3 (percentiles): one grid point"), "says why figure 3 is missing");
+    let util = std::fs::read_to_string(report.join("fig5-utilisation.svg")).unwrap();
+    assert!(util.contains("GPU busy (% of time)") && util.contains("compute used (% of peak FLOP/s)"));
+    assert!(!util.contains(">active workers<"), "a constant worker count is not drawn");
+    assert!(html.contains("Not drawn: active workers, 1 throughout."), "and the caption says why");
+    let cache = std::fs::read_to_string(report.join("fig4-cache.svg")).unwrap();
+    assert!(!cache.contains("KV traffic"), "no storage tier, no traffic panel");
+    assert!(html.contains("No storage-tier traffic is drawn"));
+    let cdf = std::fs::read_to_string(report.join("fig7-e2e-wait-cdf.svg")).unwrap();
+    assert!(cdf.contains("E2E latency (ms), log scale"));
+    // The per-stage table: two stages, 30 and 20 requests completed.
+    let stages = html.split("Summary per workload stage").nth(1).expect("a per-stage table");
+    assert!(stages.contains("<td>0</td><td class=\"l\">UniformReqRate</td><td>30</td>"), "{stages}");
+    assert!(stages.contains("<td>1</td><td class=\"l\">UniformReqRate</td><td>20</td>"), "{stages}");
+    assert!(!html.contains("single point per line"), "no figure is left with lone dots");
 }

@@ -229,3 +229,66 @@ fn busy_time_and_the_share_of_peak_compute_differ_as_hand_computed_for_one_step(
     // A GPU busy every second of a step used 1.3 % of its compute.
     assert!((compute_secs - 0.01328).abs() < 1e-4, "{compute_secs}");
 }
+
+#[test]
+fn each_stage_row_equals_what_its_requests_say() {
+    // Two stages back to back: a busy one and a light one.
+    let s = scenario(
+        r#"
+        [simulation]
+        num_workers = 2
+        seed = 3
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 40.0
+        total_requests = 300
+        prompt_size_min = 200
+        prompt_size_max = 2000
+        output_tokens_min = 10
+        output_tokens_max = 80
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 2.0
+        total_requests = 20
+        prompt_size_min = 100
+        prompt_size_max = 4000
+        output_tokens_min = 20
+        output_tokens_max = 20
+        "#,
+    );
+    let out = crate::run(&s);
+    assert_eq!(out.stages.len(), 2);
+    assert_eq!((out.stages[0].kind, out.stages[1].kind), ("ExponentialReqRate", "UniformReqRate"));
+    for (i, row) in out.stages.iter().enumerate() {
+        let reqs: Vec<_> = out.requests.iter().filter(|r| r.stage == i as u32).collect();
+        let done: Vec<_> = reqs.iter().filter(|r| r.completed).collect();
+        assert_eq!(row.requests_generated, reqs.len() as u64, "stage {i}");
+        assert_eq!(row.requests_completed, done.len() as u64, "stage {i}");
+        // Span: first arrival to last response; rates over it.
+        let start = reqs.iter().map(|r| r.arrival_s).fold(f64::INFINITY, f64::min);
+        let end = done.iter().map(|r| r.arrival_s + r.e2e_s.unwrap()).fold(0.0, f64::max);
+        assert!((row.start_s - start).abs() < 1e-9 && (row.end_s - end).abs() < 1e-6, "stage {i} span");
+        let out_tokens: u64 = done.iter().map(|r| u64::from(r.output_tokens)).sum();
+        assert!((row.output_tokens_per_s - out_tokens as f64 / (end - start)).abs() < 1e-6 * row.output_tokens_per_s);
+        let prompt: u64 = done.iter().map(|r| u64::from(r.prompt_tokens)).sum();
+        let hits: u64 = done.iter().map(|r| r.hit_tokens.iter().sum::<u64>()).sum();
+        assert!((row.prefix_hit_ratio - hits as f64 / prompt as f64).abs() < 1e-12);
+        // Exact mean and max of TTFT and E2E from the requests (ms; the
+        // records round to ns like the histograms' exact sums).
+        let ttft: Vec<f64> = done.iter().map(|r| r.ttft_s.unwrap() * 1e3).collect();
+        let e2e: Vec<f64> = done.iter().map(|r| r.e2e_s.unwrap() * 1e3).collect();
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let max = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        assert!((row.ttft_ms.mean - mean(&ttft)).abs() < 1e-6, "stage {i} TTFT mean");
+        assert!((row.ttft_ms.max - max(&ttft)).abs() < 1e-6, "stage {i} TTFT max");
+        assert!((row.e2e_ms.mean - mean(&e2e)).abs() < 1e-6, "stage {i} E2E mean");
+        assert!(row.ttft_ms.p99 <= row.ttft_ms.max);
+    }
+    // The stages add up to the run.
+    let completed: u64 = out.stages.iter().map(|r| r.requests_completed).sum();
+    assert_eq!(completed, out.summary.requests_completed);
+}

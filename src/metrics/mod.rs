@@ -290,6 +290,116 @@ pub struct Sc25Row {
     pub warm_kv_fetch_ms: Option<f64>,
 }
 
+/// One workload stage's share of a run, accumulated as the run goes (the
+/// Python Opal prints its summary per stage; so does the `stages` table).
+#[derive(Clone, Debug, Default)]
+pub struct StageTally {
+    /// Requests the stage generated.
+    pub generated: u64,
+    /// Of which completed.
+    pub completed: u64,
+    /// Of which rejected (longer than `max_model_len`).
+    pub rejected: u64,
+    /// Prompt tokens of the completed requests.
+    pub prompt_tokens: u64,
+    /// Output tokens of the completed requests.
+    pub output_tokens: u64,
+    /// Prefix-hit tokens (all tiers, first admission) of the completed requests.
+    pub hit_tokens: u64,
+    /// The stage's first arrival.
+    pub first_arrival: Option<SimTime>,
+    /// Its last response.
+    pub last_response: Option<SimTime>,
+    /// Time to first token.
+    pub ttft: LatencyHistogram,
+    /// Time per output token.
+    pub tpot: LatencyHistogram,
+    /// End to end.
+    pub e2e: LatencyHistogram,
+    /// Arrival to first scheduling.
+    pub queue_wait: LatencyHistogram,
+}
+
+impl StageTally {
+    /// Counts an arrival at `now`.
+    pub fn arrived(&mut self, now: SimTime) {
+        self.generated += 1;
+        self.first_arrival.get_or_insert(now);
+    }
+
+    /// The stage's row: rates are over its active span, from its first
+    /// arrival to its last response (NaN — null in the table — without one).
+    pub fn row(&self, stage: u32, kind: &'static str) -> StageRow {
+        let start = self.first_arrival.map_or(f64::NAN, SimTime::as_secs_f64);
+        let end = self.last_response.map_or(f64::NAN, SimTime::as_secs_f64);
+        let span = end - start;
+        let per_s = |x: u64| if span > 0.0 { x as f64 / span } else { f64::NAN };
+        StageRow {
+            stage,
+            kind,
+            start_s: start,
+            end_s: end,
+            requests_generated: self.generated,
+            requests_completed: self.completed,
+            requests_rejected: self.rejected,
+            requests_per_s: per_s(self.completed),
+            input_tokens_per_s: per_s(self.prompt_tokens),
+            output_tokens_per_s: per_s(self.output_tokens),
+            prefix_hit_ratio: if self.prompt_tokens > 0 {
+                self.hit_tokens as f64 / self.prompt_tokens as f64
+            } else {
+                f64::NAN
+            },
+            ttft_ms: self.ttft.stats(),
+            tpot_ms: self.tpot.stats(),
+            e2e_ms: self.e2e.stats(),
+            queue_wait_ms: self.queue_wait.stats(),
+        }
+    }
+}
+
+/// One workload stage over a run (a row of the stages table).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StageRow {
+    /// Stage index (as in `workload.stages`).
+    pub stage: u32,
+    /// Its `type`.
+    pub kind: &'static str,
+    /// First arrival, simulated seconds.
+    pub start_s: f64,
+    /// Last response, simulated seconds.
+    pub end_s: f64,
+    /// Requests generated.
+    pub requests_generated: u64,
+    /// Requests completed.
+    pub requests_completed: u64,
+    /// Requests rejected.
+    pub requests_rejected: u64,
+    /// Completed requests per second of the stage's span.
+    pub requests_per_s: f64,
+    /// Prompt tokens of completed requests per second.
+    pub input_tokens_per_s: f64,
+    /// Output tokens of completed requests per second.
+    pub output_tokens_per_s: f64,
+    /// Prefix-hit tokens / prompt tokens of completed requests.
+    pub prefix_hit_ratio: f64,
+    /// Time to first token, ms.
+    pub ttft_ms: LatencyStats,
+    /// Time per output token, ms.
+    pub tpot_ms: LatencyStats,
+    /// End to end, ms.
+    pub e2e_ms: LatencyStats,
+    /// Queue wait, ms.
+    pub queue_wait_ms: LatencyStats,
+}
+
+impl StageRow {
+    /// The latency columns' stems and values, in column order.
+    pub fn latencies(&self) -> [(&'static str, &LatencyStats); 4] {
+        [("ttft", &self.ttft_ms), ("tpot", &self.tpot_ms), ("e2e", &self.e2e_ms), ("queue_wait", &self.queue_wait_ms)]
+    }
+}
+
 /// One worker over a run (a row of the workers table).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WorkerRow {

@@ -10,6 +10,7 @@
 //! histograms.parquet   run_id, metric, count, hdr (HDR histogram, compressed V2 encoding, µs)
 //! timeseries.parquet   one row per run and interval
 //! workers.parquet      one row per run and worker
+//! stages.parquet       one row per run and workload stage
 //! sc25.parquet         cold and warm TTFT per prompt size (with an SC25Workload stage)
 //! requests.parquet     one row per request (only when asked for)
 //! parts/               part files of runs finished but not yet merged
@@ -55,14 +56,17 @@ pub enum TableKind {
     Workers,
     /// Cold and warm TTFT per prompt size of `SC25Workload` stages.
     Sc25,
+    /// One row per run and workload stage.
+    Stages,
 }
 
 impl TableKind {
     /// Every table, in write order (runs last, so it marks a part complete).
-    pub const WRITE_ORDER: [TableKind; 6] = [
+    pub const WRITE_ORDER: [TableKind; 7] = [
         TableKind::Histograms,
         TableKind::Timeseries,
         TableKind::Workers,
+        TableKind::Stages,
         TableKind::Sc25,
         TableKind::Requests,
         TableKind::Runs,
@@ -77,6 +81,7 @@ impl TableKind {
             TableKind::Requests => "requests",
             TableKind::Workers => "workers",
             TableKind::Sc25 => "sc25",
+            TableKind::Stages => "stages",
         }
     }
 
@@ -238,6 +243,27 @@ impl TableSet {
                 c("preemptions", ColType::U64),
                 c("chunks_indexed", ColType::U64),
             ],
+            TableKind::Stages => {
+                let mut cols = vec![
+                    c("run_id", ColType::U32),
+                    c("stage", ColType::U32),
+                    c("type", ColType::Str),
+                    c("start_s", ColType::F64),
+                    c("end_s", ColType::F64),
+                    c("requests_generated", ColType::U64),
+                    c("requests_completed", ColType::U64),
+                    c("requests_rejected", ColType::U64),
+                    c("requests_per_s", ColType::F64),
+                    c("input_tokens_per_s", ColType::F64),
+                    c("output_tokens_per_s", ColType::F64),
+                    c("prefix_hit_ratio", ColType::F64),
+                ];
+                for stem in ["ttft", "tpot", "e2e", "queue_wait"] {
+                    let stats = crate::metrics::LatencyHistogram::default().stats();
+                    cols.extend(stats.fields().iter().map(|(suffix, _)| (format!("{stem}_{suffix}_ms"), ColType::F64)));
+                }
+                cols
+            }
             TableKind::Requests => vec![
                 c("run_id", ColType::U32),
                 c("request_id", ColType::U32),
@@ -376,6 +402,29 @@ impl TableSet {
                         Cell::U64(*preemptions),
                         Cell::U64(*chunks_indexed),
                     ]);
+                }
+            }
+            TableKind::Stages => {
+                let Ok(out) = &r.outcome else { return };
+                for st in &out.stages {
+                    let mut cells = vec![
+                        id,
+                        Cell::U32(st.stage),
+                        Cell::Str(st.kind),
+                        Cell::F64(st.start_s),
+                        Cell::F64(st.end_s),
+                        Cell::U64(st.requests_generated),
+                        Cell::U64(st.requests_completed),
+                        Cell::U64(st.requests_rejected),
+                        Cell::F64(st.requests_per_s),
+                        Cell::F64(st.input_tokens_per_s),
+                        Cell::F64(st.output_tokens_per_s),
+                        Cell::F64(st.prefix_hit_ratio),
+                    ];
+                    for (_, stats) in st.latencies() {
+                        cells.extend(stats.fields().iter().map(|&(_, v)| Cell::F64(v)));
+                    }
+                    b.push(&cells);
                 }
             }
             TableKind::Requests => {

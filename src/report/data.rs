@@ -90,7 +90,25 @@ pub struct Interval {
     pub active_workers: f64,
     /// Mean fraction of the interval the GPUs were busy.
     pub gpu_busy_fraction: f64,
+    /// Share of the GPUs' peak compute the interval's steps used.
+    pub gpu_compute_fraction: f64,
+    /// Share of their peak HBM bandwidth.
+    pub gpu_hbm_fraction: f64,
 }
+
+/// One workload stage of one run (from the stages table).
+#[derive(Clone, Debug)]
+pub struct StageRun {
+    /// Stage index.
+    pub stage: u32,
+    /// Its type.
+    pub kind: String,
+    /// Numeric columns by name (nulls left out).
+    pub metrics: BTreeMap<String, f64>,
+}
+
+/// The latency distributions the report draws as CDFs (histograms-table metric names).
+pub const CDF_METRICS: [&str; 3] = ["ttft", "e2e", "queue_wait"];
 
 /// One prompt size of an SC25 stage in one run.
 #[derive(Clone, Copy, Debug)]
@@ -122,12 +140,15 @@ pub struct SweepData {
     pub points: Vec<Point>,
     /// Failed runs (left out of every figure).
     pub failed: Vec<FailedRun>,
-    /// Merged TTFT histogram (µs) per point id, when the histograms table was written.
-    pub ttft: Option<BTreeMap<u32, Histogram<u64>>>,
+    /// Merged histograms (µs) of each of [`CDF_METRICS`] per point id, when
+    /// the histograms table was written.
+    pub latency: Option<BTreeMap<&'static str, BTreeMap<u32, Histogram<u64>>>>,
     /// Time series per run id, when the timeseries table was written.
     pub series: Option<BTreeMap<u32, Vec<Interval>>>,
     /// SC25 rows per run id, when the sc25 table was written.
     pub sc25: Option<BTreeMap<u32, Vec<Sc25Size>>>,
+    /// Stage rows per run id, when the stages table was written.
+    pub stages: Option<BTreeMap<u32, Vec<StageRun>>>,
 }
 
 fn rerr(path: &Path, msg: impl std::fmt::Display) -> ReportError {
@@ -300,9 +321,10 @@ impl SweepData {
 
         let wanted =
             |kind: TableKind| -> Option<PathBuf> { tables.contains(kind.name()).then(|| dir.join(kind.file_name())) };
-        let ttft = wanted(TableKind::Histograms).map(|p| read_ttft(&p, &point_of_run)).transpose()?;
+        let latency = wanted(TableKind::Histograms).map(|p| read_histograms(&p, &point_of_run)).transpose()?;
         let series = wanted(TableKind::Timeseries).map(|p| read_series(&p, &point_of_run)).transpose()?;
         let sc25 = wanted(TableKind::Sc25).map(|p| read_sc25(&p, &point_of_run)).transpose()?;
+        let stages = wanted(TableKind::Stages).map(|p| read_stages(&p, &point_of_run)).transpose()?;
         Ok(SweepData {
             dir: dir.to_path_buf(),
             name: get_str("name"),
@@ -312,9 +334,10 @@ impl SweepData {
             axes,
             points: points.into_values().collect(),
             failed,
-            ttft,
+            latency,
             series,
             sc25,
+            stages,
         })
     }
 
@@ -448,10 +471,12 @@ fn missing_listed(path: &Path) -> Result<(), ReportError> {
     }
 }
 
-/// TTFT histograms of successful runs, merged per point.
-fn read_ttft(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Histogram<u64>>, ReportError> {
+/// Histograms of [`CDF_METRICS`] of successful runs, merged per point.
+type Merged = BTreeMap<&'static str, BTreeMap<u32, Histogram<u64>>>;
+
+fn read_histograms(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<Merged, ReportError> {
     missing_listed(path)?;
-    let mut out: BTreeMap<u32, Histogram<u64>> = BTreeMap::new();
+    let mut out: Merged = CDF_METRICS.iter().map(|&m| (m, BTreeMap::new())).collect();
     let Some(b) = table(path)? else { return Ok(out) };
     let runs = ids(&b, path, "run_id")?;
     let metric = strings(&b, path, "metric")?;
@@ -459,11 +484,12 @@ fn read_ttft(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<
         column(&b, path, "hdr")?.as_binary_opt::<i32>().ok_or_else(|| rerr(path, "column `hdr` is not binary"))?;
     for i in 0..b.num_rows() {
         let Some(&point) = point_of_run.get(&runs[i]) else { continue };
-        if metric[i].as_deref() != Some("ttft") {
+        let Some(acc) = metric[i].as_deref().and_then(|m| out.iter_mut().find(|(k, _)| **k == m)).map(|(_, v)| v)
+        else {
             continue;
-        }
+        };
         let h = deserialize_hdr(hdr.value(i)).map_err(|e| rerr(path, format!("run {}: {e}", runs[i])))?;
-        merge_into(out.entry(point).or_insert_with(empty_histogram), &h)
+        merge_into(acc.entry(point).or_insert_with(empty_histogram), &h)
             .map_err(|e| rerr(path, format!("run {}: cannot merge: {e}", runs[i])))?;
     }
     Ok(out)
@@ -496,6 +522,10 @@ fn read_series(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMa
         col("active_workers")?,
         col("gpu_busy_fraction")?,
     );
+    // Written since the compute and HBM fractions exist; older tables lack them.
+    let optional =
+        |n: &str| if b.column_by_name(n).is_some() { numbers(&b, path, n) } else { Ok(vec![None; b.num_rows()]) };
+    let (compute, hbm) = (optional("gpu_compute_fraction")?, optional("gpu_hbm_fraction")?);
     for i in 0..b.num_rows() {
         if !point_of_run.contains_key(&runs[i]) {
             continue;
@@ -509,6 +539,8 @@ fn read_series(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMa
             queue_depth: v(&queue),
             active_workers: v(&workers),
             gpu_busy_fraction: v(&busy),
+            gpu_compute_fraction: compute[i].unwrap_or(f64::NAN),
+            gpu_hbm_fraction: hbm[i].unwrap_or(f64::NAN),
         });
     }
     Ok(out)
@@ -529,6 +561,33 @@ fn read_sc25(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<
             prompt_tokens: size[i].unwrap_or(0.0),
             cold_ttft_ms: cold[i],
             warm_ttft_ms: warm[i],
+        });
+    }
+    Ok(out)
+}
+
+fn read_stages(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Vec<StageRun>>, ReportError> {
+    missing_listed(path)?;
+    let mut out: BTreeMap<u32, Vec<StageRun>> = BTreeMap::new();
+    let Some(b) = table(path)? else { return Ok(out) };
+    let runs = ids(&b, path, "run_id")?;
+    let stage = ids(&b, path, "stage")?;
+    let kind = strings(&b, path, "type")?;
+    let schema = b.schema();
+    let numeric: Vec<(String, Vec<Option<f64>>)> = schema
+        .fields()
+        .iter()
+        .filter(|f| f.data_type().is_numeric() && !matches!(f.name().as_str(), "run_id" | "stage"))
+        .map(|f| Ok((f.name().clone(), numbers(&b, path, f.name())?)))
+        .collect::<Result<_, ReportError>>()?;
+    for i in 0..b.num_rows() {
+        if !point_of_run.contains_key(&runs[i]) {
+            continue;
+        }
+        out.entry(runs[i]).or_default().push(StageRun {
+            stage: stage[i],
+            kind: kind[i].clone().unwrap_or_default(),
+            metrics: numeric.iter().filter_map(|(n, c)| c[i].map(|v| (n.clone(), v))).collect(),
         });
     }
     Ok(out)

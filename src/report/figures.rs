@@ -101,8 +101,33 @@ pub fn sig(v: f64, digits: i32) -> String {
 enum Stroke {
     Solid,
     Dashed,
+    Dotted,
     /// Markers only (values at unordered categories are not joined).
     None,
+}
+
+impl Stroke {
+    /// The style of line `i` of a figure: solid, dashed, dotted in turn, so
+    /// that lines lying on each other stay apart (colours alone do not).
+    fn nth(i: usize) -> Stroke {
+        [Stroke::Solid, Stroke::Dashed, Stroke::Dotted][i % 3]
+    }
+}
+
+/// Marker shape: line `i` gets shape `i` in turn, so markers at the same
+/// place stay visible (a circle around a triangle around a square).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Marker {
+    Circle,
+    Triangle,
+    Square,
+    Cross,
+}
+
+impl Marker {
+    fn nth(i: usize) -> Marker {
+        [Marker::Circle, Marker::Triangle, Marker::Square, Marker::Cross][i % 4]
+    }
 }
 
 /// One line of a panel.
@@ -116,10 +141,11 @@ struct Line {
     band: Vec<(f64, f64, f64)>,
     /// Interval per point, (x, low, mean, high).
     errors: Vec<(f64, f64, f64, f64)>,
-    markers: bool,
+    marker: Option<Marker>,
 }
 
-/// One chart of a figure.
+/// One chart of a figure. Axis descriptions carry the unit; ", log scale"
+/// is added when the axis is logarithmic.
 #[derive(Clone, Debug)]
 struct Panel {
     title: String,
@@ -127,6 +153,11 @@ struct Panel {
     y_desc: String,
     x_log: bool,
     y_log: bool,
+    /// Panels of a figure showing the same quantity (same number) share
+    /// their x limits and their y scale (see [`harmonise`]).
+    quantity: usize,
+    /// Fixed x range (else from the data).
+    x_range: Option<(f64, f64)>,
     /// Fixed y range (else from the data).
     y_range: Option<(f64, f64)>,
     /// Names of x positions 0, 1, … (a categorical x axis).
@@ -142,6 +173,7 @@ struct Key {
     label: String,
     color: RGBColor,
     stroke: Stroke,
+    marker: Option<Marker>,
 }
 
 /// A figure of line panels in a grid.
@@ -164,7 +196,6 @@ struct BarPanel {
     /// Segments per bar: (tier, value).
     segments: Vec<Vec<(Tier, f64)>>,
     x_max: Option<f64>,
-    empty_note: &'static str,
 }
 
 #[derive(Clone, Debug)]
@@ -273,7 +304,7 @@ fn line_keys(data: &SweepData, f: &Facets) -> Vec<Key> {
         .map(|(i, l)| {
             let has_data =
                 f.panels.iter().flat_map(|(_, m)| m).any(|&(line, pi)| line == i && !data.points[pi].runs.is_empty());
-            Key { label: no_data_note(l.clone(), has_data), color: color(i, n), stroke: Stroke::Solid }
+            Key { label: no_data_note(l.clone(), has_data), color: color(i, n), stroke: Stroke::nth(i), marker: None }
         })
         .collect()
 }
@@ -312,58 +343,151 @@ fn cdf_points(h: &hdrhistogram::Histogram<u64>) -> Vec<(f64, f64)> {
     points
 }
 
-fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
-    let Some(hists) = &data.ttft else { return Err("histograms table not written".into()) };
-    if hists.is_empty() {
-        return Err("no TTFT samples".into());
-    }
+/// A latency whose CDF is drawn: its histograms-table name, what panels
+/// call it, and what to say when no request has a positive value.
+struct CdfMetric {
+    key: &'static str,
+    name: &'static str,
+    none_positive: &'static str,
+}
+
+/// CDFs of `metrics` (columns) per facet (rows), on a log x axis shared by
+/// the panels of each metric. A metric whose every sample is 0 (no request
+/// waited) is not drawn; the caption says so.
+fn cdf_figure(
+    data: &SweepData,
+    stem: &'static str,
+    title: &str,
+    caption: &str,
+    metrics: &[CdfMetric],
+) -> Result<Figure, String> {
+    let Some(hists) = &data.latency else { return Err("histograms table not written".into()) };
     let f = facets(data);
-    let panels = f
-        .panels
-        .iter()
-        .map(|(title, members)| {
+    let mut caption = caption.to_string();
+    let mut kept = Vec::new();
+    for m in metrics {
+        let h = hists.get(m.key).filter(|h| !h.is_empty());
+        match h {
+            None => caption.push_str(&format!(" No {} samples.", m.name)),
+            Some(h) if h.values().all(|h| h.max() == 0) => caption.push_str(&format!(" {}.", m.none_positive)),
+            Some(h) => kept.push((m, h)),
+        }
+    }
+    if kept.is_empty() {
+        return Err(caption.trim().trim_end_matches('.').to_string());
+    }
+    let mut panels = Vec::new();
+    for (facet, members) in &f.panels {
+        for (q, (m, h)) in kept.iter().enumerate() {
             let lines = members
                 .iter()
                 .filter_map(|&(line, pi)| {
-                    let points = cdf_points(hists.get(&data.points[pi].id)?);
+                    // A log axis has no 0: zero samples show as the curve
+                    // starting above 0 at the smallest positive value.
+                    let points: Vec<(f64, f64)> =
+                        cdf_points(h.get(&data.points[pi].id)?).into_iter().filter(|p| p.0 > 0.0).collect();
                     (!points.is_empty()).then(|| Line {
                         color: color(line, f.lines.len()),
-                        stroke: Stroke::Solid,
+                        stroke: Stroke::nth(line),
                         points,
                         band: Vec::new(),
                         errors: Vec::new(),
-                        markers: false,
+                        marker: None,
                     })
                 })
                 .collect();
-            Panel {
-                title: title.clone(),
-                x_desc: "TTFT (ms, log scale)".into(),
-                y_desc: "fraction of requests ≤ TTFT".into(),
+            let name = m.name;
+            panels.push(Panel {
+                title: if facet.is_empty() { String::new() } else { facet.clone() },
+                x_desc: format!("{name} (ms)"),
+                y_desc: format!("fraction of requests ≤ {name}"),
                 x_log: true,
                 y_log: false,
+                quantity: q,
+                x_range: None,
                 y_range: Some((0.0, 1.0)),
                 x_categories: None,
                 lines,
                 empty_note: "no completed requests",
+            });
+        }
+    }
+    let columns = if kept.len() > 1 { kept.len() } else { grid_columns(panels.len(), 3) };
+    let mut lf = LineFigure {
+        legend_title: legend_title(data),
+        legend: line_keys(data, &f),
+        panels,
+        columns,
+        panel_size: (560, 400),
+    };
+    harmonise(&mut lf);
+    Ok(Figure { stem, title: title.into(), caption, body: Body::Lines(lf) })
+}
+
+fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
+    cdf_figure(
+        data,
+        "fig1-ttft-cdf",
+        "TTFT distribution per grid point",
+        "Cumulative distribution of time to first token; each line merges the HDR histograms of all successful \
+         replicates of a point (exact, not an average of percentiles).",
+        &[CdfMetric { key: "ttft", name: "TTFT", none_positive: "no TTFT samples" }],
+    )
+}
+
+fn e2e_and_wait_cdf(data: &SweepData) -> Result<Figure, String> {
+    cdf_figure(
+        data,
+        "fig7-e2e-wait-cdf",
+        "End-to-end latency and queue wait per grid point",
+        "Cumulative distributions of end-to-end latency (arrival to response) and of queue wait (arrival to first \
+         scheduling), merged over successful replicates as in figure 1. Requests that did not wait make the \
+         queue-wait curve start above 0.",
+        &[
+            CdfMetric { key: "e2e", name: "E2E latency", none_positive: "no E2E samples" },
+            CdfMetric {
+                key: "queue_wait",
+                name: "queue wait",
+                none_positive: "Queue wait is not drawn: no request waited",
+            },
+        ],
+    )
+}
+
+/// Gives the panels of a figure that show the same quantity one x range
+/// (that of all their data) and one y scale: logarithmic when all their
+/// values are positive and span more than two decades, else linear — for
+/// every such panel alike, so that panels read against each other.
+fn harmonise(f: &mut LineFigure) {
+    let quantities: std::collections::BTreeSet<usize> = f.panels.iter().map(|p| p.quantity).collect();
+    for q in quantities {
+        let same = || f.panels.iter().filter(move |p| p.quantity == q);
+        let categorical = same().any(|p| p.x_categories.is_some());
+        let x_log = same().any(|p| p.x_log);
+        let xs = same().flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)));
+        let x_range = (!categorical).then(|| data_range(xs, x_log));
+        let fixed_y = same().any(|p| p.y_range.is_some());
+        let ys: Vec<f64> = same()
+            .flat_map(|p| {
+                p.lines.iter().flat_map(|l| {
+                    l.points
+                        .iter()
+                        .map(|q| q.1)
+                        .chain(l.band.iter().flat_map(|b| [b.1, b.2]))
+                        .chain(l.errors.iter().flat_map(|e| [e.1, e.3]))
+                })
+            })
+            .filter(|v| v.is_finite())
+            .collect();
+        let (lo, hi) = ys.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+        let y_log = !fixed_y && lo > 0.0 && hi / lo > 100.0;
+        for p in f.panels.iter_mut().filter(|p| p.quantity == q) {
+            p.x_range = x_range;
+            if !fixed_y {
+                p.y_log = y_log;
             }
-        })
-        .collect::<Vec<_>>();
-    let columns = grid_columns(panels.len(), 3);
-    Ok(Figure {
-        stem: "fig1-ttft-cdf",
-        title: "TTFT distribution per grid point".into(),
-        caption: "Cumulative distribution of time to first token; each line merges the HDR histograms of all \
-                  successful replicates of a point (exact, not an average of percentiles)."
-            .into(),
-        body: Body::Lines(LineFigure {
-            legend_title: legend_title(data),
-            legend: line_keys(data, &f),
-            panels,
-            columns,
-            panel_size: (560, 400),
-        }),
-    })
+        }
+    }
 }
 
 // ---------------------------------------------------------------- figures 2 and 5
@@ -371,12 +495,16 @@ fn ttft_cdf(data: &SweepData) -> Result<Figure, String> {
 /// A time-series metric.
 #[derive(Clone, Copy)]
 struct SeriesMetric {
+    /// Panel title, with the unit.
     title: &'static str,
+    /// Axis description, with the unit.
     y_desc: &'static str,
     /// The value of an interval `dt` seconds long.
     value: fn(&Interval, f64) -> f64,
     /// A rate over the interval (else a gauge sampled at its end).
     rate: bool,
+    /// Fixed y range (percentages).
+    y_range: Option<(f64, f64)>,
 }
 
 /// Mean and min–max per interval index over the replicates of a point:
@@ -408,6 +536,10 @@ fn replicate_series(data: &SweepData, point: &Point, m: SeriesMetric) -> Vec<(f6
     acc.into_values().map(|(x, sum, lo, hi, n)| (x, sum / n as f64, lo, hi)).collect()
 }
 
+/// Time-series panels: one column per metric, one row per facet. A metric
+/// that is the same number in every interval of every run (active workers
+/// without autoscaling, a queue that never forms) is not drawn; the
+/// caption says so and why.
 fn time_figure(
     data: &SweepData,
     stem: &'static str,
@@ -420,16 +552,34 @@ fn time_figure(
         return Err("no time-series rows".into());
     }
     let f = facets(data);
+    let mut caption = caption.to_string();
+    let base_len = caption.len();
+    let mut kept = Vec::new();
+    for &m in metrics {
+        let values =
+            f.panels.iter().flat_map(|(_, members)| members).flat_map(|&(_, pi)| {
+                replicate_series(data, &data.points[pi], m).into_iter().flat_map(|r| [r.1, r.2, r.3])
+            });
+        let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
+        if lo == hi {
+            caption.push_str(&format!(" Not drawn: {}, {} throughout.", m.title, si(lo)));
+        } else if lo.is_finite() {
+            kept.push(m);
+        }
+    }
+    if kept.is_empty() {
+        return Err(format!("every metric is the same number throughout —{}", &caption[base_len..]));
+    }
     let mut panels = Vec::new();
     for (facet, members) in &f.panels {
-        for &m in metrics {
+        for (q, &m) in kept.iter().enumerate() {
             let lines = members
                 .iter()
                 .map(|&(line, pi)| {
                     let rows = replicate_series(data, &data.points[pi], m);
                     Line {
                         color: color(line, f.lines.len()),
-                        stroke: Stroke::Solid,
+                        stroke: Stroke::nth(line),
                         points: rows.iter().map(|r| (r.0, r.1)).collect(),
                         band: if data.points[pi].runs.len() > 1 {
                             rows.iter().map(|r| (r.0, r.2, r.3)).collect()
@@ -437,7 +587,7 @@ fn time_figure(
                             Vec::new()
                         },
                         errors: Vec::new(),
-                        markers: false,
+                        marker: None,
                     }
                 })
                 .filter(|l| !l.points.is_empty())
@@ -448,25 +598,34 @@ fn time_figure(
                 y_desc: m.y_desc.into(),
                 x_log: false,
                 y_log: false,
-                y_range: None,
+                quantity: q,
+                x_range: None,
+                y_range: m.y_range,
                 x_categories: None,
                 lines,
                 empty_note: "no intervals",
             });
         }
     }
-    Ok(Figure {
-        stem,
-        title: title.into(),
-        caption: caption.into(),
-        body: Body::Lines(LineFigure {
-            legend_title: legend_title(data),
-            legend: line_keys(data, &f),
-            panels,
-            columns: metrics.len(),
-            panel_size: (500, 330),
-        }),
-    })
+    let columns = kept.len();
+    let mut lf = LineFigure {
+        legend_title: legend_title(data),
+        legend: line_keys(data, &f),
+        panels,
+        columns,
+        panel_size: if columns > 3 { (430, 320) } else { (500, 330) },
+    };
+    harmonise(&mut lf);
+    // Every panel of a time figure spans the same simulated time.
+    let all = lf
+        .panels
+        .iter()
+        .filter_map(|p| p.x_range)
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |a, r| (a.0.min(r.0), a.1.max(r.1)));
+    if all.0.is_finite() {
+        lf.panels.iter_mut().for_each(|p| p.x_range = Some(all));
+    }
+    Ok(Figure { stem, title: title.into(), caption, body: Body::Lines(lf) })
 }
 
 fn throughput(data: &SweepData) -> Result<Figure, String> {
@@ -479,51 +638,87 @@ fn throughput(data: &SweepData) -> Result<Figure, String> {
          over those still running); the shaded band spans their minimum to maximum.",
         &[
             SeriesMetric {
-                title: "prompt tokens",
+                title: "prompt tokens computed (tokens/s)",
                 y_desc: "prompt tokens / s",
                 value: |r, dt| r.prompt_tokens / dt,
                 rate: true,
+                y_range: None,
             },
             SeriesMetric {
-                title: "generated tokens",
+                title: "tokens generated (tokens/s)",
                 y_desc: "generated tokens / s",
                 value: |r, dt| r.generated_tokens / dt,
                 rate: true,
+                y_range: None,
             },
             SeriesMetric {
-                title: "requests completed",
+                title: "requests completed (requests/s)",
                 y_desc: "requests / s",
                 value: |r, dt| r.requests_completed / dt,
                 rate: true,
+                y_range: None,
             },
         ],
     )
 }
 
 fn utilisation(data: &SweepData) -> Result<Figure, String> {
+    const PERCENT: Option<(f64, f64)> = Some((0.0, 100.0));
     time_figure(
         data,
         "fig5-utilisation",
-        "GPU utilisation, queue depth and active workers over time",
-        "GPU busy time as a percentage of each interval (mean over workers), requests waiting and workers active \
-         at each interval's end — autoscaling shows as steps in the active-worker line. Mean over replicates, \
+        "GPU use, queue depth and active workers over time",
+        "GPU busy: the share of each interval the GPUs were running a step (mean over workers). Compute and HBM \
+         bandwidth: the share of the GPUs' peak FLOP/s and bytes/s the steps' work needs (the step model's \
+         roofline terms over the interval) — a GPU can be busy all the time at a small share of either. Requests \
+         waiting and workers active at each interval's end (autoscaling shows as steps). Mean over replicates, \
          min–max band.",
         &[
             SeriesMetric {
-                title: "GPU utilisation",
-                y_desc: "GPU busy (%)",
+                title: "GPU busy (% of time)",
+                y_desc: "busy (%)",
                 value: |r, _| 100.0 * r.gpu_busy_fraction,
                 rate: false,
+                y_range: PERCENT,
             },
-            SeriesMetric { title: "queue depth", y_desc: "requests waiting", value: |r, _| r.queue_depth, rate: false },
-            SeriesMetric { title: "active workers", y_desc: "workers", value: |r, _| r.active_workers, rate: false },
+            SeriesMetric {
+                title: "compute used (% of peak FLOP/s)",
+                y_desc: "compute (% of peak)",
+                value: |r, _| 100.0 * r.gpu_compute_fraction,
+                rate: false,
+                y_range: PERCENT,
+            },
+            SeriesMetric {
+                title: "HBM bandwidth used (% of peak)",
+                y_desc: "HBM bandwidth (% of peak)",
+                value: |r, _| 100.0 * r.gpu_hbm_fraction,
+                rate: false,
+                y_range: PERCENT,
+            },
+            SeriesMetric {
+                title: "queue depth (requests waiting)",
+                y_desc: "requests waiting",
+                value: |r, _| r.queue_depth,
+                rate: false,
+                y_range: None,
+            },
+            SeriesMetric {
+                title: "active workers",
+                y_desc: "workers",
+                value: |r, _| r.active_workers,
+                rate: false,
+                y_range: None,
+            },
         ],
     )
 }
 
 // ---------------------------------------------------------------- figure 3
 
-fn percentiles(data: &SweepData) -> Figure {
+fn percentiles(data: &SweepData) -> Result<Figure, String> {
+    if data.points.iter().filter(|p| !p.runs.is_empty()).count() < 2 {
+        return Err("one grid point — its percentiles are in the summary table".into());
+    }
     // x: the numeric axis with the most values (the first of equals), else
     // the first axis as categories, else one category.
     let most = data.axes.iter().filter(|a| a.numeric).map(|a| a.values.len()).max();
@@ -562,10 +757,10 @@ fn percentiles(data: &SweepData) -> Figure {
     let (x_lo, x_hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     let x_log = numeric_x && x_lo > 0.0 && x_hi / x_lo >= 50.0;
     let metrics = [
-        ("TTFT p50", "ttft_p50_ms", "TTFT p50 (ms"),
-        ("TTFT p99", "ttft_p99_ms", "TTFT p99 (ms"),
-        ("TPOT p50", "tpot_p50_ms", "TPOT p50 (ms"),
-        ("TPOT p99", "tpot_p99_ms", "TPOT p99 (ms"),
+        ("TTFT p50 (ms)", "ttft_p50_ms", "TTFT p50 (ms)"),
+        ("TTFT p99 (ms)", "ttft_p99_ms", "TTFT p99 (ms)"),
+        ("TPOT p50 (ms)", "tpot_p50_ms", "TPOT p50 (ms)"),
+        ("TPOT p99 (ms)", "tpot_p99_ms", "TPOT p99 (ms)"),
     ];
     let panels = metrics
         .iter()
@@ -590,30 +785,26 @@ fn percentiles(data: &SweepData) -> Figure {
                     rows.sort_by(|a, b| a.0.total_cmp(&b.0));
                     Line {
                         color: color(k, n),
-                        stroke: if numeric_x { Stroke::Solid } else { Stroke::None },
+                        stroke: if numeric_x { Stroke::nth(k) } else { Stroke::None },
                         points: rows.iter().map(|r| (r.0, r.1)).collect(),
                         band: Vec::new(),
                         errors: rows.iter().filter(|r| r.3 > r.2).map(|r| (r.0, r.2, r.1, r.3)).collect(),
-                        markers: true,
+                        marker: Some(Marker::nth(k)),
                     }
                 })
                 .filter(|l| !l.points.is_empty())
                 .collect();
-            let (lo, hi) = lines
-                .iter()
-                .flat_map(|l| l.points.iter().map(|p| p.1))
-                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
-            let y_log = lo > 0.0 && hi / lo > 30.0;
             Panel {
                 title: title.into(),
                 x_desc: match x_axis {
-                    Some(a) if x_log => format!("{} (log scale)", data.axes[a].label),
                     Some(a) => data.axes[a].label.clone(),
                     None => "(the sweep has no axes)".into(),
                 },
-                y_desc: if y_log { format!("{y_desc}, log scale)") } else { format!("{y_desc})") },
+                y_desc: y_desc.into(),
                 x_log,
-                y_log,
+                y_log: false,
+                quantity: 0,
+                x_range: None,
                 y_range: None,
                 x_categories: (!numeric_x)
                     .then(|| x_axis.map_or_else(|| vec!["all runs".to_string()], |a| data.axes[a].values.clone())),
@@ -632,11 +823,14 @@ fn percentiles(data: &SweepData) -> Figure {
             Key {
                 label: no_data_note(label, pts.iter().any(|&i| !data.points[i].runs.is_empty())),
                 color: color(k, n),
-                stroke: if numeric_x { Stroke::Solid } else { Stroke::None },
+                stroke: if numeric_x { Stroke::nth(k) } else { Stroke::None },
+                marker: Some(Marker::nth(k)),
             }
         })
         .collect();
-    Figure {
+    let mut body = LineFigure { legend_title, legend, panels, columns: 2, panel_size: (600, 380) };
+    harmonise(&mut body);
+    Ok(Figure {
         stem: "fig3-percentiles",
         title: match x_axis {
             Some(a) if numeric_x => format!("TTFT and TPOT percentiles vs {}", data.axes[a].label),
@@ -645,15 +839,15 @@ fn percentiles(data: &SweepData) -> Figure {
         },
         caption: "Each marker is the mean over a point's successful replicates of that run's percentile; error \
                   bars are 95 % Student-t confidence intervals across replicates (none with a single replicate). \
-                  The y axis turns logarithmic when values span more than 30×."
+                  All four panels share one y scale: logarithmic when their values span more than two decades."
             .into(),
-        body: Body::Lines(LineFigure { legend_title, legend, panels, columns: 2, panel_size: (600, 380) }),
-    }
+        body: Body::Lines(body),
+    })
 }
 
 // ---------------------------------------------------------------- figure 4
 
-fn cache_bars(data: &SweepData) -> Figure {
+fn cache_bars(data: &SweepData) -> Result<Figure, String> {
     let mean = |p: &Point, col: &str| mean_ci(&p.samples(col)).map_or(0.0, |m| m.0);
     let labels: Vec<String> = data.points.iter().map(|p| data.point_label(p)).collect();
     let hits = data
@@ -674,35 +868,47 @@ fn cache_bars(data: &SweepData) -> Figure {
                 .collect()
         })
         .collect();
-    Figure {
+    let any = |segs: &Vec<Vec<(Tier, f64)>>| segs.iter().flatten().any(|&(_, v)| v > 0.0);
+    let (any_hit, any_bytes) = (any(&hits), any(&bytes));
+    if !any_hit && !any_bytes {
+        return Err("no prefix hits in any tier and no storage-tier traffic".into());
+    }
+    let mut caption = String::new();
+    let mut panels = Vec::new();
+    if any_hit {
+        caption.push_str(
+            "Prefix-hit ratio: the fraction of prompt tokens served from each KV-cache tier (GPU, CPU, NVMe, DFS; \
+             the bar's length is the total prefix-hit ratio). ",
+        );
+        panels.push(BarPanel {
+            title: "prefix-hit ratio by tier (fraction of prompt tokens)".into(),
+            x_desc: "fraction of prompt tokens served from the tier".into(),
+            bars: labels.clone(),
+            segments: hits,
+            x_max: Some(1.0),
+        });
+    } else {
+        caption.push_str("No prompt token was found in any tier, so no hit ratios are drawn. ");
+    }
+    if any_bytes {
+        caption.push_str("KV traffic: bytes read plus written by each storage tier's devices (CPU, NVMe, DFS). ");
+        panels.push(BarPanel {
+            title: "KV traffic by storage tier (GB)".into(),
+            x_desc: "GB read + written by the tier (10⁹ bytes)".into(),
+            bars: labels,
+            segments: bytes,
+            x_max: None,
+        });
+    } else {
+        caption.push_str("No storage-tier traffic is drawn: no CPU, NVMe or DFS tier moved a byte. ");
+    }
+    caption.push_str("Means over successful replicates.");
+    Ok(Figure {
         stem: "fig4-cache",
         title: "Prefix-cache hits and storage traffic per grid point".into(),
-        caption: "Left: fraction of prompt tokens served from each KV-cache tier (the bar's length is the total \
-                  prefix-hit ratio). Right: bytes read plus written by each storage tier's devices. Means over \
-                  successful replicates."
-            .into(),
-        body: Body::Bars(BarFigure {
-            tiers: Tier::ALL.to_vec(),
-            panels: vec![
-                BarPanel {
-                    title: "prefix-hit ratio by tier".into(),
-                    x_desc: "fraction of prompt tokens".into(),
-                    bars: labels.clone(),
-                    segments: hits,
-                    x_max: Some(1.0),
-                    empty_note: "",
-                },
-                BarPanel {
-                    title: "KV bytes moved by storage tier".into(),
-                    x_desc: "GB read + written (10⁹ bytes)".into(),
-                    bars: labels,
-                    segments: bytes,
-                    x_max: None,
-                    empty_note: "no bytes moved: no CPU, NVMe or DFS tier configured",
-                },
-            ],
-        }),
-    }
+        caption,
+        body: Body::Bars(BarFigure { tiers: Tier::ALL.to_vec(), panels }),
+    })
 }
 
 // ---------------------------------------------------------------- figure 6
@@ -729,7 +935,7 @@ fn sc25(data: &SweepData) -> Result<Figure, String> {
         if by_size.is_empty() {
             continue;
         }
-        let c = color(i, n);
+        let (c, marker) = (color(i, n), Some(Marker::nth(i)));
         for (stroke, pick) in [(Stroke::Dashed, 0), (Stroke::Solid, 1)] {
             let points: Vec<(f64, f64)> = by_size
                 .iter()
@@ -738,20 +944,22 @@ fn sc25(data: &SweepData) -> Result<Figure, String> {
                     mean_ci(v).map(|m| (size as f64, m.0))
                 })
                 .collect();
-            lines.push(Line { color: c, stroke, points, band: Vec::new(), errors: Vec::new(), markers: true });
+            lines.push(Line { color: c, stroke, points, band: Vec::new(), errors: Vec::new(), marker });
         }
         if n > 1 {
-            legend.push(Key { label: data.point_label(p), color: c, stroke: Stroke::Solid });
+            legend.push(Key { label: data.point_label(p), color: c, stroke: Stroke::None, marker });
         }
     }
     let style_color = if n == 1 { color(0, 1) } else { BLACK };
-    legend.push(Key { label: "cold pass".into(), color: style_color, stroke: Stroke::Dashed });
-    legend.push(Key { label: "warm pass".into(), color: style_color, stroke: Stroke::Solid });
+    legend.push(Key { label: "cold pass".into(), color: style_color, stroke: Stroke::Dashed, marker: None });
+    legend.push(Key { label: "warm pass".into(), color: style_color, stroke: Stroke::Solid, marker: None });
     Ok(Figure {
         stem: "fig6-sc25",
         title: "SC25 benchmark: cold vs warm TTFT by prompt size".into(),
         caption: "Cold pass: each prompt computed from scratch. Warm pass: the same prompts again, their KV blocks \
-                  found in the cache tiers. Means over successful replicates; log-scale TTFT."
+                  found in the cache tiers. Means over successful replicates; log-scale TTFT. Points differing only \
+                  in their cache tiers share the cold line: each point has its own marker shape, so markers on \
+                  top of each other stay visible."
             .into(),
         body: Body::Lines(LineFigure {
             legend_title: String::new(),
@@ -759,9 +967,11 @@ fn sc25(data: &SweepData) -> Result<Figure, String> {
             panels: vec![Panel {
                 title: String::new(),
                 x_desc: "prompt size (tokens)".into(),
-                y_desc: "TTFT (ms, log scale)".into(),
+                y_desc: "TTFT (ms)".into(),
                 x_log: false,
                 y_log: true,
+                quantity: 0,
+                x_range: None,
                 y_range: None,
                 x_categories: None,
                 lines,
@@ -831,7 +1041,27 @@ where
                 area.draw(&PathElement::new(vec![(x, y), (x + 9, y)], line))?;
                 area.draw(&PathElement::new(vec![(x + 15, y), (x + 24, y)], line))?;
             }
-            Stroke::None => area.draw(&Circle::new((x + 12, y), 4, k.color.filled()))?,
+            Stroke::Dotted => {
+                for dx in (0..24).step_by(6) {
+                    area.draw(&PathElement::new(vec![(x + dx, y), (x + dx + 2, y)], line))?;
+                }
+            }
+            Stroke::None if k.marker.is_none() => area.draw(&Circle::new((x + 12, y), 4, k.color.filled()))?,
+            Stroke::None => {}
+        }
+        if let Some(m) = k.marker {
+            let c = k.color.stroke_width(2);
+            let (cx, cy) = (x + 12, y);
+            match m {
+                Marker::Circle => area.draw(&Circle::new((cx, cy), 5, c))?,
+                Marker::Triangle => area
+                    .draw(&PathElement::new(vec![(cx, cy - 6), (cx + 5, cy + 4), (cx - 5, cy + 4), (cx, cy - 6)], c))?,
+                Marker::Square => area.draw(&Rectangle::new([(cx - 4, cy - 4), (cx + 4, cy + 4)], c))?,
+                Marker::Cross => {
+                    area.draw(&PathElement::new(vec![(cx - 5, cy - 5), (cx + 5, cy + 5)], c))?;
+                    area.draw(&PathElement::new(vec![(cx - 5, cy + 5), (cx + 5, cy - 5)], c))?;
+                }
+            }
         }
         area.draw_text(&k.label, &style, (x + 30, y))?;
     }
@@ -860,7 +1090,7 @@ where
     DB::ErrorType: 'static,
 {
     let xs = p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0));
-    let (mut x0, mut x1) = data_range(xs, p.x_log);
+    let (mut x0, mut x1) = p.x_range.unwrap_or_else(|| data_range(xs, p.x_log));
     if let Some(c) = &p.x_categories {
         (x0, x1) = (-0.5, c.len() as f64 - 0.5);
     }
@@ -940,10 +1170,11 @@ where
         None => si(*v),
     };
     let x_labels = p.x_categories.as_ref().map_or(6, |c| c.len().max(1));
+    let log = |desc: &str, log: bool| if log { format!("{desc}, log scale") } else { desc.to_string() };
     chart
         .configure_mesh()
-        .x_desc(&p.x_desc)
-        .y_desc(&p.y_desc)
+        .x_desc(log(&p.x_desc, p.x_log))
+        .y_desc(log(&p.y_desc, p.y_log))
         .x_labels(x_labels)
         .y_labels(6)
         .x_label_formatter(&x_fmt)
@@ -980,10 +1211,28 @@ where
             Stroke::Dashed => {
                 chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style))?;
             }
+            Stroke::Dotted => {
+                chart.draw_series(DashedLineSeries::new(pts.clone(), 2, 4, style))?;
+            }
             Stroke::None => {}
         }
-        if l.markers {
-            chart.draw_series(pts.iter().map(|&q| Circle::new(q, 3, l.color.filled())))?;
+        // Hollow markers, so that one drawn on another leaves it visible.
+        let pen = l.color.stroke_width(2);
+        match l.marker {
+            None => {}
+            Some(Marker::Circle) => {
+                chart.draw_series(pts.iter().map(|&q| Circle::new(q, 5, pen)))?;
+            }
+            Some(Marker::Triangle) => {
+                chart.draw_series(pts.iter().map(|&q| TriangleMarker::new(q, 6, pen)))?;
+            }
+            Some(Marker::Square) => {
+                chart
+                    .draw_series(pts.iter().map(|&q| EmptyElement::at(q) + Rectangle::new([(-4, -4), (4, 4)], pen)))?;
+            }
+            Some(Marker::Cross) => {
+                chart.draw_series(pts.iter().map(|&q| Cross::new(q, 5, pen)))?;
+            }
         }
         chart.draw_series(l.errors.iter().map(|&(x, lo, mean, hi)| {
             ErrorBar::new_vertical(x, clamp(lo), clamp(mean), clamp(hi), l.color.stroke_width(1), 8)
@@ -1060,7 +1309,7 @@ where
     let keys: Vec<Key> = f
         .tiers
         .iter()
-        .map(|&t| Key { label: t.opal_name().into(), color: tier_color(t), stroke: Stroke::Solid })
+        .map(|&t| Key { label: t.opal_name().into(), color: tier_color(t), stroke: Stroke::Solid, marker: None })
         .collect();
     let (legend_h, _) = legend_layout(&body, "tier", &keys)?;
     let (legend, charts) = body.split_vertically(legend_h);
@@ -1106,9 +1355,6 @@ where
                 x += v;
             }
         }
-        if max == 0.0 {
-            note_in_plot(&area, chart.plotting_area(), p.empty_note)?;
-        }
     }
     Ok(())
 }
@@ -1118,11 +1364,13 @@ fn figure_size(f: &Figure) -> (u32, u32) {
         Body::Lines(l) => {
             let rows = l.panels.len().div_ceil(l.columns) as u32;
             let legend_rows = (l.legend.len() as u32).div_ceil(6).max(1);
-            (l.panel_size.0 * l.columns as u32, TITLE_H + 10 + 22 * legend_rows + l.panel_size.1 * rows)
+            // At least wide enough for the title and a legend row.
+            let width = (l.panel_size.0 * l.columns as u32).max(820);
+            (width, TITLE_H + 10 + 22 * legend_rows + l.panel_size.1 * rows)
         }
         Body::Bars(b) => {
             let k = b.panels.first().map_or(1, |p| p.bars.len()) as u32;
-            (1400, TITLE_H + 40 + 100 + 28 * k.max(3))
+            (700 * b.panels.len().max(1) as u32, TITLE_H + 40 + 100 + 28 * k.max(3))
         }
     }
 }
@@ -1228,6 +1476,28 @@ mod raster {
 /// Why a lean build writes no PNG, and the fix.
 pub const NO_PNG: &str = "this opal-sweep was built without PNG support\n  fix: reinstall with `cargo install --path . --features png` (the SVG figures need nothing)";
 
+/// Drops the panels of a line figure in which no line has two points (a
+/// lone dot per line shows nothing a table would not); a figure left with
+/// no panel is not drawn, and says why.
+fn without_degenerate_panels(mut f: Figure) -> Result<Figure, String> {
+    let Body::Lines(lf) = &mut f.body else { return Ok(f) };
+    let before = lf.panels.len();
+    lf.panels.retain(|p| p.lines.iter().any(|l| l.points.len() > 1));
+    match lf.panels.len() {
+        0 => Err("every line would be a single point — the numbers are in the summary table".into()),
+        n if n < before => {
+            lf.columns = lf.columns.min(n);
+            f.caption.push_str(&format!(
+                " {} panel{} with a single point per line left out.",
+                before - n,
+                if before - n == 1 { "" } else { "s" }
+            ));
+            Ok(f)
+        }
+        _ => Ok(f),
+    }
+}
+
 /// Computes every figure the data supports and writes each as SVG, and as
 /// PNG if `png`, into `dir` (figures are drawn in parallel; the files do not
 /// depend on it).
@@ -1242,20 +1512,21 @@ pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, Report
         let total_panels = facets(data).total_panels;
         if total_panels > MAX_PANELS {
             skipped.push(format!(
-                "Figures 1, 2 and 5 draw the first {MAX_PANELS} of {total_panels} panels (combinations of the axes \
+                "Figures 1, 2, 5 and 7 draw the first {MAX_PANELS} of {total_panels} panels (combinations of the axes \
                  after the first); vary fewer axes together, or read the tables, for the rest."
             ));
         }
         let candidates = [
             (1, "TTFT CDF", ttft_cdf(data)),
             (2, "throughput over time", throughput(data)),
-            (3, "percentiles", Ok(percentiles(data))),
-            (4, "cache hits and storage traffic", Ok(cache_bars(data))),
+            (3, "percentiles", percentiles(data)),
+            (4, "cache hits and storage traffic", cache_bars(data)),
             (5, "utilisation over time", utilisation(data)),
             (6, "SC25 cold vs warm", sc25(data)),
+            (7, "E2E and queue-wait CDFs", e2e_and_wait_cdf(data)),
         ];
         for (n, what, f) in candidates {
-            match f {
+            match f.and_then(without_degenerate_panels) {
                 Ok(f) => figures.push((n, f)),
                 Err(why) if why == NOT_APPLICABLE => not_applicable.push(format!("Figure {n} ({what}): {why}.")),
                 Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
@@ -1333,12 +1604,18 @@ mod tests {
             axes: Vec::new(),
             points: vec![point],
             failed: Vec::new(),
-            ttft: None,
+            latency: None,
             series: Some(series.into_iter().collect()),
             sc25: None,
+            stages: None,
         };
-        let rate =
-            SeriesMetric { title: "", y_desc: "", value: |r: &Interval, dt| r.generated_tokens / dt, rate: true };
+        let rate = SeriesMetric {
+            title: "",
+            y_desc: "",
+            value: |r: &Interval, dt| r.generated_tokens / dt,
+            rate: true,
+            y_range: None,
+        };
         let rows = replicate_series(&data, &data.points[0], rate);
         // Interval 0: 50 and 150 tok/s → mean 100, band 50–150; interval 1: 150 and 250;
         // interval 2: run 0 only (25 tok/s), run 1's 0.1 s remainder is left out.
@@ -1366,6 +1643,76 @@ mod tests {
         assert!(pts.len() < 2_000, "{} points", pts.len());
         assert_eq!(pts.last().unwrap().1, 1.0);
         assert!(pts.windows(2).all(|w| w[1].1 - w[0].1 <= 0.011), "no step hides more than 1 % of requests");
+    }
+
+    fn panel(quantity: usize, points: Vec<(f64, f64)>) -> Panel {
+        Panel {
+            title: String::new(),
+            x_desc: String::new(),
+            y_desc: String::new(),
+            x_log: false,
+            y_log: false,
+            quantity,
+            x_range: None,
+            y_range: None,
+            x_categories: None,
+            lines: vec![Line {
+                color: BLACK,
+                stroke: Stroke::Solid,
+                points,
+                band: Vec::new(),
+                errors: Vec::new(),
+                marker: None,
+            }],
+            empty_note: "",
+        }
+    }
+
+    #[test]
+    fn panels_of_one_quantity_share_x_limits_and_one_y_scale() {
+        let figure = |panels| LineFigure {
+            legend_title: String::new(),
+            legend: Vec::new(),
+            panels,
+            columns: 2,
+            panel_size: (1, 1),
+        };
+        // Quantity 0 spans 2 to 500 over its two panels (> two decades): log
+        // for both, though each alone spans less. Quantity 1 has a 0: linear.
+        let mut f = figure(vec![
+            panel(0, vec![(0.0, 2.0), (10.0, 40.0)]),
+            panel(0, vec![(5.0, 30.0), (20.0, 500.0)]),
+            panel(1, vec![(0.0, 0.0), (1.0, 1e6)]),
+        ]);
+        harmonise(&mut f);
+        assert_eq!(f.panels.iter().map(|p| p.y_log).collect::<Vec<_>>(), [true, true, false]);
+        // x: 0 to 20 padded by 4 % (and not below 0) for both panels of quantity 0.
+        assert_eq!(f.panels[0].x_range, Some((0.0, 20.8)));
+        assert_eq!(f.panels[1].x_range, f.panels[0].x_range);
+        assert_eq!(f.panels[2].x_range, Some((0.0, 1.04)));
+        // Exactly two decades is not more than two: linear.
+        let mut f = figure(vec![panel(0, vec![(0.0, 1.0), (1.0, 100.0)])]);
+        harmonise(&mut f);
+        assert!(!f.panels[0].y_log);
+    }
+
+    #[test]
+    fn a_panel_of_lone_points_is_left_out_and_the_caption_says_so() {
+        let lines = LineFigure {
+            legend_title: String::new(),
+            legend: Vec::new(),
+            panels: vec![panel(0, vec![(0.0, 1.0), (1.0, 2.0)]), panel(1, vec![(0.0, 1.0)])],
+            columns: 2,
+            panel_size: (1, 1),
+        };
+        let f = Figure { stem: "x", title: String::new(), caption: "C.".into(), body: Body::Lines(lines.clone()) };
+        let kept = without_degenerate_panels(f).unwrap();
+        let Body::Lines(l) = &kept.body else { unreachable!() };
+        assert_eq!((l.panels.len(), l.columns), (1, 1));
+        assert_eq!(kept.caption, "C. 1 panel with a single point per line left out.");
+        let only_dots = LineFigure { panels: vec![panel(0, vec![(0.0, 1.0)])], ..lines };
+        let f = Figure { stem: "x", title: String::new(), caption: String::new(), body: Body::Lines(only_dots) };
+        assert!(without_degenerate_panels(f).is_err());
     }
 
     #[test]

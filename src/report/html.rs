@@ -79,6 +79,64 @@ fn summary_table(data: &SweepData, out: &mut String) {
     out.push_str("</table></div>\n");
 }
 
+/// Columns of the per-stage table: header, stages-table column.
+const STAGE_COLUMNS: [(&str, &str); 10] = [
+    ("completed", "requests_completed"),
+    ("req/s", "requests_per_s"),
+    ("TTFT p50 (ms)", "ttft_p50_ms"),
+    ("TTFT p99 (ms)", "ttft_p99_ms"),
+    ("TPOT p50 (ms)", "tpot_p50_ms"),
+    ("TPOT p99 (ms)", "tpot_p99_ms"),
+    ("E2E p50 (ms)", "e2e_p50_ms"),
+    ("E2E p99 (ms)", "e2e_p99_ms"),
+    ("queue wait p99 (ms)", "queue_wait_p99_ms"),
+    ("prefix hit", "prefix_hit_ratio"),
+];
+
+/// One row per grid point and workload stage (as the Python Opal summarises
+/// each stage), when some run has more than one stage; `false` otherwise.
+fn stage_table(data: &SweepData, out: &mut String) -> bool {
+    let Some(stages) = &data.stages else { return false };
+    if !stages.values().any(|v| v.len() > 1) {
+        return false;
+    }
+    out.push_str("<h2>Summary per workload stage</h2>\n<p class=\"meta\">Each stage over its own span (first arrival to last response); means over successful replicates.</p>\n");
+    out.push_str("<div class=\"scroll\"><table>\n<tr><th>point</th>");
+    for a in &data.axes {
+        let _ = write!(out, "<th class=\"l\" title=\"{}\">{}</th>", esc(&a.path), esc(&a.label));
+    }
+    out.push_str("<th>stage</th><th class=\"l\">type</th>");
+    for (h, _) in STAGE_COLUMNS {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>\n");
+    for p in &data.points {
+        // The stages of this point's runs, by index.
+        let mut by_stage: std::collections::BTreeMap<u32, Vec<&super::data::StageRun>> = Default::default();
+        for run in &p.runs {
+            for st in stages.get(&run.run_id).into_iter().flatten() {
+                by_stage.entry(st.stage).or_default().push(st);
+            }
+        }
+        for (stage, rows) in by_stage {
+            let _ = write!(out, "<tr><td>{}</td>", p.id);
+            for (a, &v) in data.axes.iter().zip(&p.at) {
+                let _ = write!(out, "<td class=\"l\">{}</td>", esc(&a.values[v]));
+            }
+            let _ = write!(out, "<td>{stage}</td><td class=\"l\">{}</td>", esc(&rows[0].kind));
+            for (_, col) in STAGE_COLUMNS {
+                let samples: Vec<f64> =
+                    rows.iter().filter_map(|r| r.metrics.get(col).copied()).filter(|v| v.is_finite()).collect();
+                let cell = mean_ci(&samples).map_or_else(|| "—".to_string(), |(m, _)| esc(&si(m)));
+                let _ = write!(out, "<td>{cell}</td>");
+            }
+            out.push_str("</tr>\n");
+        }
+    }
+    out.push_str("</table></div>\n");
+    true
+}
+
 fn failures(data: &SweepData, out: &mut String) {
     if data.failed.is_empty() {
         return;
@@ -146,6 +204,7 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
     failures(data, &mut out);
     out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
     summary_table(data, &mut out);
+    stage_table(data, &mut out);
     for f in &drawn.figures {
         // The PNG, when there is one, is shown and links to the SVG.
         let shown = f.png.as_ref().unwrap_or(&f.svg);

@@ -85,6 +85,35 @@ fn cache_line(t: &crate::metrics::TierSummary) -> String {
     line
 }
 
+/// One line per workload stage of a run (as the Python Opal summarises
+/// each stage): requests, throughput over the stage's span, latencies.
+pub fn stage_table(rows: &[crate::metrics::StageRow]) -> String {
+    let mut out = format!(
+        "{:<24}{:>10}{:>9}{:>11}{:>11}{:>11}{:>11}{:>11}{:>8}\n",
+        "stage", "completed", "req/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "E2E p99", "hit %"
+    );
+    for r in rows {
+        let rate = if r.requests_per_s.is_nan() { MISSING.into() } else { format!("{:.2}", r.requests_per_s) };
+        let hit =
+            if r.prefix_hit_ratio.is_nan() { MISSING.into() } else { format!("{:.1}", 100.0 * r.prefix_hit_ratio) };
+        let _ = writeln!(
+            out,
+            "{:<24}{:>10}{:>9}{:>11}{:>11}{:>11}{:>11}{:>11}{:>8}",
+            format!("{} {}", r.stage, r.kind),
+            r.requests_completed,
+            rate,
+            format_ms(r.ttft_ms.p50),
+            format_ms(r.ttft_ms.p99),
+            format_ms(r.tpot_ms.p50),
+            format_ms(r.tpot_ms.p99),
+            format_ms(r.e2e_ms.p99),
+            hit
+        );
+    }
+    out.push_str("(latencies in ms; rates over each stage's span, first arrival to last response)\n");
+    out
+}
+
 /// Cold vs warm TTFT per prompt size of an `SC25Workload` stage.
 pub fn sc25_table(rows: &[crate::metrics::Sc25Row]) -> String {
     let mut out = format!(

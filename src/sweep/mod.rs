@@ -294,7 +294,7 @@ fn tables_of(
     source: &str,
 ) -> Result<BTreeSet<TableKind>, ConfigError> {
     let names = spec.file.sweep.tables.clone().unwrap_or_else(|| {
-        let mut names = ["runs", "histograms", "timeseries", "workers"].map(String::from).to_vec();
+        let mut names = ["runs", "histograms", "timeseries", "workers", "stages"].map(String::from).to_vec();
         if scenario.workload.stages.iter().any(|s| s.kind.eq_ignore_ascii_case("SC25Workload")) {
             names.push("sc25".into());
         }
@@ -303,7 +303,7 @@ fn tables_of(
     let mut set = BTreeSet::from([TableKind::Runs]);
     for n in &names {
         let kind = TableKind::from_name(n).ok_or_else(|| {
-            let all = ["runs", "histograms", "timeseries", "workers", "sc25", "requests"];
+            let all = ["runs", "histograms", "timeseries", "workers", "stages", "sc25", "requests"];
             let hint = match closest(n, all) {
                 Some(c) => format!("did you mean `{c}`? tables: {}", all.join(", ")),
                 None => format!("tables: {}", all.join(", ")),

@@ -101,7 +101,7 @@ pub struct SweepReport {
     pub points: std::collections::BTreeMap<u32, PointTally>,
     /// The summary of run 0 and its SC25 rows, when it was executed now and
     /// succeeded (what a one-run spec prints).
-    pub first: Option<(RunSummary, Vec<crate::metrics::Sc25Row>)>,
+    pub first: Option<(RunSummary, Vec<crate::metrics::Sc25Row>, Vec<crate::metrics::StageRow>)>,
     /// Failed runs executed now: (run id, message).
     pub failures: Vec<(u32, String)>,
     /// Stopped early by a signal.
@@ -458,7 +458,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
             if result.meta.run_id == 0
                 && let Ok(o) = &result.outcome
             {
-                report.first = Some((o.summary.clone(), o.sc25.clone()));
+                report.first = Some((o.summary.clone(), o.sc25.clone(), o.stages.clone()));
             }
             match &result.outcome {
                 Err(RunError::Interrupted { .. }) => report.interrupted_runs.push(result.meta.run_id),

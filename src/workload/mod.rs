@@ -65,6 +65,18 @@ pub struct StageConfig {
 }
 
 impl StageConfig {
+    /// The stage's `type`, as a spec names it.
+    pub fn type_name(&self) -> &'static str {
+        match &self.kind {
+            StageKind::Rate(s) if s.arrival == ArrivalProcess::Uniform => "UniformReqRate",
+            StageKind::Rate(_) => "ExponentialReqRate",
+            StageKind::Trace(_) => "Trace",
+            StageKind::Sc25(_) => "SC25Workload",
+            StageKind::Rag(_) => "RAGWorkload",
+            StageKind::Sessions(_) => "Sessions",
+        }
+    }
+
     /// Requests the stage will send, when its configuration says (a
     /// session's turns and a whole trace file are not counted ahead).
     pub fn expected_requests(&self) -> Option<u64> {
