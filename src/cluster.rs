@@ -848,6 +848,7 @@ fn record(r: &Request) -> RequestRecord {
         arrival_s: r.arrival.as_secs_f64(),
         prompt_tokens: r.prompt_tokens,
         output_tokens: r.output_tokens,
+        prompt_hash: r.content.digest(),
         prefill_tokens_computed: r.prefill_tokens_computed,
         queue_wait_s: since(r.first_scheduled),
         ttft_s: since(r.first_token),

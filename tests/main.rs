@@ -3,6 +3,7 @@
 mod bad_inputs;
 mod calibration;
 mod cli;
+mod crn;
 mod kvcache;
 mod performance;
 mod queueing;

@@ -84,7 +84,7 @@ fn rag_requests_share_the_system_prompt_and_repeat_document_sets() {
         document_size = 400
         query_size = 50
         output_tokens = 8
-        max_concurrent_requests = 1
+        max_outstanding_requests = 1
         [kvc]
         kvc_tiers = []
         "#,
@@ -343,4 +343,37 @@ fn sessions_that_outgrow_max_context_tokens_end_early_and_are_counted() {
     assert_eq!(out.summary.sessions_truncated, 5);
     let col = out.summary.columns().into_iter().find(|(n, _)| n == "sessions_truncated");
     assert!(col.is_some(), "the runs table has the column");
+}
+
+#[test]
+fn zero_and_minus_one_mean_no_limit_in_every_stage() {
+    let resolve = |params: &str, ty: &str| {
+        let text = format!(
+            "[simulation]\nsimulation_time = 100\n[[workload.stages]]\ntype = \"{ty}\"\n[workload.stages.workload_params]\n{params}\n"
+        );
+        let file = opal::config::parse_spec(&text, "s.toml").unwrap();
+        opal::config::resolve(&file, "s.toml", std::path::Path::new("."))
+    };
+    use opal::workload::StageKind;
+    for total in [0, -1] {
+        let trace =
+            resolve(&format!("trace_file = \"traces/conversation_trace.jsonl\"\ntotal_requests = {total}"), "Trace");
+        let StageKind::Trace(t) = &trace.unwrap().stages[0].kind else { panic!() };
+        assert_eq!(t.total, None, "a trace with total_requests = {total} replays the whole file");
+        let rate = resolve(&format!("total_requests = {total}"), "UniformReqRate").unwrap();
+        let StageKind::Rate(r) = &rate.stages[0].kind else { panic!() };
+        assert_eq!(r.total, None);
+        let rag = resolve(&format!("total_requests = {total}"), "RAGWorkload").unwrap();
+        let StageKind::Rag(r) = &rag.stages[0].kind else { panic!() };
+        assert_eq!(r.total, None);
+    }
+    for ty in ["Trace", "UniformReqRate", "RAGWorkload"] {
+        let e = resolve("trace_file = \"traces/conversation_trace.jsonl\"\ntotal_requests = -2", ty);
+        let e = match (ty, e) {
+            ("Trace", Err(e)) => e,
+            (_, _) => resolve("total_requests = -2", ty).unwrap_err(),
+        };
+        assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.total_requests"), "{ty}: {e}");
+        assert!(e.to_string().contains("-1 or 0 (no limit)"), "{e}");
+    }
 }

@@ -142,6 +142,10 @@ fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String
     err
 }
 
+/// Keys that were renamed: (old, new). An old name is refused with the new
+/// one as the fix (an Opal JSON file's are renamed on import).
+pub const RENAMED: [(&str, &str); 1] = [("max_concurrent_requests", "max_outstanding_requests")];
+
 /// Turns a serde message into a ConfigError; unknown keys get the closest valid key.
 fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
     let ticks: Vec<&str> = message.split('`').skip(1).step_by(2).collect();
@@ -150,7 +154,9 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
         let valid = &ticks[1.min(ticks.len())..];
         // serde_path_to_error's path already ends with the unknown key.
         let mut err = ConfigError::key(source, key, format!("unknown key `{unknown}`"));
+        let renamed = RENAMED.iter().find(|(old, new)| *old == unknown && valid.contains(new));
         err.hint = Some(match closest(unknown, valid.iter().copied()) {
+            _ if let Some((_, new)) = renamed => format!("this key is now called `{new}` (one name in every stage)"),
             Some(c) => format!("did you mean `{c}`? valid keys here: {}", valid.join(", ")),
             None if valid.is_empty() => "remove it; this table takes no keys".into(),
             None => format!("valid keys here: {}", valid.join(", ")),

@@ -137,6 +137,7 @@ pub fn import(
     }
     trace_seconds(&mut out);
     opal_prompts(&mut out);
+    renamed_stage_keys(&mut out);
     let in_json = |mut e: ConfigError| {
         e.file = source.clone();
         if let Some(k) = &e.key {
@@ -264,6 +265,24 @@ fn trace_seconds(out: &mut Imported) {
             out.notes.push(format!(
                 "workload.stages.{i}.workload_params.multiplier_to_sec = 1.0 (Opal reads trace timestamps as seconds unless told)"
             ));
+        }
+    }
+}
+
+/// Opal's stage keys that have another name here (its RAG stage's
+/// `max_concurrent_requests` is every stage's `max_outstanding_requests`).
+fn renamed_stage_keys(out: &mut Imported) {
+    let Some(stages) = out.table.get_mut("workload").and_then(|w| w.get_mut("stages")).and_then(|s| s.as_array_mut())
+    else {
+        return;
+    };
+    for (i, stage) in stages.iter_mut().enumerate() {
+        let Some(p) = stage.get_mut("workload_params").and_then(toml::Value::as_table_mut) else { continue };
+        for (old, new) in super::RENAMED {
+            if let Some(v) = p.remove(old) {
+                p.insert(new.into(), v);
+                out.notes.push(format!("workload.stages.{i}.workload_params.{old} → {new}"));
+            }
         }
     }
 }
@@ -505,6 +524,31 @@ mod tests {
         let m = |i: usize| stages[i]["workload_params"].get("multiplier_to_sec").and_then(|v| v.as_float());
         assert_eq!((m(0), m(1), m(2)), (Some(1.0), Some(0.001), None));
         assert!(out.notes.iter().any(|n| n.starts_with("workload.stages.0.workload_params.multiplier_to_sec = 1.0")));
+    }
+
+    #[test]
+    fn a_rag_stages_max_concurrent_requests_becomes_max_outstanding_requests() {
+        let json = r#"{"workload": {"stages": [
+            {"type": "RAGWorkload", "workload_params": {"max_concurrent_requests": 3}}]}}"#;
+        let out = import(json, Path::new("c.json"), |_| Ok(())).unwrap();
+        let p = out.table["workload"]["stages"][0]["workload_params"].as_table().unwrap();
+        assert_eq!(
+            (p.get("max_outstanding_requests").and_then(|v| v.as_integer()), p.get("max_concurrent_requests")),
+            (Some(3), None)
+        );
+        assert!(
+            out.notes
+                .iter()
+                .any(|n| n == "workload.stages.0.workload_params.max_concurrent_requests → max_outstanding_requests")
+        );
+        // In a TOML spec the old name is refused with the new one as the fix.
+        let e = crate::config::parse_spec(
+            "[[workload.stages]]\ntype = \"RAGWorkload\"\n[workload.stages.workload_params]\nmax_concurrent_requests = 3\n",
+            "s.toml",
+        )
+        .and_then(|f| crate::config::resolve(&f, "s.toml", Path::new(".")).map(|_| ()))
+        .unwrap_err();
+        assert!(e.hint.as_deref().unwrap_or("").contains("now called `max_outstanding_requests`"), "{e}");
     }
 
     #[test]

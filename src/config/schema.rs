@@ -333,8 +333,8 @@ pub struct RagParams {
     pub output_tokens: toml::Value,
     /// Zipf exponent of document popularity; 0 = every document equally likely.
     pub doc_popularity_zipf: f64,
-    /// In-flight cap; `-1` = unlimited.
-    pub max_concurrent_requests: i64,
+    /// In-flight cap; `-1` = unlimited (Opal's `max_concurrent_requests`).
+    pub max_outstanding_requests: i64,
     /// Stage time limit, seconds from the stage start; `-1` = none.
     pub time_duration_sec: f64,
 }
@@ -352,7 +352,7 @@ impl Default for RagParams {
             query_size: 64,
             output_tokens: toml::Value::Integer(128),
             doc_popularity_zipf: 0.0,
-            max_concurrent_requests: -1,
+            max_outstanding_requests: -1,
             time_duration_sec: -1.0,
         }
     }

@@ -9,7 +9,6 @@ use crate::workload::{
     ArrivalProcess, Dist, PromptContent, RagStage, RateStage, SC25_PROMPT_SIZES, Sc25Stage, SessionsStage, StageConfig,
     StageKind, TraceStage,
 };
-use std::io::BufRead;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -55,6 +54,29 @@ struct StageCx<'a> {
     at: String,
     base_dir: &'a Path,
     global_limit: bool,
+}
+
+/// Most documents a `RAGWorkload` with a Zipf popularity may have.
+const MAX_ZIPF_DOCUMENTS: u32 = 1_000_000;
+
+/// A trace file's problem as a spec error: the file, its line, the fix.
+fn trace_error(e: crate::workload::TraceError) -> ConfigError {
+    let at = ConfigError::file(e.path, e.message).hint(e.hint);
+    match e.line {
+        Some(line) => at.at_line(line as usize),
+        None => at,
+    }
+}
+
+/// A count of every stage: `-1` or `0` mean no limit (a rate stage
+/// generates until a time limit, a trace replays the whole file), as in the
+/// Python Opal; a positive value is the count; anything else is refused.
+fn unlimited_or(cx: &StageCx<'_>, k: &str, v: i64) -> Result<Option<u64>, ConfigError> {
+    match v {
+        -1 | 0 => Ok(None),
+        n if n > 0 => Ok(Some(n as u64)),
+        n => Err(cx.err(k, format!("must be -1 or 0 (no limit) or a positive count, got {n}"), "use -1 for no limit")),
+    }
 }
 
 impl StageCx<'_> {
@@ -121,7 +143,7 @@ impl StageCx<'_> {
 
     /// A count where `-1` or `0` means unlimited — then something else must end the stage.
     fn count(&self, k: &str, v: i64, time_limit: Option<SimDuration>) -> Result<Option<u64>, ConfigError> {
-        let total = (v > 0).then_some(v as u64);
+        let total = unlimited_or(self, k, v)?;
         if total.is_none() && time_limit.is_none() && !self.global_limit {
             return Err(self.err(
                 k,
@@ -253,17 +275,7 @@ impl StageCx<'_> {
                 "use 0 to start at the stage start",
             ));
         }
-        let total = match p.total_requests {
-            -1 => None,
-            n if n >= 0 => Some(n as u64),
-            n => {
-                return Err(self.err(
-                    "total_requests",
-                    format!("must be -1 (all) or ≥ 0, got {n}"),
-                    "use -1 to replay the whole file",
-                ));
-            }
-        };
+        let total = unlimited_or(self, "total_requests", p.total_requests)?;
         let trace = TraceStage {
             path,
             chunk_size,
@@ -279,7 +291,6 @@ impl StageCx<'_> {
         let first = crate::workload::TraceReader::open(&trace).and_then(|mut r| r.next_request(0));
         match first {
             Ok(Some(_)) => {}
-            Ok(None) if total == Some(0) => {}
             Ok(None) => {
                 return Err(self.err(
                     "trace_file",
@@ -287,13 +298,7 @@ impl StageCx<'_> {
                     "give a Mooncake-style JSONL file with one request per line",
                 ));
             }
-            Err(e) => {
-                let at = ConfigError::file(e.path, e.message).hint(e.hint);
-                return Err(match e.line {
-                    Some(line) => at.at_line(line as usize),
-                    None => at,
-                });
-            }
+            Err(e) => return Err(trace_error(e)),
         }
         Ok(StageConfig {
             kind: StageKind::Trace(trace),
@@ -350,6 +355,14 @@ impl StageCx<'_> {
                 "use 0 for uniform popularity, about 1 for a typical skew",
             ));
         }
+        // A Zipf law keeps a table of every document's weight (about 40 bytes each).
+        if p.doc_popularity_zipf > 0.0 && num_documents > MAX_ZIPF_DOCUMENTS {
+            return Err(self.err(
+                "num_documents",
+                format!("{num_documents} documents with a Zipf popularity; at most {MAX_ZIPF_DOCUMENTS}"),
+                "use fewer documents (a corpus of a million already spreads hits over more KV than any tier holds), or uniform popularity",
+            ));
+        }
         let stage = RagStage {
             rate: self.request_rate(p.request_rate)?,
             jitter: self.jitter(p.jitter)?,
@@ -372,7 +385,7 @@ impl StageCx<'_> {
         Ok(StageConfig {
             kind: StageKind::Rag(stage),
             time_limit,
-            max_outstanding: self.cap("max_concurrent_requests", p.max_concurrent_requests)?,
+            max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
         })
     }
 
@@ -523,42 +536,21 @@ impl StageCx<'_> {
                 .err(&format!("{k}.field"), format!("unknown field {field:?}"), "use input_length or output_length")
                 .schema());
         }
-        let path = self.base_dir.join(file);
-        let reader = std::fs::File::open(&path).map(std::io::BufReader::new).map_err(|e| {
-            self.err(
-                &format!("{k}.trace_file"),
-                format!("cannot open {}: {e}", path.display()),
-                "paths are relative to the spec file",
-            )
-        })?;
+        // Read as a trace is replayed (the same reader, checks and
+        // file:line errors): lengths only, so timestamps are taken as they
+        // come and hash ids are not checked against a chunk size.
+        let trace =
+            TraceStage { chunk_size: 1, shift_to_first: true, ..TraceStage::whole_file(self.base_dir.join(file)) };
+        let mut reader = crate::workload::TraceReader::open(&trace).map_err(trace_error)?;
         let mut values = Vec::new();
-        for (n, line) in reader.lines().enumerate() {
-            let at = format!("{}:{}", path.display(), n + 1);
-            let line = line.map_err(|e| {
-                self.err(&format!("{k}.trace_file"), format!("{at}: cannot read: {e}"), "check the file")
-            })?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let row: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
-                self.err(&format!("{k}.trace_file"), format!("{at}: not JSON: {e}"), "each line must be a JSON object")
-            })?;
-            match row.get(field).and_then(serde_json::Value::as_f64) {
-                Some(x) if x >= 1.0 => values.push(x),
-                Some(_) => {} // zero-length outputs are not lengths a generator can send
-                None => {
-                    return Err(self.err(
-                        &format!("{k}.trace_file"),
-                        format!("{at}: no numeric `{field}`"),
-                        "each line needs the field the distribution reads",
-                    ));
-                }
-            }
+        while let Some(r) = reader.next_request(0).map_err(trace_error)? {
+            let v = if field == "input_length" { r.prompt_tokens } else { r.output_tokens };
+            values.push(f64::from(v));
         }
         if values.is_empty() {
             return Err(self.err(
                 &format!("{k}.trace_file"),
-                format!("{} has no {field} values", path.display()),
+                format!("{} has no requests", trace.path.display()),
                 "use a non-empty trace",
             ));
         }

@@ -41,6 +41,12 @@ impl Content {
         self.segments.iter().map(|s| u64::from(s.tokens)).sum()
     }
 
+    /// A digest of the content (segment identities and lengths): equal
+    /// prompts have equal digests (reported as `prompt_hash`).
+    pub fn digest(&self) -> u64 {
+        self.segments.iter().fold(0x9e37_79b9_7f4a_7c15, |h, s| mix(mix(h, s.id), u64::from(s.tokens)))
+    }
+
     /// Appends a segment (empty ones are skipped).
     pub fn push(&mut self, id: u64, tokens: u32) {
         if tokens > 0 {

@@ -245,6 +245,9 @@ pub struct RequestRecord {
     pub prompt_tokens: u32,
     /// Output tokens asked for.
     pub output_tokens: u32,
+    /// Digest of the prompt's content: equal prompts, equal digests (so a
+    /// request stream can be compared across runs).
+    pub prompt_hash: u64,
     /// Prompt tokens prefilled (including recomputation after preemption).
     pub prefill_tokens_computed: u64,
     /// Arrival → first scheduled step, seconds.

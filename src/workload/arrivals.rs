@@ -64,3 +64,57 @@ impl Arrivals {
         self.due()
     }
 }
+
+/// The skeleton of an open-loop generator (rate and RAG stages, and the
+/// session starts of a `Sessions` stage): the arrival clock and the count.
+/// The stage's time limit and outstanding cap are applied by the workload
+/// around every generator; a generator asks [`OpenLoop::ready`] whether one
+/// is due, builds it, and reports it with [`OpenLoop::sent`].
+#[derive(Debug)]
+pub(crate) struct OpenLoop {
+    arrivals: Arrivals,
+    total: Option<u64>,
+    sent: u64,
+}
+
+impl OpenLoop {
+    /// `total` arrivals (`None`: until a time limit) by `arrivals`.
+    pub fn new(arrivals: Arrivals, total: Option<u64>) -> OpenLoop {
+        OpenLoop { arrivals, total, sent: 0 }
+    }
+
+    /// The stage starts at `now`: the first arrival is due then (none if
+    /// the count is 0).
+    pub fn start(&mut self, now: SimTime) -> super::Due {
+        if self.total == Some(0) {
+            return super::Due::Done;
+        }
+        super::Due::At(self.arrivals.start(now))
+    }
+
+    /// True when an arrival is due at `now` and there is room for it.
+    pub fn ready(&self, now: SimTime, room: u64) -> bool {
+        room > 0 && !self.finished() && self.arrivals.due() <= now
+    }
+
+    /// Arrivals made so far (the index of the next one).
+    pub fn count(&self) -> u64 {
+        self.sent
+    }
+
+    /// True once the count is out.
+    pub fn finished(&self) -> bool {
+        self.total.is_some_and(|t| self.sent >= t)
+    }
+
+    /// What is due next without sending: the pending arrival, or done.
+    pub fn next(&self) -> super::Due {
+        if self.finished() { super::Due::Done } else { super::Due::At(self.arrivals.due()) }
+    }
+
+    /// The due arrival went out at `now`; returns what is due next.
+    pub fn sent(&mut self, now: SimTime) -> super::Due {
+        self.sent += 1;
+        if self.finished() { super::Due::Done } else { super::Due::At(self.arrivals.advance(now)) }
+    }
+}

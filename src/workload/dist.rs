@@ -10,7 +10,7 @@
 //! | `normal` | `mean`, `std`, optional `min`, `max` | clamped to `[min, max]` |
 //! | `lognormal` | `mean`, `std` (of the value itself), optional `min`, `max` | clamped |
 //! | `exponential` | `mean`, optional `min`, `max` | clamped |
-//! | `empirical` | `trace_file`, `field` (`input_length` or `output_length`) | a uniformly drawn value of that field in the trace |
+//! | `empirical` | `trace_file`, `field` (`input_length` or `output_length`) | a uniformly drawn value of that field in the trace (read by the trace reader: an `output_length` of 0 counts as 1) |
 //!
 //! Lengths are rounded to the nearest integer and are at least 1; `min`
 //! defaults to 1 for lengths and 0 for times. A log-normal with mean `m` and

@@ -167,9 +167,24 @@ impl Emit<'_> {
         unique_key(self.stage.index(), self.sent)
     }
 
-    /// Sends a request; returns the content identity of its output.
+    /// Sends a request keyed by its place in the stage's sending order
+    /// ([`Self::key`]); returns the content identity of its output.
     pub fn push(&mut self, prompt_tokens: u32, output_tokens: u32, content: Content, label: Label) -> u64 {
-        let output_id = content_id("output", self.key());
+        self.push_keyed(self.key(), prompt_tokens, output_tokens, content, label)
+    }
+
+    /// Sends a request whose output identity derives from `key` (for
+    /// generators whose sending order depends on the simulation, which key
+    /// a request by what it is); returns that identity.
+    pub fn push_keyed(
+        &mut self,
+        key: u64,
+        prompt_tokens: u32,
+        output_tokens: u32,
+        content: Content,
+        label: Label,
+    ) -> u64 {
+        let output_id = content_id("output", key);
         self.out.push(NewRequest { stage: self.stage, prompt_tokens, output_tokens, content, output_id, label });
         self.sent += 1;
         output_id

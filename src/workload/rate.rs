@@ -5,7 +5,7 @@
 //! Python Opal's model, where a prompt of n tokens is `list(range(n))` — the
 //! first n tokens of one sequence shared by every stage.
 
-use super::arrivals::{ArrivalProcess, Arrivals};
+use super::arrivals::{ArrivalProcess, Arrivals, OpenLoop};
 use super::dist::Dist;
 use super::{Due, Emit, Generator, Label};
 use crate::kvcache::{Content, content_id};
@@ -44,37 +44,41 @@ pub enum PromptContent {
 #[derive(Debug)]
 pub(crate) struct RateSource {
     cfg: RateStage,
-    lengths: StreamRng,
-    arrivals: Arrivals,
-    sent: u64,
+    prompts: StreamRng,
+    outputs: StreamRng,
+    clock: OpenLoop,
 }
 
 impl RateSource {
-    /// Lengths come from stream `workload.stage<i>.lengths`, gaps from
-    /// `workload.stage<i>.arrivals` (exponential gaps are `mean × Exp(1)`
-    /// draws, so changing the rate rescales arrival times without changing
-    /// the request sizes: common random numbers across grid points).
+    /// Each quantity has its own stream, drawn in request order: gaps from
+    /// `workload.stage<i>.arrivals`, prompt lengths from `….prompt_lengths`,
+    /// output lengths from `….output_lengths`. So the request stream is the
+    /// same whatever the router, the workers or the tiers do (common random
+    /// numbers across grid points), changing one distribution leaves the
+    /// others' draws alone, and exponential gaps are `mean × Exp(1)` draws,
+    /// so changing the rate rescales arrival times without changing sizes.
     pub fn new(cfg: &RateStage, stage: usize, seeds: &SeedTree) -> RateSource {
+        let stream = |what: &str| seeds.stream(&format!("workload.stage{stage}.{what}"));
         RateSource {
             cfg: cfg.clone(),
-            lengths: seeds.stream(&format!("workload.stage{stage}.lengths")),
-            arrivals: Arrivals::new(cfg.arrival, cfg.rate, seeds.stream(&format!("workload.stage{stage}.arrivals"))),
-            sent: 0,
+            prompts: stream("prompt_lengths"),
+            outputs: stream("output_lengths"),
+            clock: OpenLoop::new(Arrivals::new(cfg.arrival, cfg.rate, stream("arrivals")), cfg.total),
         }
     }
 }
 
 impl Generator for RateSource {
     fn start(&mut self, now: SimTime) -> Result<Due, String> {
-        Ok(Due::At(self.arrivals.start(now)))
+        Ok(self.clock.start(now))
     }
 
     fn emit(&mut self, now: SimTime, room: u64, out: &mut Emit<'_>) -> Result<Due, String> {
-        if room == 0 || self.arrivals.due() > now {
-            return Ok(Due::At(self.arrivals.due()));
+        if !self.clock.ready(now, room) {
+            return Ok(self.clock.next());
         }
-        let prompt = self.cfg.prompt.sample_tokens(&mut self.lengths);
-        let output = self.cfg.output.sample_tokens(&mut self.lengths);
+        let prompt = self.cfg.prompt.sample_tokens(&mut self.prompts);
+        let output = self.cfg.output.sample_tokens(&mut self.outputs);
         let mut content = Content::default();
         match self.cfg.content {
             PromptContent::SharedPrefix(shared) => {
@@ -85,11 +89,6 @@ impl Generator for RateSource {
             PromptContent::SingleSequence => content.push(content_id("sequence", 0), prompt),
         }
         out.push(prompt, output, content, Label::None);
-        self.sent += 1;
-        if self.cfg.total.is_some_and(|total| self.sent >= total) {
-            Ok(Due::Done)
-        } else {
-            Ok(Due::At(self.arrivals.advance(now)))
-        }
+        Ok(self.clock.sent(now))
     }
 }

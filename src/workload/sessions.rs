@@ -8,11 +8,16 @@
 //! after turn k completes. A session ends after its last turn, when the
 //! next turn would exceed `max_context_tokens`, or when a turn is rejected.
 //!
-//! Draws: turn counts, input and output lengths and think times come from
-//! stream `workload.stage<i>.sessions` in the order the turns are sent;
-//! session gaps from `workload.stage<i>.arrivals`.
+//! Draws are keyed by what is drawn, not by when: session starts come from
+//! stream `workload.stage<i>.arrivals`; session `s` draws its turn count,
+//! its per-turn input and output lengths and its think times from streams
+//! of its own (`workload.stage<i>.session<s>.turns`, `….input_lengths`,
+//! `….output_lengths`, `….think_times`), and its turns' content is keyed by
+//! (stage, session, turn). So a session is the same conversation whatever
+//! the router, the workers or the tiers do to the timing of its turns, and
+//! changing one distribution leaves the others' draws alone.
 
-use super::arrivals::{ArrivalProcess, Arrivals};
+use super::arrivals::{ArrivalProcess, Arrivals, OpenLoop};
 use super::dist::Dist;
 use super::{Due, Emit, Generator, Label};
 use crate::kvcache::{Content, content_id};
@@ -49,15 +54,17 @@ struct Session {
     turn: u32,
     turns: u32,
     context: Content,
+    inputs: StreamRng,
+    outputs: StreamRng,
+    thinks: StreamRng,
 }
 
 /// The generator.
 #[derive(Debug)]
 pub(crate) struct SessionSource {
     cfg: SessionsStage,
-    draws: StreamRng,
-    arrivals: Arrivals,
-    started: u64,
+    seeds: SeedTree,
+    clock: OpenLoop,
     /// When the next session starts (`None`: no more sessions).
     next_session: Option<SimTime>,
     active: HashMap<u32, Session>,
@@ -73,15 +80,12 @@ impl SessionSource {
     /// Stage `stage`'s sessions.
     pub fn new(cfg: &SessionsStage, stage: usize, seeds: &SeedTree) -> SessionSource {
         let process = ArrivalProcess::Exponential { jitter: cfg.jitter };
+        let arrivals =
+            Arrivals::new(process, cfg.session_rate, seeds.stream(&format!("workload.stage{stage}.arrivals")));
         SessionSource {
             cfg: cfg.clone(),
-            draws: seeds.stream(&format!("workload.stage{stage}.sessions")),
-            arrivals: Arrivals::new(
-                process,
-                cfg.session_rate,
-                seeds.stream(&format!("workload.stage{stage}.arrivals")),
-            ),
-            started: 0,
+            seeds: *seeds,
+            clock: OpenLoop::new(arrivals, cfg.total_sessions),
             next_session: None,
             active: HashMap::new(),
             due: BinaryHeap::new(),
@@ -89,6 +93,23 @@ impl SessionSource {
             stage: stage as u64,
             truncated: 0,
         }
+    }
+
+    /// Session `s` begins: its own streams, its turn count, its system prompt.
+    fn open(&mut self, s: u32) {
+        let stream = |what: &str| self.seeds.stream(&format!("workload.stage{}.session{s}.{what}", self.stage));
+        let turns = self.cfg.turns.sample_tokens(&mut stream("turns"));
+        let mut context = Content::default();
+        context.push(content_id("session-system", self.stage), self.cfg.system_prompt_size);
+        let session = Session {
+            turn: 0,
+            turns,
+            context,
+            inputs: stream("input_lengths"),
+            outputs: stream("output_lengths"),
+            thinks: stream("think_times"),
+        };
+        self.active.insert(s, session);
     }
 
     /// The earliest thing due, turns before new sessions at equal times.
@@ -111,9 +132,9 @@ impl SessionSource {
 
     /// Sends session `s`'s next turn, or ends the session if it would not fit.
     fn send_turn(&mut self, s: u32, out: &mut Emit<'_>) {
-        let input = self.cfg.input_tokens.sample_tokens(&mut self.draws);
-        let output = self.cfg.output_tokens.sample_tokens(&mut self.draws);
         let session = self.active.get_mut(&s).expect("a due turn belongs to an active session");
+        let input = self.cfg.input_tokens.sample_tokens(&mut session.inputs);
+        let output = self.cfg.output_tokens.sample_tokens(&mut session.outputs);
         let prompt = session.context.tokens() + u64::from(input);
         let limit = self.cfg.max_context_tokens.unwrap_or(u64::MAX).min(u64::from(u32::MAX));
         if prompt + u64::from(output) > limit {
@@ -121,10 +142,14 @@ impl SessionSource {
             self.truncated += 1;
             return;
         }
-        session.context.push(content_id("session-input", out.key()), input);
-        session.turn += 1;
-        let label = Label::Session { session: s, turn: session.turn };
-        let output_id = out.push(prompt as u32, output, session.context.clone(), label);
+        let turn = session.turn + 1;
+        let key = content_id("session-turn", u64::from(turn))
+            ^ content_id("session-of-stage", (self.stage << 32) | u64::from(s));
+        let session = self.active.get_mut(&s).expect("still active");
+        session.context.push(content_id("session-input", key), input);
+        session.turn = turn;
+        let label = Label::Session { session: s, turn };
+        let output_id = out.push_keyed(key, prompt as u32, output, session.context.clone(), label);
         // The answer becomes part of the conversation the next turn sends.
         session.context.push(output_id, output);
         self.in_flight += 1;
@@ -133,9 +158,10 @@ impl SessionSource {
 
 impl Generator for SessionSource {
     fn start(&mut self, now: SimTime) -> Result<Due, String> {
-        if self.cfg.total_sessions != Some(0) {
-            self.next_session = Some(self.arrivals.start(now));
-        }
+        self.next_session = match self.clock.start(now) {
+            Due::At(t) => Some(t),
+            _ => None,
+        };
         Ok(self.status())
     }
 
@@ -152,16 +178,11 @@ impl Generator for SessionSource {
                     s
                 }
                 None => {
-                    let s = self.started as u32;
-                    self.started += 1;
-                    let turns = self.cfg.turns.sample_tokens(&mut self.draws);
-                    let mut context = Content::default();
-                    context.push(content_id("session-system", self.stage), self.cfg.system_prompt_size);
-                    self.active.insert(s, Session { turn: 0, turns, context });
-                    self.next_session = if self.cfg.total_sessions.is_some_and(|n| self.started >= n) {
-                        None
-                    } else {
-                        Some(self.arrivals.advance(now))
+                    let s = self.clock.count() as u32;
+                    self.open(s);
+                    self.next_session = match self.clock.sent(now) {
+                        Due::At(t) => Some(t),
+                        _ => None,
                     };
                     s
                 }
@@ -176,12 +197,14 @@ impl Generator for SessionSource {
     fn completed(&mut self, now: SimTime, label: Label, served: bool) -> Due {
         if let Label::Session { session, .. } = label {
             self.in_flight -= 1;
-            let more = self.active.get(&session).is_some_and(|s| s.turn < s.turns);
-            if served && more {
-                let think = self.cfg.think_time.sample(&mut self.draws);
-                self.due.push(Reverse((now + SimDuration::from_secs_f64(think), session)));
-            } else {
-                self.active.remove(&session);
+            match self.active.get_mut(&session) {
+                Some(s) if served && s.turn < s.turns => {
+                    let think = self.cfg.think_time.sample(&mut s.thinks);
+                    self.due.push(Reverse((now + SimDuration::from_secs_f64(think), session)));
+                }
+                _ => {
+                    self.active.remove(&session);
+                }
             }
         }
         self.status()
