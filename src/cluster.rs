@@ -744,6 +744,37 @@ impl<'a> Cluster<'a> {
         for w in &self.workers {
             peak += w.peak_total();
         }
+        let workers: Vec<WorkerRow> = self
+            .workers
+            .iter()
+            .zip(&self.worker_stats)
+            .map(|(w, st)| {
+                let alive = end.saturating_since(st.started).as_secs_f64();
+                let busy = w.busy_at(end).as_secs_f64();
+                WorkerRow {
+                    worker: w.id().0,
+                    started_s: st.started.as_secs_f64(),
+                    requests_routed: st.routed,
+                    requests_completed: st.completed,
+                    prefix_hit_ratio: if st.prompt_tokens > 0 {
+                        st.hit_tokens as f64 / st.prompt_tokens as f64
+                    } else {
+                        0.0
+                    },
+                    busy_s: busy,
+                    busy_fraction: if alive > 0.0 { busy / alive } else { 0.0 },
+                    compute_fraction: if alive > 0.0 { w.peak_total().compute / alive } else { 0.0 },
+                    hbm_fraction: if alive > 0.0 { w.peak_total().memory / alive } else { 0.0 },
+                    preemptions: w.preemptions(),
+                    chunks_indexed: self.index.held_by(w.id()),
+                    cost: self.scenario.gpu.cost(self.scenario.tp, alive, w.active_seconds()),
+                }
+            })
+            .collect();
+        let mut cost = crate::metrics::CostSummary { usd: 0.0, ..Default::default() };
+        for w in &workers {
+            cost += w.cost;
+        }
         let summary = RunSummary {
             requests_generated: u64::from(self.generated),
             requests_completed: self.completed,
@@ -784,36 +815,11 @@ impl<'a> Cluster<'a> {
             model_params: self.scenario.model.parameter_count(),
             model_active_params: self.scenario.model.active_parameter_count(),
             kv_bytes_per_token: self.scenario.model.kv_bytes_per_token(),
+            cost,
         };
         let mut requests = std::mem::take(&mut self.records);
         requests.sort_unstable_by_key(|r| r.id);
         self.sc25.sort_unstable_by_key(|s| s.serial);
-        let workers = self
-            .workers
-            .iter()
-            .zip(&self.worker_stats)
-            .map(|(w, st)| {
-                let alive = end.saturating_since(st.started).as_secs_f64();
-                let busy = w.busy_at(end).as_secs_f64();
-                WorkerRow {
-                    worker: w.id().0,
-                    started_s: st.started.as_secs_f64(),
-                    requests_routed: st.routed,
-                    requests_completed: st.completed,
-                    prefix_hit_ratio: if st.prompt_tokens > 0 {
-                        st.hit_tokens as f64 / st.prompt_tokens as f64
-                    } else {
-                        0.0
-                    },
-                    busy_s: busy,
-                    busy_fraction: if alive > 0.0 { busy / alive } else { 0.0 },
-                    compute_fraction: if alive > 0.0 { w.peak_total().compute / alive } else { 0.0 },
-                    hbm_fraction: if alive > 0.0 { w.peak_total().memory / alive } else { 0.0 },
-                    preemptions: w.preemptions(),
-                    chunks_indexed: self.index.held_by(w.id()),
-                }
-            })
-            .collect();
         RunOutput {
             summary,
             latencies: self.latencies,

@@ -231,6 +231,69 @@ fn busy_time_and_the_share_of_peak_compute_differ_as_hand_computed_for_one_step(
 }
 
 #[test]
+fn energy_and_dollars_follow_the_board_power_model_by_hand() {
+    // The one-step run above, with the board power and a price given: a
+    // 600 W GPU that idles at 100 W, at $3 per GPU-hour.
+    let s = crate::scenario(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [worker.hw]
+        max_watts = 600
+        idle_watts = 100
+        usd_per_gpu_hour = 3.0
+        [worker.inference_params]
+        model = "synthetic"
+        mean_latency_secs = 1.0
+        [kvc]
+        kvc_tiers = []
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 1000
+        output_tokens = 1
+        "#,
+    );
+    let out = crate::run(&s);
+    let sum = &out.summary;
+    // The step's use is its larger fraction of peak: compute (the busy
+    // test's 13.3 ms of the 1 s step) or HBM (16 GB of weights + KV at
+    // 3.35 TB/s ≈ 4.8 ms).
+    let h100 = opal::worker::presets::GpuSpec::preset("H100").unwrap();
+    let compute =
+        (4.0 * 4096.0 * 32.0 * (1000.0 * 1001.0 / 2.0) + 24.0 * 32.0 * 4096.0 * 4096.0 * 1000.0) / (h100.tflops * 1e12);
+    let weights = opal::worker::model::ModelArch::preset("llama-3.1-8b").unwrap().weight_bytes() as f64;
+    let memory = (weights + 1000.0 * 131_072.0) / (h100.mem_bw_tbps * 1e12);
+    let t = sum.sim_time_s;
+    // Idle power the whole run, plus (600 − 100) W × seconds at full use.
+    let joules = 100.0 * t + 500.0 * compute.max(memory);
+    assert!((sum.cost.energy_j - joules).abs() < 1e-6, "{} vs {joules}", sum.cost.energy_j);
+    assert!((sum.cost.gpu_hours - t / 3600.0).abs() < 1e-12);
+    assert!((sum.cost.usd - 3.0 * t / 3600.0).abs() < 1e-12);
+    let cols: std::collections::BTreeMap<String, f64> = sum
+        .columns()
+        .into_iter()
+        .filter_map(|(n, v)| match v {
+            opal::metrics::SummaryValue::Real(x) => Some((n, x)),
+            _ => None,
+        })
+        .collect();
+    assert!((cols["energy_kwh"] - joules / 3.6e6).abs() < 1e-12);
+    assert!((cols["joules_per_output_token"] - joules).abs() < 1e-6, "one output token");
+    assert!((cols["usd_per_m_output_tokens"] - 3.0 * t / 3600.0 * 1e6).abs() < 1e-6);
+    assert!((cols["usd_per_m_input_tokens"] - 3.0 * t / 3600.0 / 1000.0 * 1e6).abs() < 1e-6);
+    assert_eq!(out.workers[0].cost, sum.cost, "one worker: its row is the run's");
+    // Without a price there are no dollars (null in the tables).
+    let free = crate::scenario(&s_without_price());
+    assert!(crate::run(&free).summary.cost.usd.is_nan());
+}
+
+fn s_without_price() -> String {
+    "[model.model_params]\nname = \"llama-3.1-8b\"\n[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\ntotal_requests = 1\n".into()
+}
+
+#[test]
 fn each_stage_row_equals_what_its_requests_say() {
     // Two stages back to back: a busy one and a light one.
     let s = scenario(

@@ -290,6 +290,32 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
                 .schema()),
         }
     };
+    let power_w = match hw.max_watts {
+        Some(w) => cx.positive("worker.hw.max_watts", w)?,
+        None => base.as_ref().map_or(0.0, |g| g.power_w),
+    };
+    let idle_w = match hw.idle_watts {
+        Some(w) if (0.0..=power_w).contains(&w) => w,
+        Some(w) => {
+            return Err(cx.err(
+                "worker.hw.idle_watts",
+                format!("{w} W idle but {power_w} W at full use"),
+                "give idle_watts between 0 and max_watts (the preset's maximum unless set)",
+            ));
+        }
+        None => power_w * crate::worker::presets::IDLE_POWER_SHARE,
+    };
+    let usd_per_hour = match hw.usd_per_gpu_hour {
+        Some(p) if p.is_finite() && p >= 0.0 => Some(p),
+        Some(p) => {
+            return Err(cx.err(
+                "worker.hw.usd_per_gpu_hour",
+                format!("must be ≥ 0, got {p}"),
+                "give a price in US dollars per GPU-hour, e.g. 2.5",
+            ));
+        }
+        None => None,
+    };
     let fp8 = match hw.tflops_fp8 {
         Some(v) => Some(cx.positive("worker.hw.tflops_fp8", v)?),
         None => base.as_ref().and_then(|g| g.fp8_tflops),
@@ -300,7 +326,9 @@ fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
         tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
         mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
         fp8_tflops: fp8,
-        power_w: base.as_ref().map_or(0.0, |g| g.power_w),
+        power_w,
+        idle_w,
+        usd_per_hour,
     })
 }
 

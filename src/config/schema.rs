@@ -566,11 +566,27 @@ pub struct HwParams {
     pub tflops_fp8: Option<f64>,
     /// Tensor-parallel GPUs per worker (memory, FLOPs and bandwidth scale with it).
     pub tp: u32,
+    /// Board power at full use, W per GPU; overrides the preset's datasheet maximum.
+    pub max_watts: Option<f64>,
+    /// Board power with no step running, W per GPU (default: 10 % of the maximum).
+    pub idle_watts: Option<f64>,
+    /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
+    pub usd_per_gpu_hour: Option<f64>,
 }
 
 impl Default for HwParams {
     fn default() -> Self {
-        HwParams { gpu: "H100".into(), memory_gb: None, tflops: None, mem_bw_TBps: None, tflops_fp8: None, tp: 1 }
+        HwParams {
+            gpu: "H100".into(),
+            memory_gb: None,
+            tflops: None,
+            mem_bw_TBps: None,
+            tflops_fp8: None,
+            tp: 1,
+            max_watts: None,
+            idle_watts: None,
+            usd_per_gpu_hour: None,
+        }
     }
 }
 

@@ -428,6 +428,8 @@ pub struct WorkerRow {
     pub preemptions: u64,
     /// Chunks the router's index says it holds at the end.
     pub chunks_indexed: u64,
+    /// What its GPUs cost.
+    pub cost: CostSummary,
 }
 
 /// KV-cache tiers over a run, indexed by `Tier::index` (gpu, cpu, nvme, dfs).
@@ -556,6 +558,35 @@ pub struct RunSummary {
     pub model_active_params: u64,
     /// The model's KV-cache bytes per token (every layer).
     pub kv_bytes_per_token: u64,
+    /// What the run's GPUs cost in time, energy and money.
+    pub cost: CostSummary,
+}
+
+/// What a run's (or a worker's) GPUs cost: GPU-hours, energy from the
+/// board-power model ([`crate::worker::presets::GpuSpec::energy_j`]) and
+/// dollars at the given price; NaN (null in the tables) where unknown.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CostSummary {
+    /// GPUs × hours alive.
+    pub gpu_hours: f64,
+    /// Energy drawn, joules.
+    pub energy_j: f64,
+    /// Dollars (GPU-hours × price; NaN without a price).
+    pub usd: f64,
+}
+
+impl Default for CostSummary {
+    fn default() -> Self {
+        CostSummary { gpu_hours: 0.0, energy_j: 0.0, usd: f64::NAN }
+    }
+}
+
+impl std::ops::AddAssign for CostSummary {
+    fn add_assign(&mut self, o: CostSummary) {
+        self.gpu_hours += o.gpu_hours;
+        self.energy_j += o.energy_j;
+        self.usd += o.usd;
+    }
 }
 
 /// A typed value of a summary column.
@@ -610,6 +641,7 @@ impl Default for RunSummary {
             model_params: 0,
             model_active_params: 0,
             kv_bytes_per_token: 0,
+            cost: CostSummary::default(),
         }
     }
 }
@@ -681,6 +713,17 @@ impl RunSummary {
         c.push(("model_params".into(), Count(self.model_params)));
         c.push(("model_active_params".into(), Count(self.model_active_params)));
         c.push(("kv_bytes_per_token".into(), Count(self.kv_bytes_per_token)));
+        let k = &self.cost;
+        let (input, output) = (self.input_tokens_per_s * self.sim_time_s, self.output_tokens_per_s * self.sim_time_s);
+        c.extend([
+            ("gpu_hours".into(), Real(k.gpu_hours)),
+            ("energy_kwh".into(), Real(k.energy_j / 3.6e6)),
+            ("mean_power_w".into(), Real(k.energy_j / (k.gpu_hours * 3600.0))),
+            ("joules_per_output_token".into(), Real(k.energy_j / output)),
+            ("usd".into(), Real(k.usd)),
+            ("usd_per_m_input_tokens".into(), Real(k.usd / input * 1e6)),
+            ("usd_per_m_output_tokens".into(), Real(k.usd / output * 1e6)),
+        ]);
         c
     }
 }

@@ -242,6 +242,9 @@ impl TableSet {
                 c("hbm_fraction", ColType::F64),
                 c("preemptions", ColType::U64),
                 c("chunks_indexed", ColType::U64),
+                c("gpu_hours", ColType::F64),
+                c("energy_j", ColType::F64),
+                c("usd", ColType::F64),
             ],
             TableKind::Stages => {
                 let mut cols = vec![
@@ -388,6 +391,7 @@ impl TableSet {
                         hbm_fraction,
                         preemptions,
                         chunks_indexed,
+                        cost,
                     } = w;
                     b.push(&[
                         id,
@@ -402,6 +406,9 @@ impl TableSet {
                         Cell::F64(*hbm_fraction),
                         Cell::U64(*preemptions),
                         Cell::U64(*chunks_indexed),
+                        Cell::F64(cost.gpu_hours),
+                        Cell::F64(cost.energy_j),
+                        Cell::F64(cost.usd),
                     ]);
                 }
             }

@@ -23,6 +23,7 @@ pub fn summary_table(s: &RunSummary) -> String {
         100.0 * s.gpu_compute_fraction,
         100.0 * s.gpu_hbm_fraction
     );
+    out.push_str(&cost_line(s));
     out.push_str(&cache_line(&s.tiers));
     if s.trace_lines_skipped + s.trace_lines_reordered + s.trace_outputs_raised > 0 {
         let _ = writeln!(
@@ -50,6 +51,36 @@ pub fn summary_table(s: &RunSummary) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The cost line of a run summary: GPU-hours, energy, dollars.
+fn cost_line(s: &RunSummary) -> String {
+    let k = &s.cost;
+    let output = s.output_tokens_per_s * s.sim_time_s;
+    let mut line = format!("cost: {:.3} GPU-hours", k.gpu_hours);
+    if k.energy_j.is_finite() {
+        let _ = write!(
+            line,
+            ", {:.3} kWh (mean {:.0} W per GPU, {:.3} J per output token)",
+            k.energy_j / 3.6e6,
+            k.energy_j / (k.gpu_hours * 3600.0),
+            k.energy_j / output
+        );
+    }
+    if k.usd.is_finite() {
+        let input = s.input_tokens_per_s * s.sim_time_s;
+        let _ = write!(
+            line,
+            ", ${:.2} (${:.3} per million input tokens, ${:.3} per million output tokens)",
+            k.usd,
+            k.usd / input * 1e6,
+            k.usd / output * 1e6
+        );
+    } else {
+        line.push_str("; set worker.hw.usd_per_gpu_hour for dollars");
+    }
+    line.push('\n');
+    line
 }
 
 /// The KV-cache line of a run summary: the prefix-hit ratio, its split by

@@ -183,6 +183,13 @@ struct Step {
     decodes: u64,
 }
 
+/// A step's seconds at full use: its duration × its use, the larger of its
+/// compute and HBM-bandwidth fractions of peak, at most 1 (a perf model
+/// faster than the roofline does not make a GPU draw more than its maximum).
+fn active_seconds(duration: SimDuration, peak: PeakSeconds) -> f64 {
+    peak.compute.max(peak.memory).min(duration.as_secs_f64())
+}
+
 /// Most sub-steps in one run.
 const MAX_RUN: u64 = 256;
 /// Sub-steps planned for a run after a run was cut short (or at first); the
@@ -241,6 +248,9 @@ pub struct Worker {
     run_sub: f64,
     /// What the steps done so far asked of the GPU.
     peak_total: PeakSeconds,
+    /// Σ over steps of duration × use (the larger of the compute and HBM
+    /// fractions of peak, at most 1): seconds at full use, for energy.
+    active_s: f64,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -285,6 +295,7 @@ impl Worker {
             run_peak: (PeakSeconds::default(), PeakSeconds::default()),
             run_sub: 0.0,
             peak_total: PeakSeconds::default(),
+            active_s: 0.0,
         }
     }
 
@@ -396,6 +407,7 @@ impl Worker {
             self.steps += 1;
             self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
             self.peak_total += self.step_peak;
+            self.active_s += active_seconds(d, self.step_peak);
             self.run_sub += 1.0;
             let (p0, dp) = self.run_peak;
             self.step_peak = PeakSeconds {
@@ -418,6 +430,11 @@ impl Worker {
     /// What the steps done so far asked of the GPU.
     pub fn peak_total(&self) -> PeakSeconds {
         self.peak_total
+    }
+
+    /// Seconds at full use so far: Σ over steps of duration × use (for energy).
+    pub fn active_seconds(&self) -> f64 {
+        self.active_s
     }
 
     /// Moves the sub-steps materialised so far to `out`.
@@ -488,6 +505,7 @@ impl Worker {
         out.peak = self.step_peak;
         self.peak_total += self.step_peak;
         out.duration = step.end - step.start;
+        self.active_s += active_seconds(out.duration, self.step_peak);
         self.busy += out.duration;
         self.steps += 1;
         let s = self.step_index;

@@ -111,9 +111,19 @@ pub struct GpuSpec {
     pub mem_bw_tbps: f64,
     /// Memory capacity, GiB (Opal's `memory_gb` unit; the marketed figure).
     pub memory_gb: f64,
-    /// Maximum board power, W.
+    /// Maximum board power, W (the datasheet's; drawn at full use).
     pub power_w: f64,
+    /// Board power when no step runs, W.
+    pub idle_w: f64,
+    /// Price of one GPU-hour, US dollars (`None`: not given — no dollar figures).
+    pub usd_per_hour: Option<f64>,
 }
+
+/// Idle board power as a share of the maximum, when not given: datasheets
+/// state only the maximum; ≈ 10 % is what published measurements of idle
+/// data-centre GPUs show (e.g. Vidur-Energy's estimates: H100 SXM 60 W of
+/// 700 W, A100 SXM 100 W of 400 W). Set `worker.hw.idle_watts` when you know better.
+pub const IDLE_POWER_SHARE: f64 = 0.1;
 
 /// A GPU preset.
 struct GpuPreset {
@@ -171,7 +181,32 @@ impl GpuSpec {
             mem_bw_tbps: g.mem_bw_tbps,
             memory_gb: g.memory_gb,
             power_w: g.power_w,
+            idle_w: g.power_w * IDLE_POWER_SHARE,
+            usd_per_hour: None,
         })
+    }
+
+    /// Joules `tp` of these GPUs draw over `alive_s` seconds of which
+    /// `active_s` are spent at full use. Power is linear in use (as
+    /// Vidur-Energy and LLMServingSim model it): idle power all the time,
+    /// plus (max − idle) × use while a step runs, a step's use being the
+    /// larger of its compute and HBM-bandwidth fractions of peak (capped at
+    /// 1); `active_s` is the sum over steps of duration × use.
+    pub fn energy_j(&self, tp: u32, alive_s: f64, active_s: f64) -> f64 {
+        f64::from(tp) * (self.idle_w * alive_s + (self.power_w - self.idle_w) * active_s)
+    }
+
+    /// What `tp` of these GPUs cost over `alive_s` seconds, `active_s` of
+    /// them at full use: GPU-hours, joules (NaN when the board power is not
+    /// known: a GPU that is not a preset and has no `max_watts`), dollars
+    /// (NaN without a price).
+    pub fn cost(&self, tp: u32, alive_s: f64, active_s: f64) -> crate::metrics::CostSummary {
+        let gpu_hours = f64::from(tp) * alive_s / 3600.0;
+        crate::metrics::CostSummary {
+            gpu_hours,
+            energy_j: if self.power_w > 0.0 { self.energy_j(tp, alive_s, active_s) } else { f64::NAN },
+            usd: self.usd_per_hour.map_or(f64::NAN, |p| p * gpu_hours),
+        }
     }
 
     /// Names of all GPU presets.
