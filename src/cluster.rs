@@ -11,6 +11,7 @@
 
 use crate::RunError;
 use crate::config::Scenario;
+use crate::config::disagg::Role;
 use crate::engine::{self, EventQueue, Model, RunStats, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent};
@@ -18,6 +19,7 @@ use crate::metrics::{
     Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, StageRow, StageTally,
     TierSummary, TimeSeries, WorkerRow,
 };
+use crate::request::PdPhase;
 use crate::request::Request;
 use crate::rng::{SeedTree, StreamRng};
 use crate::router::{
@@ -25,7 +27,7 @@ use crate::router::{
 };
 use crate::storage::DeviceTimer;
 use crate::time::{SimDuration, SimTime};
-use crate::worker::{StepOutcome, Worker};
+use crate::worker::{StepOutcome, Worker, WorkerConfig};
 use crate::workload::{Label, NewRequest, Workload};
 use std::collections::VecDeque;
 
@@ -126,6 +128,16 @@ struct WorkerStats {
     completed: u64,
     prompt_tokens: u64,
     hit_tokens: u64,
+    /// KV bytes pulled over its link (remote prefills).
+    link_bytes: u64,
+}
+
+/// The settings of worker `w`: its pool's, or the spec's when every worker is mixed.
+fn worker_cfg(s: &Scenario, w: usize) -> &WorkerConfig {
+    match &s.disagg {
+        Some(d) => &d.pool_of(w).1.worker,
+        None => &s.worker,
+    }
 }
 
 /// The results of one run.
@@ -221,6 +233,8 @@ pub struct Cluster<'a> {
     fatal: Option<String>,
     /// Wall time spent routing, when profiling (never read by the simulation).
     routing_wall: Option<std::time::Duration>,
+    /// Requests prefilled on the prefill pool, and by their decode worker.
+    pd_counts: (u64, u64),
 }
 
 impl<'a> Cluster<'a> {
@@ -269,7 +283,11 @@ impl<'a> Cluster<'a> {
             completed_output_tokens: 0,
             fatal: None,
             routing_wall: None,
+            pd_counts: (0, 0),
         };
+        if let Some(d) = &scenario.disagg {
+            c.connector.set_link(d.link, scenario.model.kv_bytes_per_token());
+        }
         for _ in 0..scenario.num_workers {
             c.add_worker(SimTime::ZERO);
         }
@@ -279,7 +297,7 @@ impl<'a> Cluster<'a> {
     /// Adds a worker with cold caches (and its per-worker tiers) at `now`.
     fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
-        self.workers.push(Worker::new(id, &self.scenario.worker));
+        self.workers.push(Worker::new(id, worker_cfg(self.scenario, id.index())));
         self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
         self.kv_pending.push(Vec::new());
         self.reported_busy.push(SimDuration(0));
@@ -294,7 +312,7 @@ impl<'a> Cluster<'a> {
             running: self.workers.iter().map(|w| w.running() as u64).sum(),
             active_workers: self.workers.len() as u32,
             used_blocks: self.workers.iter().map(Worker::used_blocks).sum(),
-            total_blocks: self.scenario.worker.total_blocks * self.workers.len() as u64,
+            total_blocks: (0..self.workers.len()).map(|w| worker_cfg(self.scenario, w).total_blocks).sum(),
         }
     }
 
@@ -376,7 +394,10 @@ impl<'a> Cluster<'a> {
         // The block hashes are the request's, needed by any worker whatever the policy.
         self.requests[id.index()].hash_blocks(self.scenario.worker.block_size as u32, &mut self.hasher);
         let started = self.routing_wall.map(|_| std::time::Instant::now());
-        let w = self.choose_worker(id);
+        let w = match self.scenario.disagg.is_some() {
+            true => self.choose_pd(id),
+            false => self.choose_worker(id, 0..self.workers.len()),
+        };
         if let (Some(t), Some(acc)) = (started, self.routing_wall.as_mut()) {
             *acc += t.elapsed();
         }
@@ -384,8 +405,87 @@ impl<'a> Cluster<'a> {
         self.kick(now, w, sched);
     }
 
-    /// The routing decision (and its bookkeeping) for request `id`.
-    fn choose_worker(&mut self, id: RequestId) -> WorkerId {
+    /// Disaggregated routing: the decode worker by load (least outstanding
+    /// requests), the prefill worker by the routing policy over the prefill
+    /// pool. Conditional disaggregation as Dynamo's disaggregated router
+    /// decides it (`prefill_remote`: the prompt's part not cached on the
+    /// decode worker is longer than `max_local_prefill_length`; Dynamo's
+    /// vLLM worker also prefills locally when the prefill queue is too long
+    /// — here the chosen prefill worker's waiting requests against
+    /// `max_prefill_queue_size`): otherwise the decode worker serves the
+    /// request whole. Returns the worker it goes to first.
+    fn choose_pd(&mut self, id: RequestId) -> WorkerId {
+        let d = self.scenario.disagg.as_ref().expect("disaggregated");
+        let p = d.prefill.count as usize;
+        let n = self.workers.len();
+        let ctx = RouteContext { workers: &self.loads[p..n], prefix: &[], chunks: 0 };
+        let decode = crate::router::LeastLoaded.choose(&ctx, &mut self.router_rng);
+        // The prefill candidate (this also scores every worker's cached prefix).
+        let prefill = self.choose_worker(id, 0..p);
+        let r = &self.requests[id.index()];
+        let chunk_tokens = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+        let cached_on_decode = self.scores.get(decode.index()).map_or(0, |m| u64::from(m.chunks)) * chunk_tokens;
+        let uncached = u64::from(r.prompt_tokens).saturating_sub(cached_on_decode);
+        let queue_ok = d.max_prefill_queue_size.is_none_or(|q| (self.workers[prefill.index()].waiting() as u64) < q);
+        let remote = uncached > d.max_local_prefill_length && queue_ok;
+        if !remote {
+            // Undo the prefill choice; the decode worker serves it whole.
+            self.loads[prefill.index()].outstanding -= 1;
+            self.worker_stats[prefill.index()].routed -= 1;
+            self.loads[decode.index()].outstanding += 1;
+            self.worker_stats[decode.index()].routed += 1;
+            self.requests[id.index()].worker = Some(decode);
+            self.pd_counts.1 += 1;
+            return decode;
+        }
+        self.pd_counts.0 += 1;
+        self.loads[decode.index()].outstanding += 1;
+        let r = &mut self.requests[id.index()];
+        r.pd = PdPhase::Prefill { decode, output_tokens: r.output_tokens };
+        // The prefill worker is asked for one token, as the P/D proxies ask vLLM (max_tokens = 1).
+        r.output_tokens = 1;
+        prefill
+    }
+
+    /// A prefill worker finished request `id` (its first token is out): its
+    /// prompt's KV is offered to its decode worker, which pulls it over its
+    /// link once it has the blocks, and continues from the second token
+    /// (the prefill worker's first token stands, as in SGLang's and
+    /// Mooncake's P/D: the decode worker computes that token's KV in its
+    /// first step and samples the second).
+    fn hand_over(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
+        let r = &mut self.requests[id.index()];
+        let PdPhase::Prefill { decode, output_tokens } = r.pd else {
+            unreachable!("only prefill jobs are handed over")
+        };
+        let prefill = r.worker.expect("routed");
+        self.loads[prefill.index()].outstanding -= 1;
+        self.worker_stats[prefill.index()].completed += 1;
+        r.output_tokens = output_tokens;
+        r.pd = PdPhase::Decode { awaiting_first_step: true };
+        r.worker = Some(decode);
+        r.finished = None;
+        r.seq = crate::request::SeqState {
+            num_tokens: u64::from(r.prompt_tokens) + 1,
+            generated: 1,
+            last_token_at: now,
+            ..Default::default()
+        };
+        self.worker_stats[decode.index()].routed += 1;
+        if output_tokens == 1 {
+            // Nothing to decode: the prefill's token was the answer.
+            r.finished = Some(now);
+            self.respond(now, id, sched);
+            return;
+        }
+        self.connector.offer_remote(id);
+        self.workers[decode.index()].enqueue(id);
+        self.kick(now, decode, sched);
+    }
+
+    /// The routing decision (and its bookkeeping) for request `id`, among
+    /// the workers in `among` (every worker, or the prefill pool).
+    fn choose_worker(&mut self, id: RequestId, among: std::ops::Range<usize>) -> WorkerId {
         let mut chunks = 0;
         if self.scenario.router.policy.reads_kv_events() {
             // The chunks the connector would look up: every full block's.
@@ -402,7 +502,8 @@ impl<'a> Cluster<'a> {
         } else {
             self.scores.clear();
         }
-        let ctx = RouteContext { workers: &self.loads, prefix: &self.scores, chunks };
+        let prefix = if self.scores.is_empty() { &[][..] } else { &self.scores[among.clone()] };
+        let ctx = RouteContext { workers: &self.loads[among], prefix, chunks };
         let w = self.policy.choose(&ctx, &mut self.router_rng);
         self.loads[w.index()].outstanding += 1;
         self.worker_stats[w.index()].routed += 1;
@@ -427,9 +528,13 @@ impl<'a> Cluster<'a> {
     /// [`Self::kick`] without applying the connector's effects.
     fn poll_worker(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
         let worker = &mut self.workers[w.index()];
-        if let Some((end, version)) =
-            worker.poll(now, &mut self.requests, &self.scenario.worker, &mut self.connector, &mut self.conn_out)
-        {
+        if let Some((end, version)) = worker.poll(
+            now,
+            &mut self.requests,
+            worker_cfg(self.scenario, w.index()),
+            &mut self.connector,
+            &mut self.conn_out,
+        ) {
             sched.at(end, Event::StepEnd { worker: w, version });
         }
         self.record_substeps(w);
@@ -480,9 +585,15 @@ impl<'a> Cluster<'a> {
                     *acc += b;
                 }
                 let took = now - d.started;
-                r.fetch_time.get_or_insert(took);
-                self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
-                self.workers[d.worker.index()].fetched(d.request, now, &mut self.requests, &self.scenario.worker);
+                if d.link_bytes > 0 {
+                    self.latencies.get_mut(LatencyMetric::KvTransfer).record(took);
+                    self.worker_stats[d.worker.index()].link_bytes += d.link_bytes;
+                } else {
+                    r.fetch_time.get_or_insert(took);
+                    self.latencies.get_mut(LatencyMetric::KvFetch).record(took);
+                }
+                let cfg = worker_cfg(self.scenario, d.worker.index());
+                self.workers[d.worker.index()].fetched(d.request, now, &mut self.requests, cfg);
             }
             for (i, d) in out.loaded.iter().enumerate() {
                 if out.loaded[..i].iter().all(|e| e.worker != d.worker) {
@@ -528,7 +639,9 @@ impl<'a> Cluster<'a> {
 
     fn on_step_end(&mut self, now: SimTime, worker: WorkerId, version: u32, sched: &mut Scheduler<'_, Event>) {
         let w = &mut self.workers[worker.index()];
-        if w.finish_step(now, version, &mut self.requests, &self.scenario.worker, &mut self.outcome).is_err() {
+        if w.finish_step(now, version, &mut self.requests, worker_cfg(self.scenario, worker.index()), &mut self.outcome)
+            .is_err()
+        {
             return;
         }
         self.record_substeps(worker);
@@ -539,6 +652,9 @@ impl<'a> Cluster<'a> {
         self.latencies.get_mut(LatencyMetric::Itl).record_n(out.duration, out.decodes);
         for &gap in &out.resumed_gaps {
             self.latencies.get_mut(LatencyMetric::Itl).record(gap);
+        }
+        for &gap in &out.first_decodes {
+            self.latencies.get_mut(LatencyMetric::FirstDecode).record(gap);
         }
         for &id in &out.first_tokens {
             let r = &self.requests[id.index()];
@@ -554,6 +670,15 @@ impl<'a> Cluster<'a> {
         let done = std::mem::take(&mut self.outcome.completed);
         for &id in &done {
             let r = &self.requests[id.index()];
+            if matches!(r.pd, PdPhase::Prefill { .. }) {
+                // The prefill worker's part is done: its prompt goes to the
+                // tiers as any finished request's would (LMCache on the
+                // prefill worker), and the request moves to its decode worker.
+                let tokens = u64::from(r.prompt_tokens);
+                self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.conn_out);
+                self.hand_over(now, id, sched);
+                continue;
+            }
             if r.output_tokens > 1 {
                 let ttft = r.first_token.expect("completed request has a first token") - r.arrival;
                 let decode = (r.finished.expect("completed") - r.arrival).0 - ttft.0;
@@ -767,7 +892,15 @@ impl<'a> Cluster<'a> {
                     hbm_fraction: if alive > 0.0 { w.peak_total().memory / alive } else { 0.0 },
                     preemptions: w.preemptions(),
                     chunks_indexed: self.index.held_by(w.id()),
-                    cost: self.scenario.gpu.cost(self.scenario.tp, alive, w.active_seconds()),
+                    cost: match &self.scenario.disagg {
+                        Some(d) => {
+                            let pool = d.pool_of(w.id().index()).1;
+                            pool.gpu.cost(pool.tp, alive, w.active_seconds())
+                        }
+                        None => self.scenario.gpu.cost(self.scenario.tp, alive, w.active_seconds()),
+                    },
+                    role: self.scenario.disagg.as_ref().map_or(Role::Mixed, |d| d.pool_of(w.id().index()).0).name(),
+                    link_bytes: st.link_bytes,
                 }
             })
             .collect();
@@ -816,6 +949,7 @@ impl<'a> Cluster<'a> {
             model_active_params: self.scenario.model.active_parameter_count(),
             kv_bytes_per_token: self.scenario.model.kv_bytes_per_token(),
             cost,
+            pd: self.pd_summary(end, &workers),
         };
         let mut requests = std::mem::take(&mut self.records);
         requests.sort_unstable_by_key(|r| r.id);
@@ -837,6 +971,35 @@ impl<'a> Cluster<'a> {
                 .collect(),
             event_digest: stats.digest,
             routing_wall_s: self.routing_wall.map(|d| d.as_secs_f64()),
+        }
+    }
+}
+
+impl Cluster<'_> {
+    /// What disaggregated prefill/decode did (defaults without it).
+    fn pd_summary(&self, end: SimTime, workers: &[WorkerRow]) -> crate::metrics::PdSummary {
+        let Some(d) = &self.scenario.disagg else { return crate::metrics::PdSummary::default() };
+        let secs = end.as_secs_f64();
+        let busy = |role: Role| {
+            let rows = workers.iter().filter(|w| w.role == role.name());
+            let (busy, alive) = rows.fold((0.0, 0.0), |(b, a), w| (b + w.busy_s, a + (secs - w.started_s)));
+            if alive > 0.0 { busy / alive } else { 0.0 }
+        };
+        let links: Vec<_> = self.connector.link_report(end).collect();
+        let decode_links = &links[d.prefill.count as usize..];
+        crate::metrics::PdSummary {
+            remote_prefills: self.pd_counts.0,
+            local_prefills: self.pd_counts.1,
+            link_bytes: workers.iter().map(|w| w.link_bytes).sum(),
+            link_utilization: if secs > 0.0 && !decode_links.is_empty() {
+                decode_links.iter().map(|l| l.busy.as_secs_f64()).sum::<f64>() / (secs * decode_links.len() as f64)
+            } else {
+                0.0
+            },
+            kv_transfer_ms: self.latencies.get(LatencyMetric::KvTransfer).stats(),
+            first_decode_ms: self.latencies.get(LatencyMetric::FirstDecode).stats(),
+            prefill_busy_fraction: busy(Role::Prefill),
+            decode_busy_fraction: busy(Role::Decode),
         }
     }
 }
@@ -954,7 +1117,7 @@ impl Model for Cluster<'_> {
                     let e = SystemEvent {
                         running: w.running() as u32,
                         waiting: w.waiting() as u32,
-                        kv_usage: w.used_blocks() as f64 / self.scenario.worker.total_blocks as f64,
+                        kv_usage: w.used_blocks() as f64 / worker_cfg(self.scenario, i).total_blocks as f64,
                         gpu_utilization: if interval > 0.0 { (since / interval).min(1.0) } else { 0.0 },
                     };
                     self.inbox.push_back((WorkerId(i as u32), now, RouterMsg::System(e)));

@@ -62,6 +62,28 @@ pub struct Request {
     pub fetch_time: Option<SimDuration>,
     /// Prompt tokens the router expected to find cached on the worker it chose.
     pub predicted_hit_tokens: Option<u64>,
+    /// Its part in disaggregated serving.
+    pub pd: PdPhase,
+}
+
+/// Where a request is in disaggregated prefill/decode.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PdPhase {
+    /// Served whole by one worker (mixed, or prefilled locally by a decode worker).
+    #[default]
+    Whole,
+    /// On a prefill worker, asked for one token (`output_tokens` is 1 meanwhile).
+    Prefill {
+        /// The decode worker that will continue it.
+        decode: WorkerId,
+        /// The tokens it really asks for.
+        output_tokens: u32,
+    },
+    /// On its decode worker after the prefill, its prompt's KV pulled there.
+    Decode {
+        /// No token has been decoded on the decode worker yet.
+        awaiting_first_step: bool,
+    },
 }
 
 impl Request {
@@ -94,6 +116,7 @@ impl Request {
             read_bytes: [0; 4],
             fetch_time: None,
             predicted_hit_tokens: None,
+            pd: PdPhase::Whole,
         }
     }
 

@@ -4,6 +4,7 @@ mod bad_inputs;
 mod calibration;
 mod cli;
 mod crn;
+mod disagg;
 mod kvcache;
 mod performance;
 mod queueing;

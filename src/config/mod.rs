@@ -1,6 +1,7 @@
 //! Scenario configuration: the TOML schema ([`schema`]), loading with
 //! precise errors, and validation into the resolved [`Scenario`] a run uses.
 
+pub mod disagg;
 pub mod effective;
 mod error;
 pub mod opal_json;

@@ -40,6 +40,8 @@ pub struct Scenario {
     pub stages: Vec<StageConfig>,
     /// KV-cache tiers.
     pub kvc: KvcConfig,
+    /// Prefill and decode pools (`None`: every worker is mixed, per `worker`).
+    pub disagg: Option<super::disagg::Disaggregation>,
 }
 
 impl Scenario {
@@ -49,7 +51,7 @@ impl Scenario {
     }
 }
 
-pub(super) struct Ctx<'a> {
+pub(crate) struct Ctx<'a> {
     pub(super) source: &'a str,
 }
 
@@ -119,7 +121,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
             format!("use an interval of at least {:.3} s", limit.as_secs_f64() / MAX_INTERVALS as f64),
         ));
     }
-    let num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
+    let mut num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
 
     let model = resolve_model(&cx, file, base_dir)?;
     let hw = &file.worker.hw;
@@ -139,11 +141,32 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
     let mut kvc = resolve_kvc(&cx, file, &worker, &model)?;
     kvc.publish_events = policy.reads_kv_events();
-    let router = resolve_router(&cx, file, policy, num_workers)?;
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
-    Ok(Scenario { seed: sim.seed, num_workers, time_limit, interval, model, gpu, tp, worker, router, stages, kvc })
+    let disagg = match &file.disaggregation {
+        Some(d) => Some(super::disagg::resolve(&cx, file, d, &model, &stages, &worker, base_dir)?),
+        None => None,
+    };
+    if let Some(d) = &disagg {
+        // The pools say how many workers there are (simulation.num_workers does not apply).
+        num_workers = d.workers();
+    }
+    let router = resolve_router(&cx, file, policy, num_workers)?;
+    Ok(Scenario {
+        seed: sim.seed,
+        num_workers,
+        time_limit,
+        interval,
+        model,
+        gpu,
+        tp,
+        worker,
+        router,
+        stages,
+        kvc,
+        disagg,
+    })
 }
 
 fn resolve_router(
@@ -275,7 +298,7 @@ fn resolve_architecture(cx: &Ctx<'_>, file: &SpecFile, base_dir: &Path) -> Resul
     })
 }
 
-fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
+pub(super) fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
     let hw = &file.worker.hw;
     let base = GpuSpec::preset(&hw.gpu);
     let pick = |key: &str, explicit: Option<f64>, preset: Option<f64>| -> Result<f64, ConfigError> {
@@ -550,7 +573,7 @@ fn resolve_perf(
     Ok(PerfModel { model, mix })
 }
 
-fn resolve_worker(
+pub(super) fn resolve_worker(
     cx: &Ctx<'_>,
     file: &SpecFile,
     model: &ModelArch,

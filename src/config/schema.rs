@@ -42,6 +42,58 @@ pub struct SpecFile {
     /// The KV-cache tiers below the GPU.
     #[serde(default)]
     pub kvc: KvcSection,
+    /// Prefill and decode on separate worker pools (absent: every worker does both).
+    #[serde(default)]
+    pub disaggregation: Option<DisaggregationSection>,
+}
+
+/// `[disaggregation]`: prefill and decode on separate worker pools (Dynamo,
+/// llm-d, Mooncake style), the prompt's KV moved between them over a link.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+#[allow(non_snake_case)]
+pub struct DisaggregationSection {
+    /// The pools: one `role = "prefill"` and one `role = "decode"` (`[[disaggregation.pools]]`).
+    pub pools: Vec<PoolSection>,
+    /// Prefill remotely only when the prompt's part not cached on the decode worker is longer than this many tokens (Dynamo's `max_local_prefill_length`).
+    pub max_local_prefill_length: i64,
+    /// Prefill locally when the chosen prefill worker has at least this many requests waiting; -1 = never for this reason.
+    pub max_prefill_queue_size: i64,
+    /// Bandwidth of each decode worker's link (NIC) over which it pulls KV, 10⁹ bytes/s, shared by its transfers.
+    pub link_bandwidth_GBps: f64,
+    /// Latency of one KV transfer, microseconds.
+    pub link_latency_usec: f64,
+}
+
+impl Default for DisaggregationSection {
+    fn default() -> Self {
+        DisaggregationSection {
+            pools: Vec::new(),
+            max_local_prefill_length: 1000,
+            max_prefill_queue_size: -1,
+            link_bandwidth_GBps: 50.0,
+            link_latency_usec: 20.0,
+        }
+    }
+}
+
+/// `[[disaggregation.pools]]`: a pool of identical workers.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSection {
+    /// `prefill` or `decode`.
+    pub role: String,
+    /// Workers in the pool.
+    pub count: i64,
+    /// The pool's GPU (default: `worker.hw.gpu`).
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// The pool's tensor-parallel degree (default: `worker.hw.tp`).
+    #[serde(default)]
+    pub tp: Option<u32>,
+    /// The pool's `[worker.vllm_params]` overrides (e.g. `{ max_num_batched_tokens = 16384 }`).
+    #[serde(default)]
+    pub vllm_params: Option<toml::Table>,
 }
 
 /// `[sweep]`.

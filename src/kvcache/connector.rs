@@ -34,6 +34,15 @@
 //! descendant without its root could never be hit again). vLLM's block pool
 //! frees a finished request's blocks tail first for the same reason.
 //!
+//! Disaggregated prefill (issue: P/D): a decode worker pulls the KV a
+//! prefill worker computed over its own link, as vLLM's NixlConnector does
+//! (the decode side's `get_num_new_matched_tokens` reports the remote
+//! prompt; the scheduler allocates the blocks, then the transfer runs):
+//! [`KvConnector::offer_remote`] marks a request's prompt as held remotely,
+//! and its next lookup on the decode worker reports every prompt token
+//! beyond the GPU prefix, loaded through that worker's link device (shared
+//! fairly by its transfers, like a tier's device).
+//!
 //! Like every component it is passive: calls take `now` and append their
 //! effects — device timers to schedule, loads and synchronous saves that
 //! finished, KV events for the router, bytes moved — to a
@@ -65,6 +74,8 @@ pub struct LoadDone {
     pub started: SimTime,
     /// Bytes read from each tier.
     pub bytes: [u64; 4],
+    /// Bytes pulled over the worker's link (a remote prefill's KV).
+    pub link_bytes: u64,
 }
 
 /// Effects of a connector call, for the cluster to apply (and then clear).
@@ -137,7 +148,11 @@ struct Load {
     started: SimTime,
     reads_left: u32,
     bytes: [u64; 4],
+    link_bytes: u64,
 }
+
+/// Instance ids at and above this are workers' links (the worker's index below it).
+const LINK: u32 = 1 << 31;
 
 /// One chunk of a lookup: the instance holding it, its key, and the blocks
 /// `[from, to)` of it beyond the GPU prefix.
@@ -163,6 +178,11 @@ pub struct KvConnector {
     /// Synchronous saves: writes still in flight per request.
     saves: IntMap<u32, u32>,
     found: Vec<Found>,
+    /// Each worker's link, when prefill is disaggregated.
+    links: Vec<Device>,
+    link: Option<(crate::storage::DeviceConfig, u64)>,
+    /// Requests whose prompt KV is held by a prefill worker, to be pulled.
+    remote: nohash_hasher::IntSet<u32>,
 }
 
 impl KvConnector {
@@ -179,7 +199,32 @@ impl KvConnector {
             loads: IntMap::default(),
             saves: IntMap::default(),
             found: Vec::new(),
+            links: Vec::new(),
+            link: None,
+            remote: Default::default(),
         }
+    }
+
+    /// Gives every worker (those added from now on) a link with `cfg`, over
+    /// which remote prefills of `kv_bytes_per_token` bytes per token are pulled.
+    pub fn set_link(&mut self, cfg: crate::storage::DeviceConfig, kv_bytes_per_token: u64) {
+        self.link = Some((cfg, kv_bytes_per_token));
+    }
+
+    /// The prompt KV of `request` is held by a prefill worker: its next
+    /// lookup reports all of it (beyond the GPU prefix), pulled over the
+    /// link of the worker that loads it.
+    pub fn offer_remote(&mut self, request: RequestId) {
+        self.remote.insert(request.0);
+    }
+
+    /// Each worker's link counters at `end` (empty without disaggregation).
+    pub fn link_report(&self, end: SimTime) -> impl Iterator<Item = DeviceStats> + '_ {
+        self.links.iter().map(move |d| d.stats_at(end))
+    }
+
+    fn device_mut(&mut self, inst: u32) -> &mut Device {
+        if inst >= LINK { &mut self.links[(inst - LINK) as usize] } else { &mut self.instances[inst as usize].device }
     }
 
     /// Adds the next worker's tiers (a per-worker instance of CPU memory and
@@ -202,11 +247,14 @@ impl KvConnector {
             });
         }
         self.worker_tiers.push(tiers);
+        if let Some((cfg, _)) = self.link {
+            self.links.push(Device::new(cfg));
+        }
     }
 
-    /// Whether worker `w` has any tier below the GPU.
+    /// Whether worker `w` can load KV from anywhere (a tier below the GPU, or a link).
     pub fn has_tiers(&self, w: WorkerId) -> bool {
-        !self.worker_tiers[w.index()].is_empty()
+        !self.worker_tiers[w.index()].is_empty() || w.index() < self.links.len()
     }
 
     /// No device operation (load or save) is in flight.
@@ -231,12 +279,20 @@ impl KvConnector {
     fn walk(
         &self,
         w: WorkerId,
+        request: RequestId,
         blocks: &[BlockHash],
         num_tokens: u64,
         local: u64,
         mut found: Option<&mut Vec<Found>>,
     ) -> ExternalHit {
         let mut hit = ExternalHit::default();
+        if self.remote.contains(&request.0) {
+            // A remote prefill: every computed token beyond the GPU prefix
+            // (`num_tokens` counts the first output token, whose KV the
+            // decode worker computes).
+            hit.tokens = num_tokens.saturating_sub(1).saturating_sub(local * self.block_size);
+            return hit;
+        }
         let tiers = &self.worker_tiers[w.index()];
         if tiers.is_empty() {
             return hit;
@@ -269,8 +325,15 @@ impl KvConnector {
     /// vLLM's `get_num_new_matched_tokens`: the tokens beyond the first
     /// `local` blocks (the GPU prefix hit) of a `num_tokens`-token sequence
     /// that worker `w`'s tiers hold and could load. Changes nothing.
-    pub fn lookup(&self, w: WorkerId, blocks: &[BlockHash], num_tokens: u64, local: u64) -> ExternalHit {
-        self.walk(w, blocks, num_tokens, local, None)
+    pub fn lookup(
+        &self,
+        w: WorkerId,
+        request: RequestId,
+        blocks: &[BlockHash],
+        num_tokens: u64,
+        local: u64,
+    ) -> ExternalHit {
+        self.walk(w, request, blocks, num_tokens, local, None)
     }
 
     /// Starts loading what [`Self::lookup`] found for `request` on worker `w`
@@ -289,9 +352,19 @@ impl KvConnector {
         local: u64,
         out: &mut ConnectorOutput,
     ) -> ExternalHit {
+        if self.remote.contains(&request.0) {
+            let hit = self.walk(w, request, blocks, num_tokens, local, None);
+            self.remote.remove(&request.0);
+            let bytes = hit.tokens * self.link.expect("a remote prefill needs a link").1;
+            let load = Load { worker: w, started: now, reads_left: 1, bytes: [0; 4], link_bytes: 0 };
+            self.loads.insert(request.0, load);
+            let purpose = Purpose::Load { request, keys: Vec::new() };
+            self.submit(now, LINK + w.0, OpKind::Read, bytes, w, purpose, out);
+            return hit;
+        }
         let mut found = std::mem::take(&mut self.found);
         found.clear();
-        let hit = self.walk(w, blocks, num_tokens, local, Some(&mut found));
+        let hit = self.walk(w, request, blocks, num_tokens, local, Some(&mut found));
         if hit.tokens == 0 {
             self.found = found;
             return hit;
@@ -311,7 +384,7 @@ impl KvConnector {
         }
         // One read per run of consecutive chunks in one instance.
         let runs = 1 + found.windows(2).filter(|p| p[0].instance != p[1].instance).count() as u32;
-        self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4] });
+        self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4], link_bytes: 0 });
         for run in found.chunk_by(|a, b| a.instance == b.instance) {
             let instance = run[0].instance;
             let keys: Vec<BlockHash> = run.iter().map(|f| f.key).collect();
@@ -452,7 +525,7 @@ impl KvConnector {
             }
         };
         let mut dev = std::mem::take(&mut self.dev_out);
-        self.instances[inst as usize].device.submit(now, OpId(id), kind, bytes, w.0, &mut dev);
+        self.device_mut(inst).submit(now, OpId(id), kind, bytes, w.0, &mut dev);
         self.apply_device(inst, &mut dev, out);
         self.dev_out = dev;
     }
@@ -460,7 +533,7 @@ impl KvConnector {
     /// Handles a device timer of tier instance `instance`.
     pub fn on_timer(&mut self, now: SimTime, instance: u32, timer: DeviceTimer, out: &mut ConnectorOutput) {
         let mut dev = std::mem::take(&mut self.dev_out);
-        self.instances[instance as usize].device.on_timer(now, timer, &mut dev);
+        self.device_mut(instance).on_timer(now, timer, &mut dev);
         self.apply_device(instance, &mut dev, out);
         self.dev_out = dev;
     }
@@ -476,6 +549,18 @@ impl KvConnector {
     }
 
     fn op_done(&mut self, op: IoOp, bytes: u64, out: &mut ConnectorOutput) {
+        if op.instance >= LINK {
+            let Purpose::Load { request, .. } = op.purpose else { unreachable!("links only load") };
+            let load = self.loads.remove(&request.0).expect("a transfer belongs to a live load");
+            out.loaded.push(LoadDone {
+                request,
+                worker: load.worker,
+                started: load.started,
+                bytes: load.bytes,
+                link_bytes: bytes,
+            });
+            return;
+        }
         let instance = &mut self.instances[op.instance as usize];
         let tier = instance.tier;
         out.moved.push((tier, bytes));
@@ -492,6 +577,7 @@ impl KvConnector {
                         worker: load.worker,
                         started: load.started,
                         bytes: load.bytes,
+                        link_bytes: load.link_bytes,
                     });
                 }
             }
@@ -603,18 +689,18 @@ mod tests {
         let p = blocks(1, 100); // 6 full blocks (96 tokens) and 4 more tokens
         save(&mut c, SimTime::ZERO, &p, 100);
         // Chunks [0, 2), [2, 4), [4, 6) are held: 96 tokens, all from CPU memory.
-        let hit = c.lookup(W, &p, 100, 0);
+        let hit = c.lookup(W, RequestId(0), &p, 100, 0);
         assert_eq!(hit, ExternalHit { tokens: 96, per_tier: [0, 96, 0, 0] });
         // Beyond a GPU prefix of 3 blocks: 96 − 48 = 48 tokens.
-        assert_eq!(c.lookup(W, &p, 100, 3).tokens, 48);
+        assert_eq!(c.lookup(W, RequestId(0), &p, 100, 3).tokens, 48);
         // A 64-token prompt of the same content (4 whole blocks, chunks [0, 2),
         // [2, 4) held): everything but its last token, 63.
-        assert_eq!(c.lookup(W, &blocks(1, 64), 64, 0).tokens, 63);
+        assert_eq!(c.lookup(W, RequestId(0), &blocks(1, 64), 64, 0).tokens, 63);
         // A 40-token prompt ends inside chunk [2, 4) (2 full blocks, then
         // [2, 2) is empty): 32 tokens.
-        assert_eq!(c.lookup(W, &blocks(1, 40), 40, 0).tokens, 32);
+        assert_eq!(c.lookup(W, RequestId(0), &blocks(1, 40), 40, 0).tokens, 32);
         // Other content: nothing.
-        assert_eq!(c.lookup(W, &blocks(2, 100), 100, 0), ExternalHit::default());
+        assert_eq!(c.lookup(W, RequestId(0), &blocks(2, 100), 100, 0), ExternalHit::default());
     }
 
     #[test]
@@ -630,7 +716,10 @@ mod tests {
         assert!(!c.idle());
         let end = settle(&mut c, t, &mut out);
         assert_eq!(end - t, SimDuration(480_000));
-        assert_eq!(out.loaded, vec![LoadDone { request: RequestId(7), worker: W, started: t, bytes: [0, 480, 0, 0] }]);
+        assert_eq!(
+            out.loaded,
+            vec![LoadDone { request: RequestId(7), worker: W, started: t, bytes: [0, 480, 0, 0], link_bytes: 0 }]
+        );
         assert!(c.idle());
     }
 
@@ -662,7 +751,7 @@ mod tests {
         // p3 and p2 go and the root stays (root first, p1 would have gone
         // and p2, p3 been unreachable).
         save(&mut c, t, &blocks(3, 32), 32);
-        assert_eq!(c.lookup(W, &p, 48, 0).tokens, 16);
+        assert_eq!(c.lookup(W, RequestId(0), &p, 48, 0).tokens, 16);
 
         // A hit refreshes last chunk first too.
         let mut c = connector(640, 1);
@@ -673,7 +762,7 @@ mod tests {
         let t = settle(&mut c, t, &mut out);
         // Recency is now q1 < p3 < p2 < p1: q1 and p3 go.
         save(&mut c, t, &blocks(3, 32), 32);
-        assert_eq!(c.lookup(W, &p, 48, 0).tokens, 32);
-        assert_eq!(c.lookup(W, &blocks(2, 16), 16, 0).tokens, 0);
+        assert_eq!(c.lookup(W, RequestId(0), &p, 48, 0).tokens, 32);
+        assert_eq!(c.lookup(W, RequestId(0), &blocks(2, 16), 16, 0).tokens, 0);
     }
 }

@@ -184,11 +184,16 @@ pub enum LatencyMetric {
     KvFetch,
     /// Time from a KV change on a worker to the router applying its event.
     KvStaleness,
+    /// A remote prefill's KV transfer to its decode worker (start to end).
+    KvTransfer,
+    /// From a remotely prefilled request's first token to the first token
+    /// its decode worker produced (transfer wait and time, queueing, first step).
+    FirstDecode,
 }
 
 impl LatencyMetric {
     /// All metrics in output order.
-    pub const ALL: [LatencyMetric; 7] = [
+    pub const ALL: [LatencyMetric; 9] = [
         LatencyMetric::Ttft,
         LatencyMetric::Tpot,
         LatencyMetric::Itl,
@@ -196,6 +201,8 @@ impl LatencyMetric {
         LatencyMetric::QueueWait,
         LatencyMetric::KvFetch,
         LatencyMetric::KvStaleness,
+        LatencyMetric::KvTransfer,
+        LatencyMetric::FirstDecode,
     ];
 
     /// The column-name stem.
@@ -208,6 +215,8 @@ impl LatencyMetric {
             LatencyMetric::QueueWait => "queue_wait",
             LatencyMetric::KvFetch => "kv_fetch",
             LatencyMetric::KvStaleness => "kv_staleness",
+            LatencyMetric::KvTransfer => "kv_transfer",
+            LatencyMetric::FirstDecode => "first_decode",
         }
     }
 }
@@ -215,7 +224,7 @@ impl LatencyMetric {
 /// The latency histograms of a run, indexed by [`LatencyMetric`].
 #[derive(Clone, Debug, Default)]
 pub struct Latencies {
-    hists: [LatencyHistogram; 7],
+    hists: [LatencyHistogram; 9],
 }
 
 impl Latencies {
@@ -430,6 +439,10 @@ pub struct WorkerRow {
     pub chunks_indexed: u64,
     /// What its GPUs cost.
     pub cost: CostSummary,
+    /// Its role: `mixed`, `prefill` or `decode`.
+    pub role: &'static str,
+    /// KV bytes it pulled over its link (remote prefills).
+    pub link_bytes: u64,
 }
 
 /// KV-cache tiers over a run, indexed by `Tier::index` (gpu, cpu, nvme, dfs).
@@ -560,6 +573,45 @@ pub struct RunSummary {
     pub kv_bytes_per_token: u64,
     /// What the run's GPUs cost in time, energy and money.
     pub cost: CostSummary,
+    /// Disaggregated prefill and decode (zeros and NaN without).
+    pub pd: PdSummary,
+}
+
+/// What disaggregated prefill/decode did in a run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct PdSummary {
+    /// Requests prefilled on the prefill pool.
+    pub remote_prefills: u64,
+    /// Requests a decode worker prefilled itself (conditional disaggregation).
+    pub local_prefills: u64,
+    /// KV bytes pulled over the decode workers' links.
+    pub link_bytes: u64,
+    /// Mean share of the time the decode workers' links were transferring.
+    pub link_utilization: f64,
+    /// KV transfers, ms.
+    pub kv_transfer_ms: LatencyStats,
+    /// First token to the decode worker's first token, ms.
+    pub first_decode_ms: LatencyStats,
+    /// Busy share of the prefill pool's GPUs.
+    pub prefill_busy_fraction: f64,
+    /// Busy share of the decode pool's GPUs.
+    pub decode_busy_fraction: f64,
+}
+
+impl Default for PdSummary {
+    fn default() -> Self {
+        let none = LatencyHistogram::default().stats();
+        PdSummary {
+            remote_prefills: 0,
+            local_prefills: 0,
+            link_bytes: 0,
+            link_utilization: f64::NAN,
+            kv_transfer_ms: none,
+            first_decode_ms: none,
+            prefill_busy_fraction: f64::NAN,
+            decode_busy_fraction: f64::NAN,
+        }
+    }
 }
 
 /// What a run's (or a worker's) GPUs cost: GPU-hours, energy from the
@@ -642,6 +694,7 @@ impl Default for RunSummary {
             model_active_params: 0,
             kv_bytes_per_token: 0,
             cost: CostSummary::default(),
+            pd: PdSummary::default(),
         }
     }
 }
@@ -713,6 +766,18 @@ impl RunSummary {
         c.push(("model_params".into(), Count(self.model_params)));
         c.push(("model_active_params".into(), Count(self.model_active_params)));
         c.push(("kv_bytes_per_token".into(), Count(self.kv_bytes_per_token)));
+        let p = &self.pd;
+        c.extend([
+            ("remote_prefills".into(), Count(p.remote_prefills)),
+            ("local_prefills".into(), Count(p.local_prefills)),
+            ("kv_transfer_bytes".into(), Count(p.link_bytes)),
+            ("link_utilization".into(), Real(p.link_utilization)),
+            ("prefill_busy_fraction".into(), Real(p.prefill_busy_fraction)),
+            ("decode_busy_fraction".into(), Real(p.decode_busy_fraction)),
+        ]);
+        for (name, stats) in [("kv_transfer", &p.kv_transfer_ms), ("first_decode", &p.first_decode_ms)] {
+            c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
+        }
         let k = &self.cost;
         let (input, output) = (self.input_tokens_per_s * self.sim_time_s, self.output_tokens_per_s * self.sim_time_s);
         c.extend([

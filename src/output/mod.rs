@@ -245,6 +245,8 @@ impl TableSet {
                 c("gpu_hours", ColType::F64),
                 c("energy_j", ColType::F64),
                 c("usd", ColType::F64),
+                c("role", ColType::Str),
+                c("link_bytes", ColType::U64),
             ],
             TableKind::Stages => {
                 let mut cols = vec![
@@ -392,6 +394,8 @@ impl TableSet {
                         preemptions,
                         chunks_indexed,
                         cost,
+                        role,
+                        link_bytes,
                     } = w;
                     b.push(&[
                         id,
@@ -409,6 +413,8 @@ impl TableSet {
                         Cell::F64(cost.gpu_hours),
                         Cell::F64(cost.energy_j),
                         Cell::F64(cost.usd),
+                        Cell::Str(role),
+                        Cell::U64(*link_bytes),
                     ]);
                 }
             }

@@ -24,6 +24,23 @@ pub fn summary_table(s: &RunSummary) -> String {
         100.0 * s.gpu_hbm_fraction
     );
     out.push_str(&cost_line(s));
+    let pd = &s.pd;
+    if pd.remote_prefills + pd.local_prefills > 0 {
+        let _ = writeln!(
+            out,
+            "disaggregated: {} prefilled on the prefill pool, {} on their decode worker; KV transfer p50 {} / p99 {} ms, {:.2} GB over links ({:.1} % busy); first token to first decode step p50 {} / p99 {} ms; busy: prefill pool {:.1} %, decode pool {:.1} %",
+            pd.remote_prefills,
+            pd.local_prefills,
+            format_ms(pd.kv_transfer_ms.p50),
+            format_ms(pd.kv_transfer_ms.p99),
+            pd.link_bytes as f64 / 1e9,
+            100.0 * pd.link_utilization,
+            format_ms(pd.first_decode_ms.p50),
+            format_ms(pd.first_decode_ms.p99),
+            100.0 * pd.prefill_busy_fraction,
+            100.0 * pd.decode_busy_fraction
+        );
+    }
     out.push_str(&cache_line(&s.tiers));
     if s.trace_lines_skipped + s.trace_lines_reordered + s.trace_outputs_raised > 0 {
         let _ = writeln!(

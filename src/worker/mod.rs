@@ -149,6 +149,9 @@ pub struct StepOutcome {
     pub first_tokens: Vec<RequestId>,
     /// Inter-token gaps of recomputed (previously preempted) requests that produced a token.
     pub resumed_gaps: Vec<SimDuration>,
+    /// Of those, the first token a decode worker produced for a request prefilled
+    /// elsewhere: the time from its first token (on the prefill worker) to then.
+    pub first_decodes: Vec<SimDuration>,
     /// Requests that produced their last token (their blocks are released;
     /// `computed` still says how many tokens they held).
     pub completed: Vec<RequestId>,
@@ -166,6 +169,7 @@ impl StepOutcome {
         self.decodes = 0;
         self.first_tokens.clear();
         self.resumed_gaps.clear();
+        self.first_decodes.clear();
         self.completed.clear();
         self.prompt_tokens = 0;
         self.generated_tokens = 0;
@@ -539,7 +543,12 @@ impl Worker {
                 r.first_token = Some(now);
                 out.first_tokens.push(id);
             } else {
-                out.resumed_gaps.push(now - r.seq.last_token_at);
+                let gap = now - r.seq.last_token_at;
+                out.resumed_gaps.push(gap);
+                if let crate::request::PdPhase::Decode { awaiting_first_step: first @ true } = &mut r.pd {
+                    *first = false;
+                    out.first_decodes.push(gap);
+                }
             }
             r.seq.last_token_at = now;
             if r.seq.generated >= u64::from(r.output_tokens) {
@@ -802,7 +811,7 @@ impl Worker {
             let r = &reqs[id.index()];
             let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
             let local = self.cache.lookup(&r.blocks[..max]);
-            let external = conn.lookup(self.id, &r.blocks, r.seq.num_tokens, local as u64);
+            let external = conn.lookup(self.id, id, &r.blocks, r.seq.num_tokens, local as u64);
             if external.tokens > 0 {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.

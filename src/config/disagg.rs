@@ -1,0 +1,194 @@
+//! `[disaggregation]`: prefill and decode worker pools, each resolved as a
+//! worker of its own (its GPU, TP and vLLM settings over the spec's), the
+//! conditional-disaggregation thresholds and the KV link.
+
+use super::error::ConfigError;
+use super::resolve::{Ctx, resolve_gpu, resolve_worker};
+use super::schema::{DisaggregationSection, SpecFile, VllmParams};
+use crate::storage::DeviceConfig;
+use crate::time::SimDuration;
+use crate::worker::WorkerConfig;
+use crate::worker::model::ModelArch;
+use crate::worker::presets::GpuSpec;
+use crate::workload::StageConfig;
+use std::path::Path;
+
+/// A worker's part in the platform.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Prefill and decode (no disaggregation).
+    Mixed,
+    /// Computes prompts (and the first token); decode happens elsewhere.
+    Prefill,
+    /// Decodes requests prefilled elsewhere (and prefills short ones itself).
+    Decode,
+}
+
+impl Role {
+    /// The name in specs and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Mixed => "mixed",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+/// A pool of identical workers.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pool {
+    /// Workers in it.
+    pub count: u32,
+    /// Their GPU.
+    pub gpu: GpuSpec,
+    /// Their tensor-parallel degree.
+    pub tp: u32,
+    /// Their settings.
+    pub worker: WorkerConfig,
+}
+
+/// Resolved `[disaggregation]`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Disaggregation {
+    /// The prefill pool (workers `0 … prefill.count − 1`).
+    pub prefill: Pool,
+    /// The decode pool (the workers after them).
+    pub decode: Pool,
+    /// Prefill remotely only when the uncached part of the prompt is longer than this (tokens).
+    pub max_local_prefill_length: u64,
+    /// Prefill locally when the chosen prefill worker has this many requests waiting (`None`: never for that).
+    pub max_prefill_queue_size: Option<u64>,
+    /// Each decode worker's link, over which it pulls KV.
+    pub link: DeviceConfig,
+}
+
+impl Disaggregation {
+    /// The role of worker `w` and its pool.
+    pub fn pool_of(&self, w: usize) -> (Role, &Pool) {
+        if w < self.prefill.count as usize { (Role::Prefill, &self.prefill) } else { (Role::Decode, &self.decode) }
+    }
+
+    /// Workers in both pools.
+    pub fn workers(&self) -> u32 {
+        self.prefill.count + self.decode.count
+    }
+}
+
+/// Resolves `section` over the spec's worker settings (`base`, for the block size every pool must share).
+pub(super) fn resolve(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    section: &DisaggregationSection,
+    model: &ModelArch,
+    stages: &[StageConfig],
+    base: &WorkerConfig,
+    base_dir: &Path,
+) -> Result<Disaggregation, ConfigError> {
+    let key = |k: &str| format!("disaggregation.{k}");
+    let mut prefill = None;
+    let mut decode = None;
+    for (i, p) in section.pools.iter().enumerate() {
+        let at = |k: &str| key(&format!("pools.{i}.{k}"));
+        let slot = match p.role.to_ascii_lowercase().as_str() {
+            "prefill" => &mut prefill,
+            "decode" => &mut decode,
+            other => {
+                return Err(cx.err(&at("role"), format!("unknown role {other:?}"), "use \"prefill\" or \"decode\""));
+            }
+        };
+        if slot.is_some() {
+            return Err(cx.err(
+                &at("role"),
+                format!("a second {} pool", p.role),
+                "give one prefill and one decode pool",
+            ));
+        }
+        let count = cx.at_least(&at("count"), p.count, 1)?;
+        // The pool's worker: the spec's settings with the pool's GPU, TP and vLLM overrides.
+        let mut f = file.clone();
+        if let Some(gpu) = &p.gpu
+            && !gpu.eq_ignore_ascii_case(&f.worker.hw.gpu)
+        {
+            let hw = &mut f.worker.hw;
+            hw.gpu = gpu.clone();
+            // The spec's overrides describe its own GPU, not this one.
+            (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.max_watts, hw.idle_watts) =
+                (None, None, None, None, None, None);
+        }
+        if let Some(tp) = p.tp {
+            f.worker.hw.tp = tp;
+        }
+        if let Some(over) = &p.vllm_params {
+            let toml::Value::Table(mut merged) = toml::Value::try_from(&f.worker.vllm_params).expect("serialisable")
+            else {
+                unreachable!("a struct serialises to a table")
+            };
+            merged.extend(over.clone());
+            f.worker.vllm_params = super::from_table::<VllmParams>(&merged, cx.source, &at("vllm_params"))?;
+        }
+        let gpu = resolve_gpu(cx, &f)?;
+        let tp = cx.at_least(&at("tp"), i64::from(f.worker.hw.tp), 1)?;
+        let mut worker = resolve_worker(cx, &f, model, &gpu, tp, stages, base_dir)?;
+        if worker.block_size != base.block_size {
+            return Err(cx.err(
+                &at("vllm_params.block_size"),
+                format!("{} tokens per block, but the other workers use {}", worker.block_size, base.block_size),
+                "every pool must use the same block_size (KV moves between them block by block)",
+            ));
+        }
+        (worker.event_stride, worker.publish_events, worker.report_evictions) =
+            (base.event_stride, base.publish_events, base.report_evictions);
+        *slot = Some(Pool { count, gpu, tp, worker });
+    }
+    let (Some(prefill), Some(decode)) = (prefill, decode) else {
+        return Err(cx.err(
+            &key("pools"),
+            "disaggregation needs a prefill pool and a decode pool",
+            "add [[disaggregation.pools]] with role = \"prefill\" and count, and one with role = \"decode\"",
+        ));
+    };
+    if file.router.router_params.enable_scaling {
+        return Err(cx.err(
+            "router.router_params.enable_scaling",
+            "autoscaling is not modelled with disaggregated pools",
+            "set enable_scaling = false, or size the pools in a sweep",
+        ));
+    }
+    let max_local = section.max_local_prefill_length;
+    if max_local < 0 {
+        return Err(cx.err(
+            &key("max_local_prefill_length"),
+            format!("must be ≥ 0, got {max_local}"),
+            "0 sends every prefill to the prefill pool",
+        ));
+    }
+    let max_queue = match section.max_prefill_queue_size {
+        -1 => None,
+        n if n >= 1 => Some(n as u64),
+        n => {
+            return Err(cx.err(
+                &key("max_prefill_queue_size"),
+                format!("must be -1 (no limit) or ≥ 1, got {n}"),
+                "use -1 to always send long prompts to the prefill pool",
+            ));
+        }
+    };
+    let bandwidth = cx.positive(&key("link_bandwidth_GBps"), section.link_bandwidth_GBps)?;
+    let latency = section.link_latency_usec;
+    if !(latency.is_finite() && latency >= 0.0) {
+        return Err(cx.err(&key("link_latency_usec"), format!("must be ≥ 0, got {latency}"), "e.g. 20 (µs)"));
+    }
+    Ok(Disaggregation {
+        prefill,
+        decode,
+        max_local_prefill_length: max_local as u64,
+        max_prefill_queue_size: max_queue,
+        link: DeviceConfig {
+            bandwidth_bps: bandwidth * 1e9,
+            latency: SimDuration::from_secs_f64(latency * 1e-6),
+            concurrency: u32::MAX,
+            client_bandwidth_bps: None,
+        },
+    })
+}

@@ -1,0 +1,287 @@
+//! Disaggregated prefill and decode, by hand: one request through a
+//! prefill and a decode worker, transfers sharing a link, a decode worker
+//! out of blocks, conditional disaggregation, and the TPOT it buys.
+
+use crate::{run, scenario};
+use opal::metrics::RequestRecord;
+use opal::time::SimDuration;
+
+/// Seconds → ns, rounded up, as the simulator converts step times.
+fn ns(secs: f64) -> u64 {
+    SimDuration::from_secs_f64(secs).0
+}
+
+/// Llama-3.1-8B on one H100 as the roofline (Opal's a = 4, b = 24) sees it.
+struct Llama8bH100 {
+    flops: f64,
+    bw: f64,
+    weights: f64,
+    kv: f64,
+}
+
+impl Llama8bH100 {
+    fn new() -> Self {
+        let h100 = opal::worker::presets::GpuSpec::preset("H100").unwrap();
+        let model = opal::worker::model::ModelArch::preset("llama-3.1-8b").unwrap();
+        Llama8bH100 {
+            flops: h100.tflops * 1e12,
+            bw: h100.mem_bw_tbps * 1e12,
+            weights: model.weight_bytes() as f64,
+            kv: model.kv_bytes_per_token() as f64,
+        }
+    }
+
+    /// Prefill of tokens `p..n` (32 layers, d = 4,096): Opal's a·n(n+1)·d
+    /// attention (from p: the difference) and b·d² per token.
+    fn prefill(&self, p: f64, n: f64) -> f64 {
+        let pairs = n * (n + 1.0) - p * (p + 1.0);
+        32.0 * (4.0 * 4096.0 * pairs + 24.0 * 4096.0 * 4096.0 * (n - p)) / self.flops
+    }
+
+    /// A decode step over `context` tokens of KV (weights read once).
+    fn decode(&self, context: f64) -> f64 {
+        (self.weights + self.kv * context) / self.bw
+    }
+}
+
+const POOLS: &str = r#"
+[[disaggregation.pools]]
+role = "prefill"
+count = 1
+[[disaggregation.pools]]
+role = "decode"
+count = 1
+"#;
+
+#[test]
+fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
+    let s = scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [kvc]
+        kvc_tiers = []
+        [disaggregation]
+        max_local_prefill_length = 0
+        link_bandwidth_GBps = 10
+        link_latency_usec = 20
+        {POOLS}
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        total_requests = 1
+        prompt_size = 1000
+        output_tokens = 4
+        "#
+    ));
+    let out = run(&s);
+    let m = Llama8bH100::new();
+    let r = &out.requests[0];
+    // The prefill worker: one step over the prompt yields token 1 (TTFT).
+    let ttft = ns(m.prefill(0.0, 1000.0).max(m.weights / m.bw));
+    assert_eq!(SimDuration::from_secs_f64(r.ttft_s.unwrap()).0.abs_diff(ttft), 0, "TTFT");
+    // The decode worker pulls the prompt's KV: latency + bytes / bandwidth.
+    let transfer = ns(20e-6 + 1000.0 * m.kv / 10e9);
+    let t = &out.summary.pd.kv_transfer_ms;
+    assert!((t.max - transfer as f64 / 1e6).abs() < 2e-6, "transfer {} ms vs {}", t.max, transfer as f64 / 1e6);
+    // Its first step computes token 1's KV (one token over 1,000 cached:
+    // the weights dominate) and yields token 2; then tokens 3 and 4 decode
+    // over 1,001 and 1,002 tokens.
+    let first = ns(m.prefill(1000.0, 1001.0).max(m.weights / m.bw));
+    let e2e = ttft + transfer + first + ns(m.decode(1001.0)) + ns(m.decode(1002.0));
+    let got = (r.e2e_s.unwrap() * 1e9).round() as u64;
+    assert!(got.abs_diff(e2e) <= 2, "E2E {got} ns vs {e2e} ns by hand");
+    let fd = &out.summary.pd.first_decode_ms;
+    assert!((fd.max * 1e6 - (transfer + first) as f64).abs() < 2.0, "time to first decode step");
+    // Where it ran, and what moved.
+    assert_eq!((out.summary.pd.remote_prefills, out.summary.pd.local_prefills), (1, 0));
+    assert_eq!(out.summary.pd.link_bytes, 1000 * m.kv as u64);
+    let roles: Vec<&str> = out.workers.iter().map(|w| w.role).collect();
+    assert_eq!(roles, ["prefill", "decode"]);
+    assert_eq!(out.workers[1].link_bytes, 1000 * m.kv as u64);
+    assert_eq!((out.workers[0].requests_completed, out.workers[1].requests_completed), (1, 1));
+}
+
+/// Two requests at t = 0 with distinct content, one per prefill worker,
+/// both handed to the one decode worker at the same instant.
+fn trace(dir: &std::path::Path, prompt: u32, output: u32, n: usize) -> String {
+    let lines: String = (0..n)
+        .map(|i| {
+            format!(
+                "{{\"timestamp\": 0, \"input_length\": {prompt}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
+                1000 + i
+            )
+        })
+        .collect();
+    let path = dir.join("two.jsonl");
+    std::fs::write(&path, lines).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn two_transfers_on_one_link_share_its_bandwidth_exactly() {
+    let dir = crate::temp_dir("pd-share");
+    let s = scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "RoundRobin"
+        [kvc]
+        kvc_tiers = []
+        [disaggregation]
+        max_local_prefill_length = 0
+        link_bandwidth_GBps = 10
+        link_latency_usec = 20
+        [[disaggregation.pools]]
+        role = "prefill"
+        count = 2
+        [[disaggregation.pools]]
+        role = "decode"
+        count = 1
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{}"
+        chunk_size = 2048
+        "#,
+        trace(&dir, 2000, 5, 2)
+    ));
+    let out = run(&s);
+    let m = Llama8bH100::new();
+    // Each moves 2,000 tokens of KV; together they take twice as long as one alone.
+    let bytes = 2000.0 * m.kv;
+    let shared = 20e-6 + 2.0 * bytes / 10e9;
+    let t = &out.summary.pd.kv_transfer_ms;
+    assert_eq!(out.summary.pd.remote_prefills, 2);
+    for v in [t.p50, t.max] {
+        assert!((v / 1e3 - shared).abs() < 2e-9, "{v} ms vs {} ms shared", shared * 1e3);
+    }
+}
+
+#[test]
+fn a_decode_worker_without_free_blocks_makes_the_transfer_wait() {
+    // 17 GiB GPUs at 90 %: 17 × 2³⁰ × 0.9 − 16.06 GB of weights leaves room
+    // for about 2,800 tokens of KV: one 1,500-token request, not two.
+    let dir = crate::temp_dir("pd-blocks");
+    let s = scenario(&format!(
+        r#"
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [router.router_params]
+        policy = "RoundRobin"
+        [worker.hw]
+        memory_gb = 17
+        [worker.vllm_params]
+        max_model_len = 2048
+        [kvc]
+        kvc_tiers = []
+        [disaggregation]
+        max_local_prefill_length = 0
+        link_bandwidth_GBps = 10
+        link_latency_usec = 20
+        [[disaggregation.pools]]
+        role = "prefill"
+        count = 2
+        [[disaggregation.pools]]
+        role = "decode"
+        count = 1
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{}"
+        chunk_size = 2048
+        "#,
+        trace(&dir, 1500, 20, 2)
+    ));
+    let out = run(&s);
+    let m = Llama8bH100::new();
+    let alone = 20e-6 + 1500.0 * m.kv / 10e9;
+    // Neither transfer shared the link: the second waited for blocks.
+    let t = &out.summary.pd.kv_transfer_ms;
+    assert_eq!(out.summary.pd.remote_prefills, 2);
+    for v in [t.p50, t.max] {
+        assert!((v / 1e3 - alone).abs() < 2e-9, "{v} ms vs {} ms alone", alone * 1e3);
+    }
+    // The second request's decode began only when the first had finished:
+    // its first decode step came after the first request's response.
+    let mut rs: Vec<&RequestRecord> = out.requests.iter().collect();
+    rs.sort_by(|a, b| a.e2e_s.partial_cmp(&b.e2e_s).unwrap());
+    let first_done = rs[0].arrival_s + rs[0].e2e_s.unwrap();
+    let fd = &out.summary.pd.first_decode_ms;
+    let second_first_decode = rs[1].arrival_s + rs[1].ttft_s.unwrap() + fd.max / 1e3;
+    assert!(second_first_decode > first_done + alone, "{second_first_decode} vs {first_done}");
+}
+
+#[test]
+fn conditional_disaggregation_prefills_short_prompts_on_the_decode_worker() {
+    let run_with = |prompt: u32| {
+        let s = scenario(&format!(
+            r#"
+            [model.model_params]
+            name = "llama-3.1-8b"
+            [kvc]
+            kvc_tiers = []
+            [disaggregation]
+            max_local_prefill_length = 1000
+            {POOLS}
+            [[workload.stages]]
+            type = "UniformReqRate"
+            [workload.stages.workload_params]
+            total_requests = 3
+            prompt_size = {prompt}
+            output_tokens = 4
+            "#
+        ));
+        run(&s)
+    };
+    // 1,000 uncached tokens is not more than the threshold: local.
+    let short = run_with(1000);
+    assert_eq!((short.summary.pd.remote_prefills, short.summary.pd.local_prefills), (0, 3));
+    assert_eq!(short.workers[0].requests_routed, 0, "the prefill worker saw nothing");
+    assert_eq!(short.summary.pd.link_bytes, 0);
+    // 1,001 is: remote.
+    let long = run_with(1001);
+    assert_eq!((long.summary.pd.remote_prefills, long.summary.pd.local_prefills), (3, 0));
+    assert_eq!(long.workers[0].requests_completed, 3);
+}
+
+#[test]
+fn decode_steps_without_prefill_chunks_lower_tpot_against_the_same_gpus_mixed() {
+    // 4,000-token prompts every 75 ms, 40 tokens out, on two GPUs: mixed
+    // (round-robin, so each worker starts a prefill every 150 ms) or one
+    // prefill and one decode worker.
+    let stage = r#"
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = 13.333333333333334
+        total_requests = 120
+        prompt_size = 4000
+        output_tokens = 40
+        default_prefix_length = 0
+    "#;
+    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n[router.router_params]\npolicy = \"RoundRobin\"\n[kvc]\nkvc_tiers = []\n";
+    let mixed = run(&scenario(&format!("{base}[simulation]\nnum_workers = 2\n{stage}")));
+    let pd = run(&scenario(&format!(
+        "{base}[disaggregation]\nmax_local_prefill_length = 0\nlink_bandwidth_GBps = 200\nlink_latency_usec = 20\n{POOLS}{stage}"
+    )));
+    let m = Llama8bH100::new();
+    // Mixed: a request decodes for ≥ 39 × 4.95 ms ≈ 190 ms while its worker
+    // starts the next prefill every 150 ms, so every request sits through at
+    // least one step carrying a whole 4,000-token prefill (nothing shared, so
+    // nothing cached; the longer of the two parts: ≈ 60 ms). Its TPOT is at least:
+    let stalled = (38.0 * m.decode(4000.0) + m.prefill(0.0, 4000.0)) / 39.0;
+    // Disaggregated: the decode worker gets a request every 75 ms and keeps
+    // it ≤ 8 ms of transfer + 39 steps of ≤ 5.3 ms ≈ 215 ms: at most 3 at a
+    // time, so a step is at most a decode over 3 × 4,040 tokens, and the
+    // first decode step waits at most for 3 transfers sharing the link.
+    let step = m.decode(3.0 * 4040.0);
+    let first = 20e-6 + 3.0 * 4000.0 * m.kv / 200e9 + step;
+    let bound = (first + 38.0 * step) / 39.0;
+    assert!(bound < stalled, "the bounds leave room: {bound} vs {stalled}");
+    let (tpot_mixed, tpot_pd) = (mixed.summary.tpot_ms.p99 / 1e3, pd.summary.tpot_ms.p99 / 1e3);
+    assert!(tpot_mixed >= stalled * (1.0 - 1e-3), "mixed TPOT p99 {tpot_mixed} < {stalled}");
+    assert!(tpot_pd <= bound, "disaggregated TPOT p99 {tpot_pd} > {bound}");
+    assert_eq!(pd.summary.pd.remote_prefills, 120);
+}
