@@ -45,11 +45,9 @@ impl Llama8bH100 {
 }
 
 const POOLS: &str = r#"
-[[disaggregation.pools]]
-role = "prefill"
+[disaggregation.prefill]
 count = 1
-[[disaggregation.pools]]
-role = "decode"
+[disaggregation.decode]
 count = 1
 "#;
 
@@ -133,11 +131,9 @@ fn two_transfers_on_one_link_share_its_bandwidth_exactly() {
         max_local_prefill_length = 0
         link_bandwidth_GBps = 10
         link_latency_usec = 20
-        [[disaggregation.pools]]
-        role = "prefill"
+        [disaggregation.prefill]
         count = 2
-        [[disaggregation.pools]]
-        role = "decode"
+        [disaggregation.decode]
         count = 1
         [[workload.stages]]
         type = "Trace"
@@ -180,11 +176,9 @@ fn a_decode_worker_without_free_blocks_makes_the_transfer_wait() {
         max_local_prefill_length = 0
         link_bandwidth_GBps = 10
         link_latency_usec = 20
-        [[disaggregation.pools]]
-        role = "prefill"
+        [disaggregation.prefill]
         count = 2
-        [[disaggregation.pools]]
-        role = "decode"
+        [disaggregation.decode]
         count = 1
         [[workload.stages]]
         type = "Trace"
@@ -284,4 +278,17 @@ fn decode_steps_without_prefill_chunks_lower_tpot_against_the_same_gpus_mixed() 
     assert!(tpot_mixed >= stalled * (1.0 - 1e-3), "mixed TPOT p99 {tpot_mixed} < {stalled}");
     assert!(tpot_pd <= bound, "disaggregated TPOT p99 {tpot_pd} > {bound}");
     assert_eq!(pd.summary.pd.remote_prefills, 120);
+}
+
+#[test]
+fn no_prefill_workers_means_the_decode_pool_is_mixed() {
+    let stage = "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = 20.0\ntotal_requests = 200\n";
+    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n";
+    let mixed = run(&scenario(&format!("{base}[simulation]\nnum_workers = 3\n{stage}")));
+    let zero = run(&scenario(&format!(
+        "{base}[simulation]\nnum_workers = 99\n[disaggregation.prefill]\ncount = 0\n[disaggregation.decode]\ncount = 3\n{stage}"
+    )));
+    assert_eq!(zero.event_digest, mixed.event_digest, "the same run as three mixed workers");
+    assert!(zero.workers.iter().all(|w| w.role == "mixed"));
+    assert_eq!(zero.summary.pd.remote_prefills + zero.summary.pd.local_prefills, 0);
 }

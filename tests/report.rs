@@ -93,14 +93,21 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
     let dir = setup("report-small", SPEC);
     let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("report: out/report/index.html (6 figures"), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("report: out/report/index.html (7 figures"), "{}", text(&o));
     let report = dir.join("out/report");
     let files = figure_files(&report);
-    let expected: BTreeSet<String> =
-        ["fig1-ttft-cdf", "fig2-throughput", "fig3-percentiles", "fig4-cache", "fig5-utilisation", "fig7-e2e-wait-cdf"]
-            .iter()
-            .map(|s| format!("{s}.svg"))
-            .collect();
+    let expected: BTreeSet<String> = [
+        "fig1-ttft-cdf",
+        "fig2-throughput",
+        "fig3-percentiles",
+        "fig4-cache",
+        "fig5-utilisation",
+        "fig7-e2e-wait-cdf",
+        "fig8-cost-frontier",
+    ]
+    .iter()
+    .map(|s| format!("{s}.svg"))
+    .collect();
     assert_eq!(files, expected, "SVG only unless PNGs are asked for");
     let html = std::fs::read_to_string(report.join("index.html")).unwrap();
     assert_eq!(referenced(&html), files, "the page links exactly the figure files");

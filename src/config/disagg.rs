@@ -4,7 +4,7 @@
 
 use super::error::ConfigError;
 use super::resolve::{Ctx, resolve_gpu, resolve_worker};
-use super::schema::{DisaggregationSection, SpecFile, VllmParams};
+use super::schema::{DisaggregationSection, PoolSection, SpecFile, VllmParams};
 use crate::storage::DeviceConfig;
 use crate::time::SimDuration;
 use crate::worker::WorkerConfig;
@@ -75,6 +75,64 @@ impl Disaggregation {
     }
 }
 
+/// One pool's worker: the spec's settings with the pool's GPU, TP and vLLM overrides.
+#[allow(clippy::too_many_arguments)]
+fn resolve_pool(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    p: &PoolSection,
+    at: &str,
+    model: &ModelArch,
+    stages: &[StageConfig],
+    base: &WorkerConfig,
+    base_dir: &Path,
+) -> Result<Pool, ConfigError> {
+    let key = |k: &str| format!("{at}.{k}");
+    let count = cx.at_least(&key("count"), p.count, 0)?;
+    let mut f = file.clone();
+    if let Some(gpu) = &p.gpu
+        && !gpu.eq_ignore_ascii_case(&f.worker.hw.gpu)
+    {
+        let hw = &mut f.worker.hw;
+        hw.gpu = gpu.clone();
+        // The spec's overrides describe its own GPU, not this one.
+        (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.max_watts, hw.idle_watts) =
+            (None, None, None, None, None, None);
+    }
+    if let Some(tp) = p.tp {
+        f.worker.hw.tp = tp;
+    }
+    if let Some(over) = &p.vllm_params {
+        let toml::Value::Table(mut merged) = toml::Value::try_from(&f.worker.vllm_params).expect("serialisable") else {
+            unreachable!("a struct serialises to a table")
+        };
+        merged.extend(over.clone());
+        f.worker.vllm_params = super::from_table::<VllmParams>(&merged, cx.source, &key("vllm_params"))?;
+    }
+    let gpu = resolve_gpu(cx, &f)?;
+    let tp = cx.at_least(&key("tp"), i64::from(f.worker.hw.tp), 1)?;
+    let mut worker = resolve_worker(cx, &f, model, &gpu, tp, stages, base_dir)?;
+    if worker.block_size != base.block_size {
+        return Err(cx.err(
+            &key("vllm_params.block_size"),
+            format!("{} tokens per block, but the other workers use {}", worker.block_size, base.block_size),
+            "every pool must use the same block_size (KV moves between them block by block)",
+        ));
+    }
+    (worker.event_stride, worker.publish_events, worker.report_evictions) =
+        (base.event_stride, base.publish_events, base.report_evictions);
+    Ok(Pool { count, gpu, tp, worker })
+}
+
+/// What `[disaggregation]` resolves to.
+#[derive(Clone, Debug)]
+pub(super) enum Resolved {
+    /// Two pools.
+    Pools(Box<Disaggregation>),
+    /// `prefill.count = 0`: the decode pool's workers serve requests whole.
+    Mixed(Box<Pool>),
+}
+
 /// Resolves `section` over the spec's worker settings (`base`, for the block size every pool must share).
 pub(super) fn resolve(
     cx: &Ctx<'_>,
@@ -84,70 +142,25 @@ pub(super) fn resolve(
     stages: &[StageConfig],
     base: &WorkerConfig,
     base_dir: &Path,
-) -> Result<Disaggregation, ConfigError> {
+) -> Result<Resolved, ConfigError> {
     let key = |k: &str| format!("disaggregation.{k}");
-    let mut prefill = None;
-    let mut decode = None;
-    for (i, p) in section.pools.iter().enumerate() {
-        let at = |k: &str| key(&format!("pools.{i}.{k}"));
-        let slot = match p.role.to_ascii_lowercase().as_str() {
-            "prefill" => &mut prefill,
-            "decode" => &mut decode,
-            other => {
-                return Err(cx.err(&at("role"), format!("unknown role {other:?}"), "use \"prefill\" or \"decode\""));
-            }
-        };
-        if slot.is_some() {
-            return Err(cx.err(
-                &at("role"),
-                format!("a second {} pool", p.role),
-                "give one prefill and one decode pool",
-            ));
-        }
-        let count = cx.at_least(&at("count"), p.count, 1)?;
-        // The pool's worker: the spec's settings with the pool's GPU, TP and vLLM overrides.
-        let mut f = file.clone();
-        if let Some(gpu) = &p.gpu
-            && !gpu.eq_ignore_ascii_case(&f.worker.hw.gpu)
-        {
-            let hw = &mut f.worker.hw;
-            hw.gpu = gpu.clone();
-            // The spec's overrides describe its own GPU, not this one.
-            (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.max_watts, hw.idle_watts) =
-                (None, None, None, None, None, None);
-        }
-        if let Some(tp) = p.tp {
-            f.worker.hw.tp = tp;
-        }
-        if let Some(over) = &p.vllm_params {
-            let toml::Value::Table(mut merged) = toml::Value::try_from(&f.worker.vllm_params).expect("serialisable")
-            else {
-                unreachable!("a struct serialises to a table")
-            };
-            merged.extend(over.clone());
-            f.worker.vllm_params = super::from_table::<VllmParams>(&merged, cx.source, &at("vllm_params"))?;
-        }
-        let gpu = resolve_gpu(cx, &f)?;
-        let tp = cx.at_least(&at("tp"), i64::from(f.worker.hw.tp), 1)?;
-        let mut worker = resolve_worker(cx, &f, model, &gpu, tp, stages, base_dir)?;
-        if worker.block_size != base.block_size {
-            return Err(cx.err(
-                &at("vllm_params.block_size"),
-                format!("{} tokens per block, but the other workers use {}", worker.block_size, base.block_size),
-                "every pool must use the same block_size (KV moves between them block by block)",
-            ));
-        }
-        (worker.event_stride, worker.publish_events, worker.report_evictions) =
-            (base.event_stride, base.publish_events, base.report_evictions);
-        *slot = Some(Pool { count, gpu, tp, worker });
-    }
-    let (Some(prefill), Some(decode)) = (prefill, decode) else {
-        return Err(cx.err(
-            &key("pools"),
-            "disaggregation needs a prefill pool and a decode pool",
-            "add [[disaggregation.pools]] with role = \"prefill\" and count, and one with role = \"decode\"",
-        ));
+    let missing = |which: &str| {
+        cx.err(
+            &key(which),
+            format!("disaggregation needs a [disaggregation.{which}] pool"),
+            format!("add [disaggregation.{which}] with count (and optionally gpu, tp, vllm_params)"),
+        )
     };
+    let pd = section.prefill.as_ref().ok_or_else(|| missing("prefill"))?;
+    let dd = section.decode.as_ref().ok_or_else(|| missing("decode"))?;
+    let prefill = resolve_pool(cx, file, pd, &key("prefill"), model, stages, base, base_dir)?;
+    let decode = resolve_pool(cx, file, dd, &key("decode"), model, stages, base, base_dir)?;
+    if decode.count == 0 {
+        return Err(cx.err(&key("decode.count"), "the decode pool is empty", "give it at least one worker"));
+    }
+    if prefill.count == 0 {
+        return Ok(Resolved::Mixed(Box::new(decode)));
+    }
     if file.router.router_params.enable_scaling {
         return Err(cx.err(
             "router.router_params.enable_scaling",
@@ -179,7 +192,7 @@ pub(super) fn resolve(
     if !(latency.is_finite() && latency >= 0.0) {
         return Err(cx.err(&key("link_latency_usec"), format!("must be ≥ 0, got {latency}"), "e.g. 20 (µs)"));
     }
-    Ok(Disaggregation {
+    Ok(Resolved::Pools(Box::new(Disaggregation {
         prefill,
         decode,
         max_local_prefill_length: max_local as u64,
@@ -190,5 +203,5 @@ pub(super) fn resolve(
             concurrency: u32::MAX,
             client_bandwidth_bps: None,
         },
-    })
+    })))
 }

@@ -144,8 +144,18 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
+    let mut gpu = gpu;
+    let mut tp = tp;
     let disagg = match &file.disaggregation {
-        Some(d) => Some(super::disagg::resolve(&cx, file, d, &model, &stages, &worker, base_dir)?),
+        Some(d) => match super::disagg::resolve(&cx, file, d, &model, &stages, &worker, base_dir)? {
+            super::disagg::Resolved::Pools(d) => Some(*d),
+            super::disagg::Resolved::Mixed(pool) => {
+                // No prefill pool: the decode pool's workers are mixed.
+                let pool = *pool;
+                (num_workers, gpu, tp, worker) = (pool.count, pool.gpu, pool.tp, pool.worker);
+                None
+            }
+        },
         None => None,
     };
     if let Some(d) = &disagg {

@@ -53,8 +53,10 @@ pub struct SpecFile {
 #[serde(deny_unknown_fields, default)]
 #[allow(non_snake_case)]
 pub struct DisaggregationSection {
-    /// The pools: one `role = "prefill"` and one `role = "decode"` (`[[disaggregation.pools]]`).
-    pub pools: Vec<PoolSection>,
+    /// The prefill pool (`[disaggregation.prefill]`); `count = 0` makes the decode pool's workers mixed (a sweep's baseline).
+    pub prefill: Option<PoolSection>,
+    /// The decode pool (`[disaggregation.decode]`).
+    pub decode: Option<PoolSection>,
     /// Prefill remotely only when the prompt's part not cached on the decode worker is longer than this many tokens (Dynamo's `max_local_prefill_length`).
     pub max_local_prefill_length: i64,
     /// Prefill locally when the chosen prefill worker has at least this many requests waiting; -1 = never for this reason.
@@ -68,7 +70,8 @@ pub struct DisaggregationSection {
 impl Default for DisaggregationSection {
     fn default() -> Self {
         DisaggregationSection {
-            pools: Vec::new(),
+            prefill: None,
+            decode: None,
             max_local_prefill_length: 1000,
             max_prefill_queue_size: -1,
             link_bandwidth_GBps: 50.0,
@@ -77,12 +80,10 @@ impl Default for DisaggregationSection {
     }
 }
 
-/// `[[disaggregation.pools]]`: a pool of identical workers.
+/// `[disaggregation.prefill]`, `[disaggregation.decode]`: a pool of identical workers.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolSection {
-    /// `prefill` or `decode`.
-    pub role: String,
     /// Workers in the pool.
     pub count: i64,
     /// The pool's GPU (default: `worker.hw.gpu`).

@@ -983,6 +983,122 @@ fn sc25(data: &SweepData) -> Result<Figure, String> {
     })
 }
 
+// ---------------------------------------------------------------- figure 8
+
+/// The points no other point beats on both coordinates (lower is better),
+/// by increasing x: scanning by cost, a point is on the frontier when it is
+/// faster than every cheaper one.
+fn pareto(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    let mut sorted = points.to_vec();
+    sorted.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut frontier: Vec<(f64, f64)> = Vec::new();
+    for q in sorted {
+        if frontier.last().is_none_or(|l| q.1 < l.1) {
+            frontier.push(q);
+        }
+    }
+    frontier
+}
+
+/// Cost (dollars per million output tokens, or joules per output token
+/// without prices) against TTFT p99, one marker per grid point (mean over
+/// replicates), coloured by the first axis, with the Pareto frontier: the
+/// points no other point beats on both.
+fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
+    let pick = |col: &str| -> Vec<Option<(f64, f64)>> {
+        data.points
+            .iter()
+            .map(|p| {
+                let x = mean_ci(&p.samples(col))?.0;
+                let y = mean_ci(&p.samples("ttft_p99_ms"))?.0;
+                (x.is_finite() && y.is_finite() && x > 0.0 && y > 0.0).then_some((x, y))
+            })
+            .collect()
+    };
+    let dollars = pick("usd_per_m_output_tokens");
+    let (xy, x_desc, what) = if dollars.iter().flatten().count() >= 2 {
+        (
+            dollars,
+            "dollars per million output tokens",
+            "dollars per million output tokens (at the spec's usd_per_gpu_hour)",
+        )
+    } else {
+        (
+            pick("joules_per_output_token"),
+            "joules per output token",
+            "joules per output token (no usd_per_gpu_hour given)",
+        )
+    };
+    let known: Vec<(f64, f64)> = xy.iter().flatten().copied().collect();
+    if known.len() < 2 {
+        return Err("fewer than two grid points with a cost and a TTFT p99".into());
+    }
+    let f = facets(data);
+    let n = f.lines.len();
+    let mut lines: Vec<Line> = (0..n)
+        .map(|i| Line {
+            color: color(i, n),
+            stroke: Stroke::None,
+            points: Vec::new(),
+            band: Vec::new(),
+            errors: Vec::new(),
+            marker: Some(Marker::nth(i)),
+        })
+        .collect();
+    for (pi, p) in data.points.iter().enumerate() {
+        if let Some(q) = xy[pi] {
+            let line = if data.axes.is_empty() { 0 } else { p.at[0] };
+            lines[line].points.push(q);
+        }
+    }
+    let frontier = pareto(&known);
+    let mut legend = line_keys(data, &f);
+    for (k, key) in legend.iter_mut().enumerate() {
+        (key.stroke, key.marker) = (Stroke::None, Some(Marker::nth(k)));
+    }
+    legend.push(Key { label: "Pareto frontier".into(), color: BLACK, stroke: Stroke::Dashed, marker: None });
+    lines.retain(|l| !l.points.is_empty());
+    lines.push(Line {
+        color: BLACK,
+        stroke: Stroke::Dashed,
+        points: frontier,
+        band: Vec::new(),
+        errors: Vec::new(),
+        marker: None,
+    });
+    let (lo, hi) = known.iter().fold((f64::INFINITY, 0.0f64), |(a, b), q| (a.min(q.0), b.max(q.0)));
+    let mut lf = LineFigure {
+        legend_title: legend_title(data),
+        legend,
+        panels: vec![Panel {
+            title: String::new(),
+            x_desc: x_desc.into(),
+            y_desc: "TTFT p99 (ms)".into(),
+            x_log: hi / lo > 100.0,
+            y_log: false,
+            quantity: 0,
+            x_range: None,
+            y_range: None,
+            x_categories: None,
+            lines,
+            empty_note: "no grid point has both numbers",
+        }],
+        columns: 1,
+        panel_size: (900, 560),
+    };
+    harmonise(&mut lf);
+    Ok(Figure {
+        stem: "fig8-cost-frontier",
+        title: "What TTFT p99 costs".into(),
+        caption: format!(
+            "Each marker is a grid point: mean over its successful replicates of {what} against TTFT p99. The \
+             dashed line joins the Pareto frontier — the points that no other point beats on both cost and \
+             TTFT p99; everything above and right of it costs more for a slower tail."
+        ),
+        body: Body::Lines(lf),
+    })
+}
+
 // ---------------------------------------------------------------- drawing
 
 const TITLE_H: u32 = 44;
@@ -1524,6 +1640,7 @@ pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, Report
             (5, "utilisation over time", utilisation(data)),
             (6, "SC25 cold vs warm", sc25(data)),
             (7, "E2E and queue-wait CDFs", e2e_and_wait_cdf(data)),
+            (8, "cost vs TTFT p99", cost_frontier(data)),
         ];
         for (n, what, f) in candidates {
             match f.and_then(without_degenerate_panels) {
@@ -1713,6 +1830,13 @@ mod tests {
         let only_dots = LineFigure { panels: vec![panel(0, vec![(0.0, 1.0)])], ..lines };
         let f = Figure { stem: "x", title: String::new(), caption: String::new(), body: Body::Lines(only_dots) };
         assert!(without_degenerate_panels(f).is_err());
+    }
+
+    #[test]
+    fn the_pareto_frontier_keeps_what_nothing_beats_on_both() {
+        // (cost, p99): (2, 50) beats (3, 60); (1, 100) and (4, 10) are extremes; (2, 80) loses to (2, 50).
+        let pts = [(3.0, 60.0), (1.0, 100.0), (2.0, 80.0), (2.0, 50.0), (4.0, 10.0), (5.0, 10.0)];
+        assert_eq!(pareto(&pts), [(1.0, 100.0), (2.0, 50.0), (4.0, 10.0)]);
     }
 
     #[test]
