@@ -309,6 +309,11 @@ impl<'a> Cluster<'a> {
     fn gauges(&self) -> Gauges {
         Gauges {
             queue_depth: self.workers.iter().map(|w| w.waiting() as u64).sum(),
+            queue_depth_prefill: self
+                .scenario
+                .disagg
+                .as_ref()
+                .map_or(0, |d| self.workers[..d.prefill.count as usize].iter().map(|w| w.waiting() as u64).sum()),
             running: self.workers.iter().map(|w| w.running() as u64).sum(),
             active_workers: self.workers.len() as u32,
             used_blocks: self.workers.iter().map(Worker::used_blocks).sum(),

@@ -292,3 +292,36 @@ fn no_prefill_workers_means_the_decode_pool_is_mixed() {
     assert!(zero.workers.iter().all(|w| w.role == "mixed"));
     assert_eq!(zero.summary.pd.remote_prefills + zero.summary.pd.local_prefills, 0);
 }
+
+#[test]
+fn the_time_series_tells_the_prefill_pools_queue_from_the_rest() {
+    let dir = crate::temp_dir("pd-queue");
+    let s = scenario(&format!(
+        r#"
+        [simulation]
+        time_series_interval_sec = 0.01
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [kvc]
+        kvc_tiers = []
+        [disaggregation]
+        max_local_prefill_length = 0
+        {POOLS}
+        [[workload.stages]]
+        type = "Trace"
+        [workload.stages.workload_params]
+        trace_file = "{}"
+        chunk_size = 2048
+        "#,
+        trace(&dir, 2000, 30, 20)
+    ));
+    let out = run(&s);
+    // 20 prompts at t = 0 on one prefill worker: at 10 ms most still wait
+    // there, and nothing waits on the decode worker yet.
+    let first = &out.series[0];
+    assert!(first.queue_depth_prefill > 10, "{first:?}");
+    assert_eq!(first.queue_depth_prefill, first.queue_depth);
+    assert!(out.series.iter().all(|r| r.queue_depth_prefill <= r.queue_depth));
+    // Later, prompts wait for the decode worker's blocks or batch instead.
+    assert!(out.series.iter().any(|r| r.queue_depth > r.queue_depth_prefill));
+}

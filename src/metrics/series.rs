@@ -27,6 +27,8 @@ pub struct IntervalRow {
     pub ttft_p99_ms: f64,
     /// Requests waiting (not yet running) at the interval end, all workers.
     pub queue_depth: u64,
+    /// Of those, waiting on the prefill pool (0 without disaggregation).
+    pub queue_depth_prefill: u64,
     /// Requests in running batches at the interval end.
     pub running: u64,
     /// Workers at the interval end.
@@ -51,6 +53,8 @@ pub struct IntervalRow {
 pub struct Gauges {
     /// Waiting requests.
     pub queue_depth: u64,
+    /// Of those, waiting on the prefill pool.
+    pub queue_depth_prefill: u64,
     /// Running requests.
     pub running: u64,
     /// Workers.
@@ -169,6 +173,7 @@ impl TimeSeries {
         let (p50, p99) = percentiles(&mut self.ttft_ms);
         let row = self.row(i);
         row.queue_depth = g.queue_depth;
+        row.queue_depth_prefill = g.queue_depth_prefill;
         row.running = g.running;
         row.active_workers = g.active_workers;
         // Worker-time of the interval for now; divided into the busy time in `finish`.
