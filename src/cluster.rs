@@ -1085,6 +1085,10 @@ impl Model for Cluster<'_> {
     type Event = Event;
 
     fn handle(&mut self, now: SimTime, event: Event, sched: &mut Scheduler<'_, Event>) {
+        if self.fatal.is_some() {
+            // The run has failed (e.g. in `advance_to`): nothing more happens.
+            return;
+        }
         match event {
             Event::Arrival(stage) => self.on_arrival(now, stage, sched),
             Event::StepEnd { worker, version } => self.on_step_end(now, worker, version, sched),

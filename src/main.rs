@@ -320,6 +320,30 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         );
     });
     let started = std::time::Instant::now();
+    let spec = opal::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
+    if let Some(search) = opal::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+        let report = opal::sweep::search::run_search(&spec, &plan, &search, &opts, &STOP)
+            .map_err(|e| Failure::Run(e.to_string()))?;
+        if !args.quiet {
+            out(&opal::report::text::search_table(&report));
+        }
+        let place = if report.runs.merged.is_some() {
+            format!("results: {}", output.display())
+        } else {
+            format!("parts in {} (opal-sweep merge when every shard is done)", output.display())
+        };
+        out(&format!(
+            "{} probes ({} runs, {} failed) in {:.2} s\n{place}\n",
+            report.probes(),
+            report.runs.executed,
+            report.runs.failures.len(),
+            started.elapsed().as_secs_f64()
+        ));
+        if plan.report && report.runs.merged.is_some() {
+            auto_report(&output);
+        }
+        return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
     let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
     let wall = started.elapsed().as_secs_f64();
     if !report.dropped.is_empty() {

@@ -12,6 +12,7 @@ mod readme;
 mod report;
 mod router;
 mod scenarios;
+mod search;
 mod shipped;
 mod signals;
 mod sweep;

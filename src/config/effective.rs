@@ -74,7 +74,7 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
         *p = absolute(p);
     }
     let mut table = toml::Table::try_from(&f).map_err(|e| e.to_string())?;
-    for key in ["sweep", "grid", "zip"] {
+    for key in ["sweep", "grid", "zip", "search"] {
         table.remove(key);
     }
     // Each stage's parameters with their type's defaults.

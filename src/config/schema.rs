@@ -24,6 +24,9 @@ pub struct SpecFile {
     /// Groups of paths varied together (each group is one axis; its lists have equal length).
     #[serde(default)]
     pub zip: Vec<toml::Table>,
+    /// Search, per grid point, for the largest (or smallest) value of one parameter that meets an SLO.
+    #[serde(default)]
+    pub search: Option<SearchSection>,
     /// Run length, seed and cluster size.
     #[serde(default)]
     pub simulation: SimulationSection,
@@ -45,6 +48,45 @@ pub struct SpecFile {
     /// Prefill and decode on separate worker pools (absent: every worker does both).
     #[serde(default)]
     pub disaggregation: Option<DisaggregationSection>,
+}
+
+/// `[search]`: per grid point, the largest (or smallest) value of one
+/// parameter whose runs meet every SLO constraint.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSection {
+    /// The searched parameter, a dotted scenario path (e.g. `workload.stages.0.workload_params.request_rate`).
+    pub parameter: String,
+    /// Smallest value searched.
+    pub min: f64,
+    /// Largest value searched.
+    pub max: f64,
+    /// `maximize` (the largest value meeting the SLO, e.g. a rate) or `minimize` (the smallest, e.g. a worker count).
+    #[serde(default = "default_direction")]
+    pub direction: String,
+    /// Constraints on runs-table columns, all to hold, e.g. `["ttft_p99_ms <= 2000", "tpot_p99_ms <= 50"]`.
+    pub slo: Vec<String>,
+    /// Stop bisecting when the bracket is narrower than this share of the value (integers: when it is 1 wide).
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f64,
+    /// Search whole numbers (default: when the parameter's value in the scenario is an integer).
+    #[serde(default)]
+    pub integer: Option<bool>,
+    /// Most probes per grid point.
+    #[serde(default = "default_max_probes")]
+    pub max_probes: u32,
+}
+
+fn default_direction() -> String {
+    "maximize".into()
+}
+
+fn default_tolerance() -> f64 {
+    0.01
+}
+
+fn default_max_probes() -> u32 {
+    40
 }
 
 /// `[disaggregation]`: prefill and decode on separate worker pools (Dynamo,

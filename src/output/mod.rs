@@ -110,6 +110,11 @@ pub enum AxisValue {
 }
 
 impl AxisValue {
+    /// The value as a table cell.
+    pub fn cell_of(&self) -> Cell<'_> {
+        self.cell()
+    }
+
     fn cell(&self) -> Cell<'_> {
         match self {
             AxisValue::Int(v) => Cell::I64(*v),
@@ -575,6 +580,21 @@ fn writer_props(kind: FileKind) -> WriterProperties {
         FileKind::Part => Compression::UNCOMPRESSED,
     };
     WriterProperties::builder().set_compression(compression).set_max_row_group_row_count(Some(65_536)).build()
+}
+
+/// Writes one batch to `path` atomically (a final table).
+pub fn write_batch(path: &Path, batch: RecordBatch) -> Result<(), OutputError> {
+    write_atomic(path, FileKind::Final, batch.schema(), std::iter::once(Ok(batch)))
+}
+
+/// Writes a small table (`rows` of `columns`) to `path` atomically.
+pub fn write_rows(path: &Path, columns: &[(String, ColType)], rows: &[Vec<Cell<'_>>]) -> Result<(), OutputError> {
+    let mut b = TableBuilder::new(columns);
+    for r in rows {
+        b.push(r);
+    }
+    let batch = b.finish();
+    write_atomic(path, FileKind::Final, batch.schema(), std::iter::once(Ok(batch)))
 }
 
 /// Writes `batches` to `path` atomically (temporary file, then rename).

@@ -149,6 +149,10 @@ pub struct SweepData {
     pub sc25: Option<BTreeMap<u32, Vec<Sc25Size>>>,
     /// Stage rows per run id, when the stages table was written.
     pub stages: Option<BTreeMap<u32, Vec<StageRun>>>,
+    /// For a search: the SLO (the searched parameter is the last axis).
+    pub search: Option<Vec<crate::sweep::search::Constraint>>,
+    /// For a search: it minimises.
+    pub search_min: bool,
 }
 
 fn rerr(path: &Path, msg: impl std::fmt::Display) -> ReportError {
@@ -338,6 +342,18 @@ impl SweepData {
             series,
             sc25,
             stages,
+            search_min: manifest.get("search").and_then(|s| s.get("maximize")).and_then(|v| v.as_bool()) == Some(false),
+            search: manifest.get("search").and_then(|s| s.get("slo")).and_then(|v| v.as_array()).map(|a| {
+                a.iter()
+                    .filter_map(|c| {
+                        Some(crate::sweep::search::Constraint {
+                            metric: c.get("metric")?.as_str()?.to_string(),
+                            at_most: c.get("at_most")?.as_bool()?,
+                            value: c.get("value")?.as_f64()?,
+                        })
+                    })
+                    .collect()
+            }),
         })
     }
 

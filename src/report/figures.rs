@@ -1099,6 +1099,130 @@ fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
     })
 }
 
+// ---------------------------------------------------------------- figure 9
+
+/// A search: each SLO metric against the searched value (the last axis),
+/// one line per grid point through its probes (means over replicates), the
+/// SLO threshold dashed, and each grid point's answer — its best probe that
+/// met every constraint with 95 % confidence — marked.
+fn search_figure(data: &SweepData) -> Result<Figure, String> {
+    const NOT_A_SEARCH: &str = "only for searches ([search] in the spec)";
+    let Some(slo) = &data.search else { return Err(NOT_A_SEARCH.into()) };
+    let Some(x_axis) = data.axes.len().checked_sub(1) else { return Err(NOT_A_SEARCH.into()) };
+    // Grid points: the values of the other axes.
+    let mut groups: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+    for (i, p) in data.points.iter().enumerate() {
+        let key = p.at[..x_axis].to_vec();
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, m)) => m.push(i),
+            None => groups.push((key, vec![i])),
+        }
+    }
+    let n = groups.len();
+    let x_of = |p: &Point| data.axes[x_axis].numbers[p.at[x_axis]];
+    let passes = |i: usize| {
+        let p = &data.points[i];
+        !p.runs.is_empty() && p.runs.len() == p.total_runs && slo.iter().all(|c| c.holds(&p.samples(&c.metric)))
+    };
+    let found: Vec<Option<usize>> = groups
+        .iter()
+        .map(|(_, members)| {
+            let by_x = |a: &usize, b: &usize| x_of(&data.points[*a]).total_cmp(&x_of(&data.points[*b]));
+            let passing = members.iter().copied().filter(|&i| passes(i));
+            if data.search_min { passing.min_by(by_x) } else { passing.max_by(by_x) }
+        })
+        .collect();
+    let xs: Vec<f64> = data.points.iter().map(x_of).collect();
+    let (lo, hi) = xs.iter().fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    let mut panels = Vec::new();
+    for c in slo {
+        let mut lines: Vec<Line> = groups
+            .iter()
+            .enumerate()
+            .map(|(g, (_, members))| {
+                let mut pts: Vec<(f64, f64)> = members
+                    .iter()
+                    .filter_map(|&i| {
+                        let p = &data.points[i];
+                        Some((x_of(p), mean_ci(&p.samples(&c.metric))?.0))
+                    })
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Line {
+                    color: color(g, n),
+                    stroke: Stroke::nth(g),
+                    points: pts,
+                    band: Vec::new(),
+                    errors: Vec::new(),
+                    marker: Some(Marker::Circle),
+                }
+            })
+            .collect();
+        for (g, f) in found.iter().enumerate() {
+            if let Some(i) = *f
+                && let Some((m, _)) = mean_ci(&data.points[i].samples(&c.metric))
+            {
+                lines.push(Line {
+                    color: color(g, n),
+                    stroke: Stroke::None,
+                    points: vec![(x_of(&data.points[i]), m)],
+                    band: Vec::new(),
+                    errors: Vec::new(),
+                    marker: Some(Marker::Cross),
+                });
+            }
+        }
+        lines.push(Line {
+            color: BLACK,
+            stroke: Stroke::Dashed,
+            points: vec![(lo, c.value), (hi, c.value)],
+            band: Vec::new(),
+            errors: Vec::new(),
+            marker: None,
+        });
+        panels.push(Panel {
+            title: c.to_string(),
+            x_desc: data.axes[x_axis].label.clone(),
+            y_desc: c.metric.clone(),
+            x_log: lo > 0.0 && hi / lo > 100.0,
+            y_log: false,
+            // Each constraint is its own quantity.
+            quantity: panels.len(),
+            x_range: None,
+            y_range: None,
+            x_categories: None,
+            lines,
+            empty_note: "no probe succeeded",
+        });
+    }
+    let others: Vec<usize> = (0..x_axis).collect();
+    let mut legend: Vec<Key> = groups
+        .iter()
+        .enumerate()
+        .map(|(g, (_, members))| Key {
+            label: if others.is_empty() { "probes".into() } else { data.label(&data.points[members[0]], &others) },
+            color: color(g, n),
+            stroke: Stroke::nth(g),
+            marker: Some(Marker::Circle),
+        })
+        .collect();
+    legend.push(Key { label: "answer".into(), color: BLACK, stroke: Stroke::None, marker: Some(Marker::Cross) });
+    legend.push(Key { label: "SLO".into(), color: BLACK, stroke: Stroke::Dashed, marker: None });
+    let columns = panels.len().min(2);
+    let mut lf = LineFigure { legend_title: String::new(), legend, panels, columns, panel_size: (640, 420) };
+    harmonise(&mut lf);
+    Ok(Figure {
+        stem: "fig9-search",
+        title: format!("Search: the SLO against {}", data.axes[x_axis].label),
+        caption: "Each line is a grid point's probes (means over replicates), in the order of the searched value; \
+                  the dashed line is the SLO threshold; the cross is the grid point's answer — its best probe that \
+                  met every constraint with 95 % confidence (so it can sit below a threshold the mean alone \
+                  would cross)."
+            .into(),
+        body: Body::Lines(lf),
+    })
+}
+
 // ---------------------------------------------------------------- drawing
 
 const TITLE_H: u32 = 44;
@@ -1626,26 +1750,35 @@ pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, Report
         skipped.push("No figures: no run succeeded.".into());
     } else {
         let total_panels = facets(data).total_panels;
-        if total_panels > MAX_PANELS {
+        if total_panels > MAX_PANELS && data.search.is_none() {
             skipped.push(format!(
                 "Figures 1, 2, 5 and 7 draw the first {MAX_PANELS} of {total_panels} panels (combinations of the axes \
                  after the first); vary fewer axes together, or read the tables, for the rest."
             ));
         }
+        // A search's probes are not grid points: per-point distributions
+        // and time series over them would be noise (figure 9 draws them).
+        let per_point = |f: Result<Figure, String>| match data.search {
+            Some(_) => Err("a search's probes are drawn in figure 9".to_string()),
+            None => f,
+        };
         let candidates = [
-            (1, "TTFT CDF", ttft_cdf(data)),
-            (2, "throughput over time", throughput(data)),
+            (1, "TTFT CDF", per_point(ttft_cdf(data))),
+            (2, "throughput over time", per_point(throughput(data))),
             (3, "percentiles", percentiles(data)),
             (4, "cache hits and storage traffic", cache_bars(data)),
-            (5, "utilisation over time", utilisation(data)),
+            (5, "utilisation over time", per_point(utilisation(data))),
             (6, "SC25 cold vs warm", sc25(data)),
-            (7, "E2E and queue-wait CDFs", e2e_and_wait_cdf(data)),
+            (7, "E2E and queue-wait CDFs", per_point(e2e_and_wait_cdf(data))),
             (8, "cost vs TTFT p99", cost_frontier(data)),
+            (9, "search", search_figure(data)),
         ];
         for (n, what, f) in candidates {
             match f.and_then(without_degenerate_panels) {
                 Ok(f) => figures.push((n, f)),
-                Err(why) if why == NOT_APPLICABLE => not_applicable.push(format!("Figure {n} ({what}): {why}.")),
+                Err(why) if why == NOT_APPLICABLE || why.starts_with("only for searches") => {
+                    not_applicable.push(format!("Figure {n} ({what}): {why}."))
+                }
                 Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
             }
         }
@@ -1725,6 +1858,8 @@ mod tests {
             series: Some(series.into_iter().collect()),
             sc25: None,
             stages: None,
+            search: None,
+            search_min: false,
         };
         let rate = SeriesMetric {
             title: "",

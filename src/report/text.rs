@@ -162,6 +162,39 @@ pub fn stage_table(rows: &[crate::metrics::StageRow]) -> String {
     out
 }
 
+/// A search's answers, one line per grid point.
+pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
+    let s = &r.spec;
+    let what = if s.maximize { "largest" } else { "smallest" };
+    let slo = s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let mut out = format!("{what} {} meeting {slo}:\n", s.parameter);
+    let _ = write!(out, "{:>6}  {:>12}  {:<12}{:>8}", "point", "found", "status", "probes");
+    for c in &s.slo {
+        let _ = write!(out, "  {:>14}", c.metric);
+    }
+    out.push_str("  axis values\n");
+    for (id, desc, st) in &r.points {
+        let found = st.answer(s);
+        let _ = write!(
+            out,
+            "{id:>6}  {:>12}  {:<12}{:>8}",
+            found.map_or(MISSING.to_string(), |v| format!("{v:.4}")
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_string()),
+            st.status.map_or("interrupted", crate::sweep::search::Status::name),
+            st.probes.len()
+        );
+        let at = found.and_then(|v| st.probes.iter().find(|p| p.pass && p.value == v));
+        for i in 0..s.slo.len() {
+            let v = at.map_or(f64::NAN, |p| p.means[i]);
+            let _ = write!(out, "  {:>14}", if v.is_nan() { MISSING.to_string() } else { format!("{v:.2}") });
+        }
+        let _ = writeln!(out, "  {desc}");
+    }
+    out
+}
+
 /// Cold vs warm TTFT per prompt size of an `SC25Workload` stage.
 pub fn sc25_table(rows: &[crate::metrics::Sc25Row]) -> String {
     let mut out = format!(

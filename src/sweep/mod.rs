@@ -18,6 +18,7 @@
 
 pub mod lock;
 pub mod runner;
+pub mod search;
 
 use crate::config::{ConfigError, ErrorKind, Scenario, Spec, closest, resolve, spec_from_table};
 use crate::engine::Fnv64;
@@ -152,7 +153,7 @@ impl SweepPlan {
     }
 }
 
-const SWEEP_KEYS: [&str; 3] = ["sweep", "grid", "zip"];
+const SWEEP_KEYS: [&str; 4] = ["sweep", "grid", "zip", "search"];
 
 /// Sets `path` (dotted; numeric segments index lists) in `table` to
 /// `value`, creating missing tables on the way.
@@ -500,6 +501,9 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         for (p, vals) in a.paths.iter().zip(&a.values) {
             canonical.push_str(&format!("axis {p} = {}\n", toml::Value::Array(vals.clone())));
         }
+    }
+    if let Some(s) = &spec.file.search {
+        canonical.push_str(&format!("search = {}\n", toml::to_string(s).unwrap_or_default().replace('\n', "; ")));
     }
     canonical.push_str(&toml::to_string(&scenario_table).unwrap_or_default());
     let scenario_with_defaults = crate::config::effective::effective_table(&base_file, None, &base_dir)

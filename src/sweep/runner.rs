@@ -184,7 +184,7 @@ pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     })
 }
 
-fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
+pub(crate) fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
     let started = Instant::now();
     let outcome = run_scenario(&run)
         .map_err(RunError::Failed)
@@ -502,6 +502,157 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     Ok(report)
 }
 
+/// Executes and writes the runs of a search, round by round (see
+/// [`crate::sweep::search`]): the same directory handling, part files and
+/// merge as a sweep.
+pub struct SearchWriter {
+    layout: Layout,
+    buffer: PartBuffer,
+    tables: crate::output::TableSet,
+    sharded: bool,
+    shard_tag: String,
+    seq: u32,
+    pool: rayon::ThreadPool,
+    run_opts: (bool, bool),
+    report: SweepReport,
+}
+
+impl SearchWriter {
+    /// Prepares the output directory (a search cannot resume: its probes
+    /// depend on each other) and writes the manifest.
+    pub fn start(
+        base: &SweepPlan,
+        tables: crate::output::TableSet,
+        search: serde_json::Value,
+        opts: &RunnerOptions,
+    ) -> Result<SearchWriter, SweepError> {
+        if opts.resume {
+            return Err(SweepError(
+                "a search cannot resume (each probe depends on the ones before)\n  fix: run it again with --overwrite"
+                    .into(),
+            ));
+        }
+        let layout = Layout { dir: opts.output.clone() };
+        prepare_dir(base, opts, &layout)?;
+        let sharded = opts.shard.is_some_and(|s| s.count > 1);
+        let mut m = manifest(base, opts.shard.filter(|_| sharded));
+        m["tables"] = serde_json::json!(tables.tables.iter().map(|t| t.name()).collect::<Vec<_>>());
+        // The report's axes: the grid's and the searched value (probe and search_step are columns only).
+        let axes: Vec<&String> =
+            tables.axis_columns.iter().map(|(p, _)| p).take(tables.axis_columns.len() - 2).collect();
+        m["axes"] = serde_json::json!(axes);
+        m["runs"] = serde_json::Value::Null;
+        m["search"] = search;
+        match opts.shard.filter(|_| sharded) {
+            Some(s) => {
+                std::fs::create_dir_all(layout.parts_dir())
+                    .map_err(|e| SweepError(format!("{}: {e}", layout.parts_dir().display())))?;
+                write_json_atomic(
+                    &layout.parts_dir().join(format!("manifest.shard-{}-of-{}.json", s.index, s.count)),
+                    &m,
+                )?;
+            }
+            None => write_json_atomic(&layout.dir.join("manifest.json"), &m)?,
+        }
+        let threads = threads_for(opts.jobs, usize::MAX);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
+        Ok(SearchWriter {
+            layout,
+            buffer: PartBuffer::new(tables.clone()),
+            run_opts: (tables.tables.contains(&TableKind::Requests), false),
+            tables,
+            sharded,
+            shard_tag: opts
+                .shard
+                .filter(|_| sharded)
+                .map_or_else(|| "all".into(), |s| format!("s{}of{}", s.index, s.count)),
+            seq: 0,
+            pool,
+            report: SweepReport::default(),
+        })
+    }
+
+    /// Runs `runs` in parallel (each with its axis values); results in the same order.
+    pub fn execute(
+        &mut self,
+        runs: &[(RunPlan<'_>, Vec<crate::output::AxisValue>)],
+        stop: &AtomicBool,
+    ) -> Result<Vec<RunResult>, SweepError> {
+        let opts =
+            RunOptions { request_records: self.run_opts.0, profile_routing: false, stop: Some(stop), progress: None };
+        let results: Vec<RunResult> = self.pool.install(|| {
+            runs.par_iter()
+                .with_max_len(1)
+                .map(|(run, axes)| RunResult { axes: axes.clone(), ..execute(*run, &opts) })
+                .collect()
+        });
+        for r in &results {
+            self.report.executed += 1;
+            match &r.outcome {
+                Err(RunError::Interrupted { .. }) => self.report.interrupted_runs.push(r.meta.run_id),
+                Err(e) => self.report.failures.push((r.meta.run_id, e.to_string())),
+                Ok(_) => {}
+            }
+        }
+        Ok(results)
+    }
+
+    /// Writes a round's results as a part file.
+    pub fn flush(&mut self, results: Vec<RunResult>) -> Result<(), SweepError> {
+        for r in results {
+            self.buffer.add(r);
+        }
+        self.seq += 1;
+        let pid = std::process::id();
+        self.buffer.flush(&self.layout, &format!("{}.{pid}-{:05}", self.shard_tag, self.seq)).map_err(SweepError::from)
+    }
+
+    /// Merges the parts into the tables (unless sharded: `merge` does that).
+    pub fn finish(mut self) -> Result<SweepReport, SweepError> {
+        if !self.sharded {
+            self.report.merged = Some(merge(&self.layout, &self.tables.tables)?);
+        }
+        self.report.total = self.report.executed;
+        Ok(self.report)
+    }
+}
+
+/// A sharded search's per-shard `search.parquet` parts into one table,
+/// sorted by grid point (nothing to do for a sweep).
+fn merge_search_parts(layout: &Layout) -> Result<(), SweepError> {
+    let Ok(entries) = std::fs::read_dir(layout.parts_dir()) else { return Ok(()) };
+    let mut parts: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("search.s") && n.ends_with(".parquet"))
+        })
+        .collect();
+    if parts.is_empty() {
+        return Ok(());
+    }
+    parts.sort();
+    let mut batches = Vec::new();
+    for p in &parts {
+        batches.extend(crate::output::read_table(p)?);
+    }
+    let schema = batches[0].schema();
+    let all = arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| SweepError(e.to_string()))?;
+    let ids = crate::output::f64_column(&all, "point_id").unwrap_or_default();
+    let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
+    order.sort_by(|&a, &b| ids[a as usize].partial_cmp(&ids[b as usize]).unwrap_or(std::cmp::Ordering::Equal));
+    let sorted = arrow_select::take::take_record_batch(&all, &arrow_array::UInt32Array::from(order))
+        .map_err(|e| SweepError(e.to_string()))?;
+    crate::output::write_batch(&layout.dir.join("search.parquet"), sorted)?;
+    for p in &parts {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
 /// Merges the part files of a (sharded) sweep directory into its tables and
 /// writes its manifest.
 pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
@@ -525,6 +676,7 @@ pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
         .ok_or_else(|| SweepError(format!("{}: manifest lacks its table list", dir.display())))?;
     let layout = Layout { dir: dir.to_path_buf() };
     let report = merge(&layout, &tables)?;
+    merge_search_parts(&layout)?;
     let mut m = first.clone();
     m["shard"] = serde_json::Value::Null;
     write_json_atomic(&dir.join("manifest.json"), &m)?;

@@ -1,0 +1,163 @@
+//! `[search]`: answers known analytically or by a direct sweep, and the
+//! same answers at any thread count or shard split.
+
+use crate::sweep::read;
+use opal::sweep::runner::{RunnerOptions, Shard, merge_dir};
+use opal::sweep::search::{Status, run_search, search_spec};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+/// One worker, one request per step (`max_num_seqs = 1`, one output token),
+/// a fixed 1 s step: an M/D/1 queue. `{SEARCH}` and `{REQUESTS}` are filled in.
+const MD1: &str = r#"
+[sweep]
+name = "s"
+tables = ["runs"]
+time_series_interval_sec = 10.0
+[model.model_params]
+name = "llama-3.1-8b"
+[router.router_params]
+policy = "LeastLoaded"
+[worker.inference_params]
+model = "synthetic"
+mean_latency_secs = 1.0
+[worker.vllm_params]
+max_num_seqs = 1
+[kvc]
+kvc_tiers = []
+[[workload.stages]]
+type = "ExponentialReqRate"
+[workload.stages.workload_params]
+request_rate = 0.5
+total_requests = {REQUESTS}
+prompt_size = 100
+output_tokens = 1
+default_prefix_length = 0
+{SEARCH}
+"#;
+
+fn search_in(dir: &Path, text: &str, jobs: Option<usize>, shard: Option<Shard>) -> opal::sweep::search::SearchReport {
+    std::fs::write(dir.join("spec.toml"), text).unwrap();
+    let spec = opal::config::load_spec(&dir.join("spec.toml")).unwrap_or_else(|e| panic!("{e}"));
+    let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{e}"));
+    let s = search_spec(&spec).unwrap().expect("a search");
+    let opts = RunnerOptions {
+        output: dir.join("out"),
+        jobs,
+        shard,
+        resume: false,
+        overwrite: shard.is_none_or(|s| s.index == 0),
+        progress: false,
+    };
+    run_search(&spec, &plan, &s, &opts, &AtomicBool::new(false)).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_largest_rate_meeting_a_mean_wait_equals_pollaczek_khinchine() {
+    let dir = crate::temp_dir("search-md1");
+    let text = MD1.replace("{REQUESTS}", "50000").replace(
+        "{SEARCH}",
+        "[search]\nparameter = \"workload.stages.0.workload_params.request_rate\"\nmin = 0.2\nmax = 0.99\nslo = [\"queue_wait_mean_ms <= 1000\"]\ntolerance = 0.02\n",
+    );
+    let r = search_in(&dir, &text, None, None);
+    // M/D/1 with service D: Wq = λD² / (2(1 − λD)); Wq = W at λ = 2W / (D² + 2WD).
+    let (d, w) = (1.0, 1.0);
+    let exact = 2.0 * w / (d * d + 2.0 * w * d);
+    let (_, _, st) = &r.points[0];
+    let found = st.answer(&r.spec).unwrap();
+    assert_eq!(st.status, Some(Status::Found));
+    assert!((found - exact).abs() <= 0.02 * exact, "found {found}, Pollaczek–Khinchine {exact}");
+    // Every probe is in the runs table, with its value, number and step.
+    let runs = read(&dir.join("out/runs.parquet"));
+    assert_eq!(runs.num_rows(), st.probes.len());
+    let steps = runs.column_by_name("search_step").unwrap();
+    assert_eq!(steps.len(), st.probes.len());
+    let values = opal::output::f64_column(&runs, "workload.stages.0.workload_params.request_rate").unwrap();
+    assert_eq!(
+        values.iter().map(|v| v.unwrap()).collect::<Vec<_>>(),
+        st.probes.iter().map(|p| p.value).collect::<Vec<_>>()
+    );
+    // search.parquet: the answer and its bracket.
+    let table = read(&dir.join("out/search.parquet"));
+    assert_eq!(opal::output::f64_column(&table, "found").unwrap(), [Some(found)]);
+    let fail = opal::output::f64_column(&table, "bracket_fail").unwrap()[0].unwrap();
+    assert!(fail > exact && (fail - found) <= 0.02 * found);
+}
+
+/// λ = 5 req/s of 1 s jobs on `simulation.num_workers` one-at-a-time workers (M/D/c).
+fn mdc(rates: &str, search: bool) -> String {
+    let search = if search {
+        "[search]\nparameter = \"simulation.num_workers\"\nmin = 1\nmax = 16\ndirection = \"minimize\"\ninteger = true\nslo = [\"queue_wait_mean_ms <= 100\"]\n"
+    } else {
+        ""
+    };
+    MD1.replace("{REQUESTS}", "3000")
+        .replace("request_rate = 0.5", "request_rate = 5.0")
+        .replace(
+            "[model.model_params]",
+            &format!("[grid]\n\"workload.stages.0.workload_params.request_rate\" = {rates}\n[model.model_params]"),
+        )
+        .replace("{SEARCH}", search)
+}
+
+#[test]
+fn the_fewest_workers_meeting_a_wait_match_a_direct_sweep() {
+    let dir = crate::temp_dir("search-mdc");
+    let r = search_in(&dir, &mdc("[5.0]", true), None, None);
+    let (_, _, st) = &r.points[0];
+    // The direct sweep: every count from 1 to 16, same seed (the search's replicate 0).
+    let mut direct = None;
+    for c in 1..=16u32 {
+        let text =
+            mdc("[5.0]", false).replace("[sweep]", &format!("[simulation]\nnum_workers = {c}\nseed = 42\n[sweep]"));
+        let text = text.replace("[grid]\n\"workload.stages.0.workload_params.request_rate\" = [5.0]", "");
+        let file = opal::config::parse_spec(&text, "d.toml").unwrap();
+        let s = opal::config::resolve(&file, "d.toml", Path::new(".")).unwrap();
+        let wait = crate::run(&s).summary.queue_wait_ms.mean;
+        if wait <= 100.0 {
+            direct = Some(c);
+            break;
+        }
+    }
+    let direct = direct.expect("16 workers are plenty");
+    assert!(direct > 5, "more workers than the offered load: {direct}");
+    assert_eq!(st.answer(&r.spec), Some(f64::from(direct)));
+    assert_eq!(st.status, Some(Status::Found));
+    // Bracket 16, 8, 4 … then bisection: far fewer probes than the 16 counts.
+    assert!(st.probes.len() <= 6, "{} probes", st.probes.len());
+}
+
+#[test]
+fn a_search_gives_the_same_probes_and_answers_at_any_thread_count_and_shard_split() {
+    let text = mdc("[4.0, 5.0, 6.0]", true);
+    let one = crate::temp_dir("search-j1");
+    let a = search_in(&one, &text, Some(1), None);
+    let two = crate::temp_dir("search-j2");
+    let b = search_in(&two, &text, Some(2), None);
+    let sharded = crate::temp_dir("search-shards");
+    for i in 0..2 {
+        search_in(&sharded, &text, Some(1), Some(Shard { index: i, count: 2 }));
+    }
+    merge_dir(&sharded.join("out")).unwrap();
+    let probes =
+        |r: &opal::sweep::search::SearchReport| r.points.iter().map(|p| p.2.probes.clone()).collect::<Vec<_>>();
+    assert_eq!(probes(&a), probes(&b));
+    let strip = |dir: &Path, t: &str| {
+        let mut b = read(&dir.join("out").join(t));
+        if let Ok(i) = b.schema().index_of("wall_s") {
+            b.remove_column(i);
+        }
+        b
+    };
+    for t in ["runs.parquet", "search.parquet"] {
+        assert_eq!(strip(&one, t), strip(&two, t), "{t}: -j 1 vs -j 2");
+        assert_eq!(strip(&one, t), strip(&sharded, t), "{t}: unsharded vs two shards");
+    }
+    // More load needs more workers.
+    let found: Vec<f64> = a.points.iter().map(|p| p.2.answer(&a.spec).unwrap()).collect();
+    assert!(found.windows(2).all(|w| w[0] <= w[1]), "{found:?}");
+    // The report draws the search.
+    let o = crate::sweep::opal_sweep(&["report", "out"], &one);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(one.join("out/report/fig9-search.svg").exists());
+}
