@@ -161,3 +161,34 @@ fn a_search_gives_the_same_probes_and_answers_at_any_thread_count_and_shard_spli
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(one.join("out/report/fig9-search.svg").exists());
 }
+
+/// Needs a running single-node Slurm (scripts/slurm-local.sh start).
+#[test]
+#[ignore = "needs Slurm: run scripts/slurm-local.sh start, then cargo test -- --ignored slurm"]
+fn slurm_job_array_of_a_search_merges_to_the_local_answers() {
+    use crate::sweep::opal_sweep;
+    use std::process::Command;
+    let conf = std::env::var("SLURM_CONF").expect("SLURM_CONF points at the local cluster's slurm.conf");
+    assert!(Path::new(&conf).exists());
+    let dir = crate::temp_dir("search-slurm");
+    std::fs::write(dir.join("spec.toml"), mdc("[4.0, 5.0, 6.0]", true)).unwrap();
+    let local = opal_sweep(&["spec.toml", "-o", "local", "-q"], &dir);
+    assert!(local.status.success(), "{}", String::from_utf8_lossy(&local.stderr));
+    let script = opal_sweep(&["slurm", "spec.toml", "--tasks", "2", "--cpus-per-task", "1", "-o", "array"], &dir);
+    assert!(script.status.success());
+    std::fs::write(dir.join("job.sh"), &script.stdout).unwrap();
+    let submit = Command::new("sbatch").args(["--wait", "job.sh"]).current_dir(&dir).output().expect("sbatch runs");
+    assert!(submit.status.success(), "sbatch: {}", String::from_utf8_lossy(&submit.stderr));
+    let merged = opal_sweep(&["merge", "array"], &dir);
+    assert!(merged.status.success(), "{}", String::from_utf8_lossy(&merged.stderr));
+    for t in ["search.parquet", "runs.parquet"] {
+        let strip = |d: &str| {
+            let mut b = read(&dir.join(d).join(t));
+            if let Ok(i) = b.schema().index_of("wall_s") {
+                b.remove_column(i);
+            }
+            b
+        };
+        assert_eq!(strip("local"), strip("array"), "{t}");
+    }
+}

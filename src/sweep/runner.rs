@@ -518,23 +518,38 @@ pub struct SearchWriter {
 }
 
 impl SearchWriter {
-    /// Prepares the output directory (a search cannot resume: its probes
-    /// depend on each other) and writes the manifest.
+    /// Prepares the output directory and writes the manifest. A search
+    /// cannot resume (its probes depend on each other): with `--resume` (as
+    /// a Slurm task is always started) it starts its part over — a shard
+    /// deletes its own part files first, an unsharded search the results.
     pub fn start(
         base: &SweepPlan,
         tables: crate::output::TableSet,
         search: serde_json::Value,
         opts: &RunnerOptions,
     ) -> Result<SearchWriter, SweepError> {
-        if opts.resume {
-            return Err(SweepError(
-                "a search cannot resume (each probe depends on the ones before)\n  fix: run it again with --overwrite"
-                    .into(),
-            ));
-        }
         let layout = Layout { dir: opts.output.clone() };
-        prepare_dir(base, opts, &layout)?;
         let sharded = opts.shard.is_some_and(|s| s.count > 1);
+        let over =
+            RunnerOptions { overwrite: opts.overwrite || (opts.resume && !sharded), resume: false, ..opts.clone() };
+        prepare_dir(base, &over, &layout)?;
+        if !over.overwrite && !sharded && layout.table(TableKind::Runs).exists() {
+            return Err(SweepError(format!(
+                "{} already holds results\n  fix: pass --overwrite to search again, or choose another output with -o",
+                layout.dir.display()
+            )));
+        }
+        if let Some(s) = opts.shard.filter(|_| sharded)
+            && let Ok(entries) = std::fs::read_dir(layout.parts_dir())
+        {
+            let mine = format!(".s{}of{}.", s.index, s.count);
+            for e in entries.filter_map(Result::ok) {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.contains(&mine) && name.ends_with(".parquet") {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
         let mut m = manifest(base, opts.shard.filter(|_| sharded));
         m["tables"] = serde_json::json!(tables.tables.iter().map(|t| t.name()).collect::<Vec<_>>());
         // The report's axes: the grid's and the searched value (probe and search_step are columns only).
