@@ -562,7 +562,7 @@ pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, Con
         }
     }
     if point.is_none() {
-        for key in ["grid", "zip"] {
+        for key in ["grid", "zip", "search"] {
             if let Some(v) = spec.table.get(key) {
                 head.insert(key.into(), v.clone());
             }
