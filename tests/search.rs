@@ -192,3 +192,14 @@ fn slurm_job_array_of_a_search_merges_to_the_local_answers() {
         assert_eq!(strip("local"), strip("array"), "{t}");
     }
 }
+
+#[test]
+fn the_effective_configuration_keeps_the_search() {
+    let dir = crate::temp_dir("search-config");
+    std::fs::write(dir.join("spec.toml"), mdc("[4.0, 5.0]", true)).unwrap();
+    let spec = opal::config::load_spec(&dir.join("spec.toml")).unwrap();
+    let text = opal::sweep::effective_config(&spec, None).unwrap();
+    std::fs::write(dir.join("effective.toml"), &text).unwrap();
+    let again = opal::config::load_spec(&dir.join("effective.toml")).unwrap();
+    assert_eq!(search_spec(&again).unwrap(), search_spec(&spec).unwrap(), "{text}");
+}
