@@ -286,6 +286,18 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     let spec_path = args.spec.as_ref().expect("clap requires the spec");
     let plan = load_plan(spec_path)?;
     if args.dry_run {
+        let spec = opal::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
+        if let Some(s) = opal::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+            out(&format!(
+                "a search: per grid point below, the {} {} in [{}, {}] meeting {}; its probes (each {} run(s), the seeds below) are chosen as it runs\n",
+                if s.maximize { "largest" } else { "smallest" },
+                s.parameter,
+                s.min,
+                s.max,
+                s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                plan.replicates
+            ));
+        }
         out(&opal::report::text::dry_run(&plan));
         return Ok(ExitCode::SUCCESS);
     }

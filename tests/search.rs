@@ -203,3 +203,13 @@ fn the_effective_configuration_keeps_the_search() {
     let again = opal::config::load_spec(&dir.join("effective.toml")).unwrap();
     assert_eq!(search_spec(&again).unwrap(), search_spec(&spec).unwrap(), "{text}");
 }
+
+#[test]
+fn a_dry_run_says_the_probes_are_chosen_as_the_search_runs() {
+    let dir = crate::temp_dir("search-dry");
+    std::fs::write(dir.join("spec.toml"), mdc("[4.0, 5.0]", true)).unwrap();
+    let o = crate::sweep::opal_sweep(&["spec.toml", "--dry-run"], &dir);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && text.starts_with("a search: per grid point below, the smallest simulation.num_workers in [1, 16] meeting queue_wait_mean_ms <= 100"), "{text}");
+    assert!(!dir.join("out").exists() && !dir.join("results").exists(), "a dry run runs nothing");
+}
