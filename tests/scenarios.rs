@@ -355,3 +355,18 @@ fn each_stage_row_equals_what_its_requests_say() {
     let completed: u64 = out.stages.iter().map(|r| r.requests_completed).sum();
     assert_eq!(completed, out.summary.requests_completed);
 }
+
+/// The digest of the shipped Opal example (`examples/opal/exponential-12rps.json`)
+/// as the a/b roofline ran it before the operator-level step model became the
+/// default: imported Opal configurations must keep running exactly so.
+const OPAL_EXAMPLE_DIGEST: u64 = 13_893_423_385_554_236_382;
+
+#[test]
+fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/opal/exponential-12rps.json");
+    let spec = opal::config::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+    let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{e}"));
+    let run = plan.runs().next().unwrap();
+    let out = opal::simulate(&opal::sweep::run_scenario(&run).unwrap()).unwrap();
+    assert_eq!(out.event_digest, OPAL_EXAMPLE_DIGEST, "{} requests", out.summary.requests_completed);
+}
