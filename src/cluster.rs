@@ -213,6 +213,8 @@ pub struct Cluster<'a> {
     worker_stats: Vec<WorkerStats>,
     workload: Workload,
     new_requests: Vec<NewRequest>,
+    /// Workers given requests at the current arrival, in the order first given one.
+    kicks: Vec<WorkerId>,
     outcome: StepOutcome,
     connector: KvConnector,
     /// Effects of connector calls not yet applied, and a spare buffer.
@@ -266,6 +268,7 @@ impl<'a> Cluster<'a> {
             worker_stats: Vec::new(),
             workload: Workload::new(scenario.stages.clone(), &seeds),
             new_requests: Vec::new(),
+            kicks: Vec::new(),
             outcome: StepOutcome::default(),
             connector: KvConnector::new(&scenario.kvc, scenario.worker.block_size),
             conn_out: ConnectorOutput::default(),
@@ -354,9 +357,19 @@ impl<'a> Cluster<'a> {
                 continue;
             }
             self.in_system.change(now, 1);
-            self.route(now, id, sched);
+            let w = self.route(id);
+            if !self.kicks.contains(&w) {
+                self.kicks.push(w);
+            }
         }
         self.new_requests = fresh;
+        // The workers plan their next steps once every request of this
+        // instant is queued, so requests arriving together are batched.
+        let mut kicks = std::mem::take(&mut self.kicks);
+        for w in kicks.drain(..) {
+            self.kick(now, w, sched);
+        }
+        self.kicks = kicks;
     }
 
     /// Puts a new request in a free slot of the arena (or a new one).
@@ -395,7 +408,8 @@ impl<'a> Cluster<'a> {
         self.free_slots.push(id.0);
     }
 
-    fn route(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
+    /// Chooses the request's worker and queues it there (the caller kicks the worker).
+    fn route(&mut self, id: RequestId) -> WorkerId {
         // The block hashes are the request's, needed by any worker whatever the policy.
         self.requests[id.index()].hash_blocks(self.scenario.worker.block_size as u32, &mut self.hasher);
         let started = self.routing_wall.map(|_| std::time::Instant::now());
@@ -407,7 +421,7 @@ impl<'a> Cluster<'a> {
             *acc += t.elapsed();
         }
         self.workers[w.index()].enqueue(id);
-        self.kick(now, w, sched);
+        w
     }
 
     /// Disaggregated routing: the decode worker by load (least outstanding

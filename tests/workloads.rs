@@ -377,3 +377,67 @@ fn zero_and_minus_one_mean_no_limit_in_every_stage() {
         assert!(e.to_string().contains("-1 or 0 (no limit)"), "{e}");
     }
 }
+
+#[test]
+fn a_burst_arrives_at_once_and_is_prefilled_in_one_step() {
+    // request_rate = inf: four 300-token prompts at t = 0, one output token
+    // each; one worker, synthetic 10 ms steps. All four fit the 8,192-token
+    // budget, so the first step prefills them together: every TTFT is one step.
+    let out = run(&scenario(
+        r#"
+        [worker.inference_params]
+        model = "synthetic"
+        mean_latency_secs = 0.01
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = inf
+        total_requests = 4
+        prompt_size_min = 300
+        prompt_size_max = 300
+        output_tokens_min = 1
+        output_tokens_max = 1
+        "#,
+    ));
+    assert_eq!(out.requests.len(), 4);
+    for r in &out.requests {
+        assert_eq!((r.arrival_s, r.ttft_s), (0.0, Some(0.01)), "{r:?}");
+    }
+    // With a cap of two in flight, the burst goes out two at a time.
+    let capped = run(&scenario(
+        r#"
+        [worker.inference_params]
+        model = "synthetic"
+        mean_latency_secs = 0.01
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        request_rate = inf
+        total_requests = 4
+        max_outstanding_requests = 2
+        prompt_size_min = 300
+        prompt_size_max = 300
+        output_tokens_min = 1
+        output_tokens_max = 1
+        "#,
+    ));
+    let mut arrivals: Vec<f64> = capped.requests.iter().map(|r| r.arrival_s).collect();
+    arrivals.sort_by(f64::total_cmp);
+    assert_eq!(arrivals, [0.0, 0.0, 0.01, 0.01]);
+}
+
+#[test]
+fn a_burst_needs_a_bounded_count() {
+    let err = |params: &str| {
+        let text = format!(
+            "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nrequest_rate = inf\n{params}\n"
+        );
+        let file = opal::config::parse_spec(&text, "s.toml").unwrap();
+        opal::config::resolve(&file, "s.toml", std::path::Path::new(".")).unwrap_err()
+    };
+    let e = err("total_requests = -1\n[simulation]\nsimulation_time = 10");
+    assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.request_rate"), "{e}");
+    assert!(e.hint.as_deref().unwrap().contains("total_requests"), "{e}");
+    let e = err("total_requests = 2000000");
+    assert!(e.message.contains("at most 1000000"), "{e}");
+}

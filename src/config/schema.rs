@@ -329,7 +329,8 @@ pub struct StageSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RateParams {
-    /// Mean requests per second.
+    /// Mean requests per second; `inf`: every request at the stage start
+    /// (a burst, as vLLM's `benchmark_serving.py --request-rate inf`).
     pub request_rate: f64,
     /// Requests to generate; `-1` or `0` = unlimited (then a time limit must end the stage).
     pub total_requests: i64,

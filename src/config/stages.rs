@@ -58,6 +58,8 @@ struct StageCx<'a> {
 
 /// Most documents a `RAGWorkload` with a Zipf popularity may have.
 const MAX_ZIPF_DOCUMENTS: u32 = 1_000_000;
+/// Most requests a burst (`request_rate = inf`) may put in flight at once.
+const MAX_BURST: u64 = 1_000_000;
 
 /// A trace file's problem as a spec error: the file, its line, the fix.
 fn trace_error(e: crate::workload::TraceError) -> ConfigError {
@@ -169,13 +171,41 @@ impl StageCx<'_> {
         }
     }
 
+    /// A rate stage's `request_rate`: a rate, or `inf` — every request at
+    /// the stage start (as vLLM's `benchmark_serving.py --request-rate inf`),
+    /// held back only by `max_outstanding_requests`. A burst needs a count,
+    /// and without a cap all of it is in flight at once, so it is bounded.
+    fn burst_or_rate(&self, p: &RateParams) -> Result<f64, ConfigError> {
+        if p.request_rate != f64::INFINITY {
+            return self.request_rate(p.request_rate);
+        }
+        let in_flight = match (p.total_requests, p.max_outstanding_requests) {
+            (n, _) if n <= 0 => None,
+            (n, cap) if cap > 0 => Some((n as u64).min(cap as u64)),
+            (n, _) => Some(n as u64),
+        };
+        match in_flight {
+            Some(n) if n <= MAX_BURST => Ok(f64::INFINITY),
+            Some(n) => Err(self.err(
+                "request_rate",
+                format!("a burst (request_rate = inf) of {n} requests at once; at most {MAX_BURST}"),
+                "send fewer requests, or cap them with max_outstanding_requests",
+            )),
+            None => Err(self.err(
+                "request_rate",
+                "request_rate = inf sends every request at once and needs a count".to_string(),
+                "set total_requests > 0",
+            )),
+        }
+    }
+
     fn rate(&self, p: RateParams, uniform: bool) -> Result<StageConfig, ConfigError> {
         let arrival = if uniform {
             ArrivalProcess::Uniform
         } else {
             ArrivalProcess::Exponential { jitter: self.jitter(p.jitter)? }
         };
-        let rate = self.request_rate(p.request_rate)?;
+        let rate = self.burst_or_rate(&p)?;
         let prompt = self.lengths(
             "prompt_size",
             p.prompt_size.as_ref(),

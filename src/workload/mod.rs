@@ -367,12 +367,21 @@ impl Workload {
             st.generation_done = true;
             return self.maybe_end_stage(now);
         }
-        let room = cfg.max_outstanding.map_or(u64::MAX, |cap| cap.saturating_sub(st.outstanding));
-        let mut emit = Emit { stage, sent: st.generated, out };
-        let due = st.source.generator().emit(now, room, &mut emit)?;
-        let sent = emit.sent - st.generated;
-        st.generated += sent;
-        st.outstanding += sent;
+        // Every request due at this instant goes out now (a burst — a rate
+        // of `inf`, or a trace's equal timestamps — reaches the workers
+        // together, as requests that reach vLLM's engine before it plans a
+        // step are all in its waiting queue).
+        let due = loop {
+            let room = cfg.max_outstanding.map_or(u64::MAX, |cap| cap.saturating_sub(st.outstanding));
+            let mut emit = Emit { stage, sent: st.generated, out: &mut *out };
+            let due = st.source.generator().emit(now, room, &mut emit)?;
+            let sent = emit.sent - st.generated;
+            st.generated += sent;
+            st.outstanding += sent;
+            if sent == 0 || due != Due::At(now) {
+                break due;
+            }
+        };
         self.follow(i, now, due)
     }
 
