@@ -914,9 +914,9 @@ impl<'a> Cluster<'a> {
                     cost: match &self.scenario.disagg {
                         Some(d) => {
                             let pool = d.pool_of(w.id().index()).1;
-                            pool.gpu.cost(pool.tp, alive, w.active_seconds())
+                            pool.gpu.cost(pool.tp, alive, busy, w.step_joules())
                         }
-                        None => self.scenario.gpu.cost(self.scenario.tp, alive, w.active_seconds()),
+                        None => self.scenario.gpu.cost(self.scenario.tp, alive, busy, w.step_joules()),
                     },
                     role: self.scenario.disagg.as_ref().map_or(Role::Mixed, |d| d.pool_of(w.id().index()).0).name(),
                     link_bytes: st.link_bytes,

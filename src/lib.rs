@@ -25,6 +25,7 @@
 
 #![warn(missing_docs)]
 
+pub mod calibrate;
 pub mod cluster;
 pub mod config;
 pub mod engine;

@@ -102,14 +102,29 @@ enum Command {
     /// --gpu, the KV pool in blocks and tokens and the most sequences of
     /// --context tokens it holds at once.
     Model(ModelArgs),
-    /// Fit the roofline step model to measured latencies.
+    /// Fit the step model's constants to measured latencies (and power).
     ///
-    /// The CSV has columns phase,batch_size,tokens,latency_ms (the `table`
-    /// step model's format): prefill rows give a prompt's latency from an
-    /// empty cache, decode rows one step over batch_size sequences of
-    /// `tokens` context each. Prints each row's fitted value and residual
-    /// (stderr) and the [worker.inference_params] block to use (stdout, or -o).
+    /// The CSV has columns phase,batch_size,tokens,latency_ms and optionally
+    /// tp, output_tokens, power_w (the `table` step model's format): a
+    /// prefill row is batch_size prompts of `tokens` tokens arriving together,
+    /// timed until the last first token; a decode row is batch_size
+    /// sequences of `tokens` context generating output_tokens (default 2)
+    /// tokens each, timed by their mean TPOT. Every row is run through the
+    /// simulator as a user would time it; the `operators` model's compute,
+    /// memory and all-reduce scales and per-step and per-sequence overheads
+    /// are fitted jointly (rows may mix TP degrees), and the power model
+    /// from power_w. Prints each row's measured, default, fitted and
+    /// held-out (leave-one-out) value (stderr) and the TOML to use (stdout, or -o).
     Calibrate(CalibrateArgs),
+    /// Run the shipped measurement sets through the simulator and print the
+    /// error of the default and of the calibrated step model on each.
+    ///
+    /// Sets: aiconfigurator's vLLM H100 predictions (Llama-3.1-8B TP1,
+    /// 70B TP4), SplitwiseSim's measured Llama-2-70B on A100 and H100 at TP
+    /// 2/4/8 (with board power on A100), Vidur's Llama-2-7B A100 predictions
+    /// (priced from Vidur's own profile), and the SC25 prefill measurements
+    /// (measurements/README.md names every source).
+    Validate,
     /// Convert an Opal JSON configuration into an equivalent TOML scenario.
     ///
     /// Keys are mapped one to one; renamed keys, Opal defaults that differ
@@ -165,9 +180,22 @@ struct CalibrateArgs {
     /// The GPU measured: a preset.
     #[arg(long)]
     gpu: String,
-    /// GPUs per worker (tensor parallelism).
+    /// GPUs per worker of rows without a tp column.
     #[arg(long, default_value_t = 1)]
     tp: u32,
+    /// Operator prices: auto (the GPU's shipped tables, else analytic),
+    /// analytic, or a directory of aiconfigurator tables or a Vidur profile.
+    #[arg(long, default_value = "auto")]
+    profile: String,
+    /// The constants to fit (comma-separated; the others keep their
+    /// defaults): compute_scale, memory_scale, comm_scale,
+    /// step_overhead_secs, seq_overhead_secs.
+    #[arg(long, value_name = "LIST")]
+    fit: Option<String>,
+    /// Rows to predict with the fit (e.g. another TP degree): their errors,
+    /// and a warning for each outside the fitted rows' batch, token and TP ranges.
+    #[arg(long, value_name = "CSV")]
+    predict: Option<PathBuf>,
     /// Write the TOML block to this file instead of stdout.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -244,6 +272,7 @@ fn main() -> ExitCode {
         Some(Command::Config { spec, point, defaults }) => config(spec.as_deref(), point, defaults),
         Some(Command::Presets) => presets(),
         Some(Command::Calibrate(args)) => calibrate(&args),
+        Some(Command::Validate) => validate(),
         None => run(&cli.run),
     };
     match result {
@@ -628,21 +657,67 @@ fn model(args: &ModelArgs) -> Result<ExitCode, Failure> {
 }
 
 fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
-    let model = load_model(&args.model)?;
+    use opal::calibrate::{FitOptions, ModelRef, ProfileChoice, Setup};
     let gpu = load_gpu(&args.gpu)?;
     if args.tp == 0 {
         return Err(Failure::Input("--tp must be at least 1".into()));
     }
-    let rows = opal::worker::perf::LatencyRows::from_csv(&args.measurements).map_err(Failure::Input)?;
-    let fit = opal::worker::calibrate::calibrate(&model, &gpu, args.tp, &rows)
-        .map_err(|e| Failure::Input(format!("{}: {e}", args.measurements.display())))?;
+    let model_path = PathBuf::from(&args.model);
+    let model = if model_path.is_file() || args.model.ends_with(".json") {
+        ModelRef::Path(std::fs::canonicalize(&model_path).unwrap_or(model_path))
+    } else {
+        load_model(&args.model)?;
+        ModelRef::Preset(args.model.clone())
+    };
+    let profile = match args.profile.as_str() {
+        "auto" => ProfileChoice::Auto,
+        "analytic" => ProfileChoice::Analytic,
+        dir => {
+            ProfileChoice::Dir(std::fs::canonicalize(dir).map_err(|e| Failure::Input(format!("--profile {dir}: {e}")))?)
+        }
+    };
+    let opts = match &args.fit {
+        Some(list) => FitOptions::parse(list).map_err(Failure::Input)?,
+        None => FitOptions::default(),
+    };
+    let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile };
+    let file = args.measurements.display().to_string();
+    let rows = opal::worker::perf::read_measured(&args.measurements).map_err(Failure::Input)?;
+    let fit = opal::calibrate::calibrate(&setup, &rows, &opts).map_err(|e| Failure::Input(format!("{file}: {e}")))?;
     eprint!("{}", opal::report::text::calibration_table(&fit));
+    if let Some(path) = &args.predict {
+        let other = opal::worker::perf::read_measured(path).map_err(Failure::Input)?;
+        let (predicted, warnings) = opal::calibrate::fit::predict(&setup, fit.constants, &rows, &other)
+            .map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
+        eprintln!("predicted ({}):", path.display());
+        for (r, tp, s) in &predicted {
+            eprintln!(
+                "  line {:<4} tp {:>2} batch {:>5} tokens {:>7}: measured {:.2} ms, predicted {:.2} ms ({:+.1} %)",
+                r.line,
+                tp,
+                r.batch,
+                r.tokens,
+                r.latency_s * 1e3,
+                s * 1e3,
+                100.0 * opal::calibrate::fit::residual(*s, r.latency_s)
+            );
+        }
+        if let Some((median, max)) = opal::calibrate::fit::median_max(
+            predicted.iter().map(|(r, _, s)| opal::calibrate::fit::residual(*s, r.latency_s)),
+        ) {
+            eprintln!("  error: median {:.1} %, max {:.1} %", 100.0 * median, 100.0 * max);
+        }
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+    }
     let header = format!(
-        "# opal-sweep calibrate {} --model {} --gpu {} --tp {}\n",
+        "# opal-sweep calibrate {} --model {} --gpu {} --tp {} --profile {}\n",
         args.measurements.display(),
-        model.name,
+        args.model,
         gpu.name,
-        args.tp
+        args.tp,
+        args.profile
     );
     let text = header + &fit.toml();
     match &args.output {
@@ -652,5 +727,15 @@ fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
         }
         None => out(&text),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn validate() -> Result<ExitCode, Failure> {
+    let mut reports = Vec::new();
+    for set in opal::calibrate::sets::sets() {
+        eprintln!("{} ({}): {}", set.name, set.file, set.source);
+        reports.push(set.validate().map_err(Failure::Run)?);
+    }
+    out(&opal::calibrate::sets::table(&reports));
     Ok(ExitCode::SUCCESS)
 }

@@ -11,7 +11,8 @@ fn ns(secs: f64) -> u64 {
     SimDuration::from_secs_f64(secs).0
 }
 
-/// Llama-3.1-8B on one H100 as the roofline (Opal's a = 4, b = 24) sees it.
+/// Llama-3.1-8B on one H100 as the roofline (Opal's a = 4, b = 24) sees it
+/// (the tests that price steps by hand choose `model = "roofline"`).
 struct Llama8bH100 {
     flops: f64,
     bw: f64,
@@ -57,6 +58,8 @@ fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
         r#"
         [model.model_params]
         name = "llama-3.1-8b"
+        [worker.inference_params]
+        model = "roofline"
         [kvc]
         kvc_tiers = []
         [disaggregation]
@@ -255,7 +258,7 @@ fn decode_steps_without_prefill_chunks_lower_tpot_against_the_same_gpus_mixed() 
         output_tokens = 40
         default_prefix_length = 0
     "#;
-    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n[router.router_params]\npolicy = \"RoundRobin\"\n[kvc]\nkvc_tiers = []\n";
+    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n[router.router_params]\npolicy = \"RoundRobin\"\n[kvc]\nkvc_tiers = []\n[worker.inference_params]\nmodel = \"roofline\"\n";
     let mixed = run(&scenario(&format!("{base}[simulation]\nnum_workers = 2\n{stage}")));
     let pd = run(&scenario(&format!(
         "{base}[disaggregation]\nmax_local_prefill_length = 0\nlink_bandwidth_GBps = 200\nlink_latency_usec = 20\n{POOLS}{stage}"

@@ -14,6 +14,8 @@ fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2
         r#"
         [model.model_params]
         name = "llama-3.1-8b"
+        [worker.inference_params]
+        model = "roofline"
         [[workload.stages]]
         type = "UniformReqRate"
         [workload.stages.workload_params]
@@ -149,6 +151,8 @@ fn a_mixture_of_experts_computes_its_active_experts_and_reads_the_experts_it_tou
         r#"
         [model.model_params]
         name = "mixtral-8x7b"
+        [worker.inference_params]
+        model = "roofline"
         [worker.hw]
         gpu = "H100"
         tp = 2
@@ -233,7 +237,9 @@ fn busy_time_and_the_share_of_peak_compute_differ_as_hand_computed_for_one_step(
 #[test]
 fn energy_and_dollars_follow_the_board_power_model_by_hand() {
     // The one-step run above, with the board power and a price given: a
-    // 600 W GPU that idles at 100 W, at $3 per GPU-hour.
+    // 600 W GPU that idles at 100 W, draws 200 W while a step runs plus
+    // 800 W × its share of peak FLOP/s and 400 W × its share of peak HBM
+    // bandwidth, at $3 per GPU-hour.
     let s = crate::scenario(
         r#"
         [model.model_params]
@@ -241,6 +247,9 @@ fn energy_and_dollars_follow_the_board_power_model_by_hand() {
         [worker.hw]
         max_watts = 600
         idle_watts = 100
+        active_watts = 200
+        compute_watts = 800
+        memory_watts = 400
         usd_per_gpu_hour = 3.0
         [worker.inference_params]
         model = "synthetic"
@@ -257,17 +266,19 @@ fn energy_and_dollars_follow_the_board_power_model_by_hand() {
     );
     let out = crate::run(&s);
     let sum = &out.summary;
-    // The step's use is its larger fraction of peak: compute (the busy
-    // test's 13.3 ms of the 1 s step) or HBM (16 GB of weights + KV at
-    // 3.35 TB/s ≈ 4.8 ms).
+    // The step's FLOPs at the peak (the busy test's 13.3 ms of the 1 s
+    // step) and its bytes (16 GB of weights + KV at 3.35 TB/s ≈ 4.8 ms).
     let h100 = opal::worker::presets::GpuSpec::preset("H100").unwrap();
     let compute =
         (4.0 * 4096.0 * 32.0 * (1000.0 * 1001.0 / 2.0) + 24.0 * 32.0 * 4096.0 * 4096.0 * 1000.0) / (h100.tflops * 1e12);
     let weights = opal::worker::model::ModelArch::preset("llama-3.1-8b").unwrap().weight_bytes() as f64;
     let memory = (weights + 1000.0 * 131_072.0) / (h100.mem_bw_tbps * 1e12);
     let t = sum.sim_time_s;
-    // Idle power the whole run, plus (600 − 100) W × seconds at full use.
-    let joules = 100.0 * t + 500.0 * compute.max(memory);
+    // Idle power outside the step; in it 200 W × 1 s + 800 W × compute + 400 W × memory
+    // (≈ 212.6 J, below the board's 600 J for the second).
+    let step = 200.0 + 800.0 * compute + 400.0 * memory;
+    assert!(step < 600.0);
+    let joules = 100.0 * (t - 1.0) + step;
     assert!((sum.cost.energy_j - joules).abs() < 1e-6, "{} vs {joules}", sum.cost.energy_j);
     assert!((sum.cost.gpu_hours - t / 3600.0).abs() < 1e-12);
     assert!((sum.cost.usd - 3.0 * t / 3600.0).abs() < 1e-12);

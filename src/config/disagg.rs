@@ -96,8 +96,9 @@ fn resolve_pool(
         let hw = &mut f.worker.hw;
         hw.gpu = gpu.clone();
         // The spec's overrides describe its own GPU, not this one.
-        (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.max_watts, hw.idle_watts) =
-            (None, None, None, None, None, None);
+        (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.link_GBps) = (None, None, None, None, None);
+        (hw.max_watts, hw.idle_watts, hw.active_watts, hw.compute_watts, hw.memory_watts) =
+            (None, None, None, None, None);
     }
     if let Some(tp) = p.tp {
         f.worker.hw.tp = tp;

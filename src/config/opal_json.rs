@@ -52,7 +52,13 @@ struct OpalDefault {
 }
 
 /// Set when the JSON leaves them out.
-const OPAL_DEFAULTS: [OpalDefault; 2] = [
+const OPAL_DEFAULTS: [OpalDefault; 3] = [
+    OpalDefault {
+        section: "worker.inference_params",
+        key: "model",
+        value: || toml::Value::String("roofline".into()),
+        why: "Opal prices steps with its a/b roofline",
+    },
     OpalDefault {
         section: "worker.vllm_params",
         key: "enable_prefix_caching",
@@ -135,6 +141,7 @@ pub fn import(
             out.notes.push(format!("{section}.{key} = {} ({why})", t[key]));
         }
     }
+    other_models_keys(&mut out);
     trace_seconds(&mut out);
     opal_prompts(&mut out);
     renamed_stage_keys(&mut out);
@@ -165,6 +172,18 @@ pub fn import(
         }
     }
     Ok(out)
+}
+
+/// Opal's configurations carry every step model's keys (`mean_latency_secs`
+/// beside a roofline's `a` and `b`); here a key of another model is an
+/// error, so those the chosen model does not use are left out, and noted.
+fn other_models_keys(out: &mut Imported) {
+    let t = table_at(&mut out.table, "worker.inference_params");
+    let model = t.get("model").and_then(toml::Value::as_str).unwrap_or("roofline").to_string();
+    for (key, _) in super::schema::foreign_keys(t, &model) {
+        t.remove(key);
+        out.notes.push(format!("worker.inference_params.{key} left out (the {model} step model does not use it)"));
+    }
 }
 
 /// The TOML text of an import of the JSON file `from`, headed by what was

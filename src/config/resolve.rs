@@ -9,7 +9,10 @@ use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
 use crate::time::{SimDuration, SimTime};
 use crate::worker::model::{KvPool, ModelArch};
-use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PerfModel, Roofline, StepModel};
+use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
+use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, shipped, vidur};
+use crate::worker::perf::{Coefficients, LatencyTable, MixRule, Roofline, StepModel};
+use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
 use crate::worker::{SlotMode, WorkerConfig};
 use crate::workload::StageConfig;
@@ -323,21 +326,7 @@ pub(super) fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, Conf
                 .schema()),
         }
     };
-    let power_w = match hw.max_watts {
-        Some(w) => cx.positive("worker.hw.max_watts", w)?,
-        None => base.as_ref().map_or(0.0, |g| g.power_w),
-    };
-    let idle_w = match hw.idle_watts {
-        Some(w) if (0.0..=power_w).contains(&w) => w,
-        Some(w) => {
-            return Err(cx.err(
-                "worker.hw.idle_watts",
-                format!("{w} W idle but {power_w} W at full use"),
-                "give idle_watts between 0 and max_watts (the preset's maximum unless set)",
-            ));
-        }
-        None => power_w * crate::worker::presets::IDLE_POWER_SHARE,
-    };
+    let power = resolve_power(cx, hw, base.as_ref())?;
     let usd_per_hour = match hw.usd_per_gpu_hour {
         Some(p) if p.is_finite() && p >= 0.0 => Some(p),
         Some(p) => {
@@ -353,16 +342,60 @@ pub(super) fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, Conf
         Some(v) => Some(cx.positive("worker.hw.tflops_fp8", v)?),
         None => base.as_ref().and_then(|g| g.fp8_tflops),
     };
+    // Without a preset or a value: PCIe Gen4 ×16, the slowest interconnect a TP worker has.
+    let link_gbps = match hw.link_GBps {
+        Some(v) => cx.positive("worker.hw.link_GBps", v)?,
+        None => base.as_ref().map_or(32.0, |g| g.link_gbps),
+    };
     Ok(GpuSpec {
         name: base.as_ref().map_or_else(|| hw.gpu.clone(), |g| g.name.clone()),
         memory_gb: pick("worker.hw.memory_gb", hw.memory_gb, base.as_ref().map(|g| g.memory_gb))?,
         tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
         mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
         fp8_tflops: fp8,
-        power_w,
-        idle_w,
+        link_gbps,
+        power,
         usd_per_hour,
     })
+}
+
+/// The power model: the preset's (measured, or shares of its maximum),
+/// with the spec's overrides; a `max_watts` given for a GPU without measured
+/// power scales its shares.
+fn resolve_power(
+    cx: &Ctx<'_>,
+    hw: &super::schema::HwParams,
+    base: Option<&GpuSpec>,
+) -> Result<PowerModel, ConfigError> {
+    let max_w = match hw.max_watts {
+        Some(w) => cx.positive("worker.hw.max_watts", w)?,
+        None => base.map_or(0.0, |g| g.power.max_w),
+    };
+    let mut p = match base {
+        Some(g) if hw.max_watts.is_none() => g.power,
+        _ => PowerModel::from_shares(max_w, crate::worker::power::SHARES),
+    };
+    let watts = |key: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+        match v {
+            Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
+            Some(w) => Err(cx.err(key, format!("must be ≥ 0 W, got {w}"), "give watts per GPU, e.g. 190")),
+            None => Ok(default),
+        }
+    };
+    p.idle_w = watts("worker.hw.idle_watts", hw.idle_watts, p.idle_w)?;
+    p.active_w = watts("worker.hw.active_watts", hw.active_watts, p.active_w)?;
+    p.compute_w = watts("worker.hw.compute_watts", hw.compute_watts, p.compute_w)?;
+    p.memory_w = watts("worker.hw.memory_watts", hw.memory_watts, p.memory_w)?;
+    for (key, w) in [("worker.hw.idle_watts", p.idle_w), ("worker.hw.active_watts", p.active_w)] {
+        if max_w > 0.0 && w > max_w {
+            return Err(cx.err(
+                key,
+                format!("{w} W, above the board's {max_w} W at full use"),
+                "give idle_watts and active_watts at most max_watts (the preset's maximum unless set)",
+            ));
+        }
+    }
+    Ok(p)
 }
 
 /// A tier's defaults: (bandwidth GB/s, latency ns, concurrency, capacity GiB),
@@ -517,70 +550,166 @@ fn resolve_perf(
     gpu: &GpuSpec,
     tp: u32,
     base_dir: &Path,
-) -> Result<PerfModel, ConfigError> {
-    let mix = match ip.mixed_step.to_ascii_lowercase().as_str() {
-        "max" => MixRule::Max,
-        "sum" => MixRule::Sum,
-        other => {
-            return Err(cx
-                .err(
-                    "worker.inference_params.mixed_step",
-                    format!("unknown rule {other:?}"),
-                    "use `max` (Opal) or `sum`",
-                )
-                .schema());
+) -> Result<StepModel, ConfigError> {
+    let key = |k: &str| format!("worker.inference_params.{k}");
+    let name = ip.model.to_ascii_lowercase();
+    if !["operators", "roofline", "synthetic", "table"].contains(&name.as_str()) {
+        return Err(cx
+            .err(
+                &key("model"),
+                format!("unknown step-time model {:?}", ip.model),
+                "use operators (the default), roofline (Opal's), synthetic or table",
+            )
+            .schema());
+    }
+    if let Some((k, models)) = ip.foreign_keys().into_iter().next() {
+        return Err(cx.err(
+            &key(k),
+            format!("`{k}` belongs to the {} step model, and this one is {name}", models.join(" and ")),
+            format!("remove `{k}`, or set model = \"{}\"", models[0]),
+        ));
+    }
+    let mix = |default: MixRule| -> Result<MixRule, ConfigError> {
+        match ip.mixed_step.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None => Ok(default),
+            Some("max") => Ok(MixRule::Max),
+            Some("sum") => Ok(MixRule::Sum),
+            Some(other) => {
+                Err(cx.err(&key("mixed_step"), format!("unknown rule {other:?}"), "use `max` (Opal) or `sum`").schema())
+            }
         }
     };
-    let model = match ip.model.to_ascii_lowercase().as_str() {
+    let non_negative = |k: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Some(x) => Err(cx.err(
+                &key(k),
+                format!("must be a finite number ≥ 0, got {x}"),
+                "`opal-sweep calibrate` fits it to measured step times",
+            )),
+        }
+    };
+    Ok(match name.as_str() {
+        "operators" => {
+            let scale = |k: &str, v: Option<f64>| -> Result<f64, ConfigError> {
+                match v {
+                    None => Ok(1.0),
+                    Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+                    Some(x) => Err(cx.err(
+                        &key(k),
+                        format!("must be a finite number > 0, got {x}"),
+                        "1 prices operators as the profile does; `opal-sweep calibrate` fits it",
+                    )),
+                }
+            };
+            let constants = OperatorConstants {
+                compute_scale: scale("compute_scale", ip.compute_scale)?,
+                memory_scale: scale("memory_scale", ip.memory_scale)?,
+                comm_scale: scale("comm_scale", ip.comm_scale)?,
+                step_overhead_s: non_negative("step_overhead_secs", ip.step_overhead_secs, 0.0)?,
+                seq_overhead_s: non_negative("seq_overhead_secs", ip.seq_overhead_secs, 0.0)?,
+                prefill_overhead_s: non_negative("prefill_overhead_secs", ip.prefill_overhead_secs, 0.0)?,
+            };
+            let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir)?;
+            let cache_key = format!("{id}|tp {tp}|{:?}|{:?}", gpu.peaks(), model);
+            StepModel::Operators(Operators {
+                curves: OperatorCurves::cached(cache_key, model, tp, &profile),
+                constants,
+            })
+        }
         "roofline" => {
-            let efficiency = ip.decode_bw_efficiency;
+            let efficiency = ip.decode_bw_efficiency.unwrap_or(1.0);
             if !(efficiency > 0.0 && efficiency <= 1.0) {
                 return Err(cx.err(
-                    "worker.inference_params.decode_bw_efficiency",
+                    &key("decode_bw_efficiency"),
                     format!("must be in (0, 1], got {efficiency}"),
-                    "1 is the datasheet bandwidth; `opal-sweep calibrate` fits it to measured decode steps",
+                    "1 is the datasheet bandwidth",
                 ));
             }
-            let overhead = ip.step_overhead_secs;
-            if !(overhead.is_finite() && overhead >= 0.0) {
-                return Err(cx.err(
-                    "worker.inference_params.step_overhead_secs",
-                    format!("must be ≥ 0 seconds, got {overhead}"),
-                    "0 adds nothing; `opal-sweep calibrate` fits it to measured decode steps",
-                ));
-            }
+            let four = NumberOrString::Number(4.0);
+            let twenty_four = NumberOrString::Number(24.0);
             let c = Coefficients {
-                a: parse_coefficient(cx, "worker.inference_params.a", &ip.a)?,
-                b: parse_coefficient(cx, "worker.inference_params.b", &ip.b)?,
+                a: parse_coefficient(cx, &key("a"), ip.a.as_ref().unwrap_or(&four))?,
+                b: parse_coefficient(cx, &key("b"), ip.b.as_ref().unwrap_or(&twenty_four))?,
                 decode_bw_efficiency: efficiency,
-                step_overhead_secs: overhead,
+                step_overhead_secs: non_negative("step_overhead_secs", ip.step_overhead_secs, 0.0)?,
             };
-            StepModel::Roofline(Roofline::new(model, gpu, tp, c))
+            StepModel::Roofline(Roofline::new(model, gpu, tp, c), mix(MixRule::Max)?)
         }
         "synthetic" => StepModel::Synthetic(SimDuration::from_secs_f64(
-            cx.positive("worker.inference_params.mean_latency_secs", ip.mean_latency_secs)?,
+            cx.positive(&key("mean_latency_secs"), ip.mean_latency_secs.unwrap_or(1.0))?,
         )),
-        "table" => {
-            let key = "worker.inference_params.table_path";
+        _ => {
+            let k = key("table_path");
             let path = ip.table_path.as_ref().ok_or_else(|| {
-                cx.err(key, "the `table` model needs a CSV of latencies", "set table_path = \"path/to/latencies.csv\"")
+                cx.err(&k, "the `table` model needs a CSV of latencies", "set table_path = \"path/to/latencies.csv\"")
             })?;
             StepModel::Table(
                 LatencyTable::from_csv(&base_dir.join(path))
-                    .map_err(|e| cx.err(key, e, "columns: phase,batch_size,tokens,latency_ms"))?,
+                    .map_err(|e| cx.err(&k, e, "columns: phase,batch_size,tokens,latency_ms"))?,
+                mix(MixRule::Sum)?,
             )
         }
-        other => {
-            return Err(cx
-                .err(
-                    "worker.inference_params.model",
-                    format!("unknown step-time model {other:?}"),
-                    "use roofline, synthetic or table",
-                )
-                .schema());
+    })
+}
+
+/// Where the `operators` model's prices come from (`profile`), and a name
+/// for it that tells configurations apart (the curves' memo key).
+fn resolve_profile(
+    cx: &Ctx<'_>,
+    profile: Option<&str>,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    base_dir: &Path,
+) -> Result<(Profile, String), ConfigError> {
+    let key = "worker.inference_params.profile";
+    let analytic = Analytic { peaks: gpu.peaks() };
+    // Shipped tables describe the preset's GPU: they hold utilisation against its own peaks.
+    let shipped = || GpuSpec::preset(&gpu.name).and_then(|p| shipped::tables(&p.name, p.peaks()));
+    let profile = match profile.unwrap_or("auto") {
+        "auto" => Profile { vidur: None, tables: shipped(), analytic },
+        "analytic" => Profile { vidur: None, tables: None, analytic },
+        dir => {
+            let path = base_dir.join(dir);
+            if !path.is_dir() {
+                return Err(cx.err(
+                    key,
+                    format!("{} is not a directory", path.display()),
+                    "use auto, analytic, or a directory of aiconfigurator tables (gemm_perf.parquet, …) or a Vidur profile (mlp.csv)",
+                ));
+            }
+            if path.join("mlp.csv").is_file() {
+                let (heads, kv_heads) = match model.attention {
+                    crate::worker::model::Attention::Gqa { heads, kv_heads, .. } => (heads, kv_heads),
+                    crate::worker::model::Attention::Mla { .. } => {
+                        return Err(cx.err(
+                            key,
+                            "a Vidur profile prices only grouped-query attention models",
+                            "use auto or analytic for MLA models",
+                        ));
+                    }
+                };
+                let shape = vidur::VidurShape {
+                    heads,
+                    kv_heads,
+                    hidden: model.hidden_size,
+                    intermediate: model.intermediate_size,
+                    tp,
+                };
+                let v = vidur::VidurProfile::from_dir(&path, shape).map_err(|e| {
+                    cx.err(key, e, "profile the model at this tensor-parallel degree with Vidur, or use auto")
+                })?;
+                Profile { vidur: Some(std::sync::Arc::new(v)), tables: shipped(), analytic }
+            } else {
+                let t = AicTables::from_dir(&path, gpu.peaks()).map_err(|e| cx.err(key, e, "give a directory holding aiconfigurator's gemm_perf.parquet (and its attention and all-reduce tables)"))?;
+                Profile { vidur: None, tables: Some(std::sync::Arc::new(t)), analytic }
+            }
         }
     };
-    Ok(PerfModel { model, mix })
+    let id = profile.describe();
+    Ok((profile, id))
 }
 
 pub(super) fn resolve_worker(
@@ -652,11 +781,14 @@ pub(super) fn resolve_worker(
                 "leave it unset for the model's context length",
             ));
         }
-        Some(n) if n > model.max_model_len => {
+        Some(n) if n > model.max_model_len && !v.allow_long_max_model_len => {
             return Err(cx.err(
                 &key("max_model_len"),
                 format!("{n} is longer than {}'s context length ({})", model.name, model.max_model_len),
-                format!("use at most {}", model.max_model_len),
+                format!(
+                    "use at most {}, or set allow_long_max_model_len = true (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)",
+                    model.max_model_len
+                ),
             ));
         }
         Some(n) => n,
@@ -709,6 +841,7 @@ pub(super) fn resolve_worker(
         perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
         usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
         sliding_window: model.window.map(|(w, _)| w),
+        power: gpu.power,
     })
 }
 
@@ -790,9 +923,22 @@ mod tests {
 
     #[test]
     fn opal_string_coefficients_are_accepted() {
-        let s = scenario("[worker.inference_params]\na = \"4\"\nb = \"24\"\n").unwrap();
-        let StepModel::Roofline(r) = &s.worker.perf.model else { panic!("roofline expected") };
+        let s = scenario("[worker.inference_params]\nmodel = \"roofline\"\na = \"4\"\nb = \"24\"\n").unwrap();
+        let StepModel::Roofline(r, _) = &s.worker.perf else { panic!("roofline expected") };
         assert_eq!((r.a, r.b), (4.0, 24.0));
-        assert!(scenario("[worker.inference_params]\na = \"four\"\n").unwrap_err().message.contains("not a number"));
+        let four = "[worker.inference_params]\nmodel = \"roofline\"\na = \"four\"\n";
+        assert!(scenario(four).unwrap_err().message.contains("not a number"));
+    }
+
+    #[test]
+    fn a_key_of_another_step_model_is_refused_with_the_model_it_belongs_to() {
+        let e = scenario("[worker.inference_params]\na = 3\n").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("worker.inference_params.a"), "{e}");
+        assert!(e.message.contains("roofline") && e.message.contains("operators"), "{e}");
+        assert!(e.hint.as_deref().unwrap().contains("model = \"roofline\""), "{e}");
+        let e = scenario("[worker.inference_params]\nmodel = \"roofline\"\ncompute_scale = 2\n").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("worker.inference_params.compute_scale"), "{e}");
+        let e = scenario("[worker.inference_params]\nmemory_scale = 0\n").unwrap_err();
+        assert!(e.message.contains("> 0"), "{e}");
     }
 }

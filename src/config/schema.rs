@@ -664,8 +664,16 @@ pub struct HwParams {
     pub tp: u32,
     /// Board power at full use, W per GPU; overrides the preset's datasheet maximum.
     pub max_watts: Option<f64>,
-    /// Board power with no step running, W per GPU (default: 10 % of the maximum).
+    /// Board power with no step running, W per GPU (default: measured for H100, H200 and A100; else 10 % of the maximum).
     pub idle_watts: Option<f64>,
+    /// Board power while a step runs, before what it does, W per GPU (default: measured, or 27 % of the maximum).
+    pub active_watts: Option<f64>,
+    /// Power added at full use of the tensor cores (× the step's share of peak FLOP/s), W per GPU.
+    pub compute_watts: Option<f64>,
+    /// Power added at full use of HBM bandwidth (× the step's share of peak bandwidth), W per GPU.
+    pub memory_watts: Option<f64>,
+    /// Tensor-parallel interconnect per GPU and direction, GB/s (10⁹ B/s); overrides the preset (NVLink, or PCIe).
+    pub link_GBps: Option<f64>,
     /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
     pub usd_per_gpu_hour: Option<f64>,
 }
@@ -681,6 +689,10 @@ impl Default for HwParams {
             tp: 1,
             max_watts: None,
             idle_watts: None,
+            active_watts: None,
+            compute_watts: None,
+            memory_watts: None,
+            link_GBps: None,
             usd_per_gpu_hour: None,
         }
     }
@@ -705,6 +717,10 @@ pub struct VllmParams {
     /// Longest sequence (prompt + output) served; longer requests are rejected.
     /// Default: the model's context length. The KV pool must hold one such sequence.
     pub max_model_len: Option<u64>,
+    /// Let `max_model_len` exceed the model's context length (vLLM's
+    /// `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`: for timing studies; outputs past the
+    /// trained context would be meaningless).
+    pub allow_long_max_model_len: bool,
     /// Automatic prefix caching: reuse resident KV blocks of earlier requests.
     pub enable_prefix_caching: bool,
     /// Seconds a cached block stays unevictable after its last use (0 = plain LRU).
@@ -723,6 +739,7 @@ impl Default for VllmParams {
             block_size: 16,
             gpu_memory_utilization: 0.9,
             max_model_len: None,
+            allow_long_max_model_len: false,
             enable_prefix_caching: true,
             apc_lru_ttl: 0.0,
             kv_cache_dtype: "auto".into(),
@@ -759,24 +776,37 @@ pub enum NumberOrString {
     String(String),
 }
 
-/// `[worker.inference_params]`.
+/// `[worker.inference_params]`. Each key belongs to the step-time models
+/// named in its comment; a key set for another model is an error.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct InferenceParams {
-    /// Step-time model: `roofline`, `synthetic` or `table`.
+    /// Step-time model: `operators` (the forward pass, operator by operator), `roofline` (Opal's a/b model), `synthetic` or `table`.
     pub model: String,
-    /// `synthetic`: seconds per scheduler step.
-    pub mean_latency_secs: f64,
-    /// `roofline`: attention FLOP coefficient per causal token pair per hidden unit per layer.
-    pub a: NumberOrString,
-    /// `roofline`: dense FLOP coefficient per new token per d² per layer.
-    pub b: NumberOrString,
-    /// `roofline`: fraction of the datasheet memory bandwidth a decode step achieves (`opal-sweep calibrate` fits it).
-    pub decode_bw_efficiency: f64,
-    /// `roofline`: fixed seconds added to every step (`opal-sweep calibrate` fits it).
-    pub step_overhead_secs: f64,
-    /// How a step with prefill and decode work combines them: `max` (Opal) or `sum`.
-    pub mixed_step: String,
+    /// `operators`: where operator prices come from — `auto` (the GPU preset's shipped measured tables, else analytic), `analytic`, or a directory of aiconfigurator Parquet tables or Vidur profile CSVs (relative to the spec).
+    pub profile: Option<String>,
+    /// `operators`: multiplies compute-bound time (1 = as the profile prices it; `opal-sweep calibrate` fits it).
+    pub compute_scale: Option<f64>,
+    /// `operators`: multiplies memory-bound time (`opal-sweep calibrate` fits it).
+    pub memory_scale: Option<f64>,
+    /// `operators`: multiplies tensor-parallel all-reduce time (`opal-sweep calibrate` fits it).
+    pub comm_scale: Option<f64>,
+    /// `operators`: CPU seconds of every step, overlapping its GPU work (a step takes the longer of the two); `roofline`: seconds added to every step. `opal-sweep calibrate` fits it; default 0.
+    pub step_overhead_secs: Option<f64>,
+    /// `operators`: CPU seconds per sequence in a step (`opal-sweep calibrate` fits it; default 0).
+    pub seq_overhead_secs: Option<f64>,
+    /// `operators`: CPU seconds added to a step with prefill work, which vLLM launches eagerly, without CUDA graphs (`opal-sweep calibrate` fits it; default 0).
+    pub prefill_overhead_secs: Option<f64>,
+    /// `synthetic`: seconds per scheduler step (default 1).
+    pub mean_latency_secs: Option<f64>,
+    /// `roofline`: attention FLOP coefficient per causal token pair per hidden unit per layer (default 4).
+    pub a: Option<NumberOrString>,
+    /// `roofline`: dense FLOP coefficient per new token per d² per layer (default 24).
+    pub b: Option<NumberOrString>,
+    /// `roofline`: fraction of the datasheet memory bandwidth a decode step achieves (default 1).
+    pub decode_bw_efficiency: Option<f64>,
+    /// `roofline`, `table`: how a step with prefill and decode work combines them: `max` (Opal; the roofline's default) or `sum` (the table's default; its fixed cost once).
+    pub mixed_step: Option<String>,
     /// `table`: CSV of measured latencies (columns `phase,batch_size,tokens,latency_ms`), relative to the spec file.
     pub table_path: Option<String>,
 }
@@ -784,14 +814,57 @@ pub struct InferenceParams {
 impl Default for InferenceParams {
     fn default() -> Self {
         InferenceParams {
-            model: "roofline".into(),
-            mean_latency_secs: 1.0,
-            a: NumberOrString::Number(4.0),
-            b: NumberOrString::Number(24.0),
-            decode_bw_efficiency: 1.0,
-            step_overhead_secs: 0.0,
-            mixed_step: "max".into(),
+            model: "operators".into(),
+            profile: None,
+            compute_scale: None,
+            memory_scale: None,
+            comm_scale: None,
+            step_overhead_secs: None,
+            seq_overhead_secs: None,
+            prefill_overhead_secs: None,
+            mean_latency_secs: None,
+            a: None,
+            b: None,
+            decode_bw_efficiency: None,
+            mixed_step: None,
             table_path: None,
         }
+    }
+}
+
+/// The keys of `[worker.inference_params]` that belong to some step models
+/// only, with those models.
+pub const MODEL_KEYS: [(&str, &[&str]); 13] = [
+    ("profile", &["operators"]),
+    ("compute_scale", &["operators"]),
+    ("memory_scale", &["operators"]),
+    ("comm_scale", &["operators"]),
+    ("step_overhead_secs", &["operators", "roofline"]),
+    ("seq_overhead_secs", &["operators"]),
+    ("prefill_overhead_secs", &["operators"]),
+    ("mean_latency_secs", &["synthetic"]),
+    ("a", &["roofline"]),
+    ("b", &["roofline"]),
+    ("decode_bw_efficiency", &["roofline"]),
+    ("mixed_step", &["roofline", "table"]),
+    ("table_path", &["table"]),
+];
+
+/// The keys of an `[worker.inference_params]` table that `model` does not
+/// use, with the models they belong to.
+pub fn foreign_keys(table: &toml::Table, model: &str) -> Vec<(&'static str, &'static [&'static str])> {
+    let model = model.to_ascii_lowercase();
+    MODEL_KEYS
+        .iter()
+        .copied()
+        .filter(|(k, models)| table.contains_key(*k) && !models.contains(&model.as_str()))
+        .collect()
+}
+
+impl InferenceParams {
+    /// The keys set that the chosen model does not use, with the models they belong to.
+    pub fn foreign_keys(&self) -> Vec<(&'static str, &'static [&'static str])> {
+        let table = toml::Table::try_from(self).unwrap_or_default();
+        foreign_keys(&table, &self.model)
     }
 }

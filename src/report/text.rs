@@ -428,29 +428,52 @@ pub fn model_text(m: &crate::worker::model::ModelReport) -> String {
     out
 }
 
-/// `opal-sweep calibrate`'s table: each row's measured and fitted latency,
-/// the worst residual, the constants and what was constrained.
-pub fn calibration_table(fit: &crate::worker::calibrate::Calibration) -> String {
-    let mut out = String::from("phase      batch     tokens   measured ms     fitted ms   residual\n");
+/// `opal-sweep calibrate`'s table: each row's measured latency, the default
+/// and the fitted model's (as runs simulate them) and the leave-one-out
+/// prediction, then the errors, the constants and what was constrained.
+pub fn calibration_table(fit: &crate::calibrate::Calibration) -> String {
+    use crate::worker::perf::Phase;
+    let mut out = String::from(
+        "line phase    tp  batch   tokens  out   measured ms   default ms    fitted ms  held out ms  residual\n",
+    );
+    let ms = |s: f64| format!("{:>12.2}", s * 1e3);
     for r in &fit.rows {
+        let m = &r.row;
         out.push_str(&format!(
-            "{:<8} {:>7} {:>10} {:>13.2} {:>13.2} {:>9.2} %\n",
-            r.phase,
-            r.batch,
-            r.tokens,
-            r.measured_s * 1e3,
-            r.fitted_s * 1e3,
+            "{:<4} {:<8} {:>2} {:>6} {:>8} {:>4} {} {} {} {} {:>8.2} %\n",
+            m.line,
+            if m.phase == Phase::Prefill { "prefill" } else { "decode" },
+            r.tp,
+            m.batch,
+            m.tokens,
+            if m.phase == Phase::Prefill { "–".to_string() } else { m.output_tokens.to_string() },
+            ms(m.latency_s),
+            ms(r.default_s),
+            ms(r.fitted_s),
+            r.held_out_s.map_or("           –".into(), ms),
             100.0 * r.residual()
         ));
     }
-    if let Some(w) = fit.worst() {
-        out.push_str(&format!("worst residual: {:.2} % ({} {} tokens)\n", 100.0 * w.residual(), w.phase, w.tokens));
+    let pct = |e: Option<(f64, f64)>| {
+        e.map_or("–".into(), |(m, x)| format!("median {:.1} %, max {:.1} %", 100.0 * m, 100.0 * x))
+    };
+    out.push_str(&format!("default model:       {}\n", pct(fit.default_error())));
+    out.push_str(&format!("fitted:              {}\n", pct(fit.fit_error())));
+    out.push_str(&format!("held out (each row predicted by a fit without it): {}\n", pct(fit.cv_error())));
+    if fit.rows.iter().any(|r| r.power_w.is_some()) {
+        out.push_str(&format!("power, fitted:       {}\n", pct(fit.power_error())));
     }
-    let c = &fit.coefficients;
+    let c = &fit.constants;
     out.push_str(&format!(
-        "fitted: a = {:.4}, b = {:.4}, decode_bw_efficiency = {:.4}, step_overhead_secs = {:.6}\n",
-        c.a, c.b, c.decode_bw_efficiency, c.step_overhead_secs
+        "constants: compute_scale = {:.4}, memory_scale = {:.4}, comm_scale = {:.4}, step_overhead_secs = {:.6}, seq_overhead_secs = {:.6}, prefill_overhead_secs = {:.6}\n",
+        c.compute_scale, c.memory_scale, c.comm_scale, c.step_overhead_s, c.seq_overhead_s, c.prefill_overhead_s
     ));
+    if let Some(p) = &fit.power {
+        out.push_str(&format!(
+            "power: active {:.1} W, compute {:.1} W, memory {:.1} W (idle {:.1} W, at most {:.1} W)\n",
+            p.active_w, p.compute_w, p.memory_w, p.idle_w, p.max_w
+        ));
+    }
     for n in &fit.notes {
         out.push_str(&format!("note: {n}\n"));
     }
@@ -491,7 +514,7 @@ pub fn presets_table() -> String {
         let _ = writeln!(
             out,
             "{name:<10} {:>10.0} {:>12.0} {fp8:>11} {:>9.2} {:>8.0}",
-            g.memory_gb, g.tflops, g.mem_bw_tbps, g.power_w
+            g.memory_gb, g.tflops, g.mem_bw_tbps, g.power.max_w
         );
     }
     out

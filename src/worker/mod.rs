@@ -63,9 +63,9 @@
 //! load finishes, output blocks when the request finishes; a finished or
 //! preempted request's blocks stay cached and evictable (tail first).
 
-pub mod calibrate;
 pub mod model;
 pub mod perf;
+pub mod power;
 pub mod presets;
 
 use crate::engine::Version;
@@ -74,7 +74,8 @@ use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tie
 use crate::metrics::{PeakSeconds, StepRecord};
 use crate::request::Request;
 use crate::time::{SimDuration, SimTime};
-use perf::{PerfModel, PrefillChunk, Roofline, StepWork};
+use perf::{PrefillChunk, Roofline, StepModel, StepWork};
+use power::PowerModel;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
@@ -117,12 +118,14 @@ pub struct WorkerConfig {
     /// Publish KV events (for a KV-aware router).
     pub publish_events: bool,
     /// Step-time model.
-    pub perf: PerfModel,
+    pub perf: StepModel,
     /// The model on this GPU as the roofline counts it, for what steps ask
     /// of the GPU ([`Roofline::peak_seconds`]) whatever `perf` is.
     pub usage: Roofline,
     /// The model's sliding window, tokens (windowed layers read at most this much KV).
     pub sliding_window: Option<u64>,
+    /// The GPU's power model (energy per step).
+    pub power: PowerModel,
 }
 
 impl WorkerConfig {
@@ -187,13 +190,6 @@ struct Step {
     decodes: u64,
 }
 
-/// A step's seconds at full use: its duration × its use, the larger of its
-/// compute and HBM-bandwidth fractions of peak, at most 1 (a perf model
-/// faster than the roofline does not make a GPU draw more than its maximum).
-fn active_seconds(duration: SimDuration, peak: PeakSeconds) -> f64 {
-    peak.compute.max(peak.memory).min(duration.as_secs_f64())
-}
-
 /// Most sub-steps in one run.
 const MAX_RUN: u64 = 256;
 /// Sub-steps planned for a run after a run was cut short (or at first); the
@@ -252,9 +248,10 @@ pub struct Worker {
     run_sub: f64,
     /// What the steps done so far asked of the GPU.
     peak_total: PeakSeconds,
-    /// Σ over steps of duration × use (the larger of the compute and HBM
-    /// fractions of peak, at most 1): seconds at full use, for energy.
-    active_s: f64,
+    /// Joules per GPU of the steps done so far ([`PowerModel::step_joules`]).
+    step_j: f64,
+    /// The GPU's power model.
+    power: PowerModel,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -299,7 +296,8 @@ impl Worker {
             run_peak: (PeakSeconds::default(), PeakSeconds::default()),
             run_sub: 0.0,
             peak_total: PeakSeconds::default(),
-            active_s: 0.0,
+            step_j: 0.0,
+            power: cfg.power,
         }
     }
 
@@ -411,7 +409,7 @@ impl Worker {
             self.steps += 1;
             self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
             self.peak_total += self.step_peak;
-            self.active_s += active_seconds(d, self.step_peak);
+            self.step_j += self.power.step_joules(d.as_secs_f64(), self.step_peak);
             self.run_sub += 1.0;
             let (p0, dp) = self.run_peak;
             self.step_peak = PeakSeconds {
@@ -436,9 +434,9 @@ impl Worker {
         self.peak_total
     }
 
-    /// Seconds at full use so far: Σ over steps of duration × use (for energy).
-    pub fn active_seconds(&self) -> f64 {
-        self.active_s
+    /// Joules per GPU of the steps done so far.
+    pub fn step_joules(&self) -> f64 {
+        self.step_j
     }
 
     /// Moves the sub-steps materialised so far to `out`.
@@ -509,7 +507,7 @@ impl Worker {
         out.peak = self.step_peak;
         self.peak_total += self.step_peak;
         out.duration = step.end - step.start;
-        self.active_s += active_seconds(out.duration, self.step_peak);
+        self.step_j += self.power.step_joules(out.duration.as_secs_f64(), self.step_peak);
         self.busy += out.duration;
         self.steps += 1;
         let s = self.step_index;
@@ -689,11 +687,14 @@ impl Worker {
         self.perf_chunks.extend(self.chunks.iter().map(|&(_, c)| c));
         let context = self.decode.context_tokens();
         let window = self.decode.window_tokens(self.step_index, reqs);
+        // The chunks that finish their (re)computed context sample a token.
+        let finishing = self.chunks.iter().filter(|&&(id, c)| c.end >= reqs[id.index()].seq.num_tokens).count();
         let work = StepWork {
             prefill: &self.perf_chunks,
             decodes,
             decode_context_tokens: context,
             decode_window_tokens: window,
+            samples: decodes + finishing as u64,
         };
         let mut end = now + cfg.perf.step_time(&work);
         self.step_peak = cfg.usage.peak_seconds(&work);
@@ -724,6 +725,7 @@ impl Worker {
             decodes,
             decode_context_tokens: context + decodes,
             decode_window_tokens: window + below,
+            samples: decodes,
         };
         let p1 = cfg.usage.peak_seconds(&next);
         let p0 = self.step_peak;
@@ -742,6 +744,7 @@ impl Worker {
                 decodes,
                 decode_context_tokens: context + j * decodes,
                 decode_window_tokens: window + j * below,
+                samples: decodes,
             };
             end += cfg.perf.step_time(&work);
         }
@@ -1244,12 +1247,10 @@ mod tests {
             event_stride: 16,
             report_evictions: false,
             publish_events: false,
-            perf: PerfModel {
-                model: StepModel::Roofline(Roofline::toy(1.0, 10.0, 0.0, 1.0, 1e6, 1e6, 1000.0, 10.0)),
-                mix: MixRule::Max,
-            },
+            perf: StepModel::Roofline(Roofline::toy(1.0, 10.0, 0.0, 1.0, 1e6, 1e6, 1000.0, 10.0), MixRule::Max),
             usage: Roofline::toy(1.0, 10.0, 4.0, 24.0, 1e6, 1e6, 1000.0, 10.0),
             sliding_window: None,
+            power: crate::worker::presets::GpuSpec::preset("H100").unwrap().power,
         }
     }
 

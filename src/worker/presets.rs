@@ -3,6 +3,8 @@
 //! user's — and GPUs, with their vendors' datasheet numbers.
 
 use super::model::{ModelArch, config};
+use super::perf::profile::Peaks;
+use super::power::{self, PowerModel};
 use std::path::Path;
 
 /// A model preset: its name, other names it answers to, its `config.json`.
@@ -19,7 +21,9 @@ macro_rules! preset {
 }
 
 /// Every model preset (see `models/README.md` for the files' sources).
-const MODELS: [ModelPreset; 19] = [
+const MODELS: [ModelPreset; 21] = [
+    preset!("llama-2-7b", "llama-2-7b.json", ["meta-llama-2-7b"]),
+    preset!("llama-2-70b", "llama-2-70b.json", ["meta-llama-2-70b"]),
     preset!("llama-3.1-8b", "llama-3.1-8b.json", ["meta-llama-3.1-8b"]),
     preset!("llama-3.1-70b", "llama-3.1-70b.json", ["meta-llama-3.1-70b"]),
     preset!("llama-3.1-405b", "llama-3.1-405b.json", ["meta-llama-3.1-405b"]),
@@ -98,7 +102,7 @@ impl ModelArch {
     }
 }
 
-/// A GPU's datasheet numbers.
+/// A GPU's datasheet numbers and power model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuSpec {
     /// Canonical name.
@@ -111,19 +115,14 @@ pub struct GpuSpec {
     pub mem_bw_tbps: f64,
     /// Memory capacity, GiB (Opal's `memory_gb` unit; the marketed figure).
     pub memory_gb: f64,
-    /// Maximum board power, W (the datasheet's; drawn at full use).
-    pub power_w: f64,
-    /// Board power when no step runs, W.
-    pub idle_w: f64,
+    /// Tensor-parallel interconnect (NVLink, Infinity Fabric or PCIe) per
+    /// GPU and direction, 10⁹ bytes/s.
+    pub link_gbps: f64,
+    /// Board power (its `max_w`: 0 when not known — then no energy figures).
+    pub power: PowerModel,
     /// Price of one GPU-hour, US dollars (`None`: not given — no dollar figures).
     pub usd_per_hour: Option<f64>,
 }
-
-/// Idle board power as a share of the maximum, when not given: datasheets
-/// state only the maximum; ≈ 10 % is what published measurements of idle
-/// data-centre GPUs show (e.g. Vidur-Energy's estimates: H100 SXM 60 W of
-/// 700 W, A100 SXM 100 W of 400 W). Set `worker.hw.idle_watts` when you know better.
-pub const IDLE_POWER_SHARE: f64 = 0.1;
 
 /// A GPU preset.
 struct GpuPreset {
@@ -133,11 +132,15 @@ struct GpuPreset {
     fp8_tflops: Option<f64>,
     mem_bw_tbps: f64,
     memory_gb: f64,
+    link_gbps: f64,
+    /// Board maximum, W.
     power_w: f64,
+    /// Measured power (`None`: the shares of [`power::SHARES`]).
+    measured: Option<PowerModel>,
 }
 
 macro_rules! gpu {
-    ($name:literal, [$($alias:literal),*], $bf16:expr, $fp8:expr, $bw:expr, $mem:expr, $w:expr) => {
+    ($name:literal, [$($alias:literal),*], $bf16:expr, $fp8:expr, $bw:expr, $mem:expr, $link:expr, $w:expr, $measured:expr) => {
         GpuPreset {
             name: $name,
             aliases: &[$($alias),*],
@@ -145,28 +148,70 @@ macro_rules! gpu {
             fp8_tflops: $fp8,
             mem_bw_tbps: $bw,
             memory_gb: $mem,
+            link_gbps: $link,
             power_w: $w,
+            measured: $measured,
         }
     };
 }
 
+/// The H100 SXM's measured power (see [`crate::worker::power`]).
+const H100_POWER: PowerModel =
+    PowerModel { idle_w: 70.0, active_w: 190.0, compute_w: 900.0, memory_w: 450.0, max_w: 700.0 };
+/// The A100 SXM's measured power (see [`crate::worker::power`]).
+const A100_POWER: PowerModel =
+    PowerModel { idle_w: 60.0, active_w: 100.0, compute_w: 450.0, memory_w: 310.0, max_w: 400.0 };
+
 /// GPU presets: dense (non-sparse) BF16 and FP8 tensor peaks (TFLOP/s),
-/// memory bandwidth (TB/s), memory (GiB, as marketed) and board power (W)
-/// from the vendors' datasheets: NVIDIA's A100 datasheet (dense and sparse
-/// listed), H100 datasheet and H100 PCIe product brief PB-11133-001 (sparse
-/// listed: dense is half), H200 product page (sparse listed), HGX/DGX B200
-/// specifications (sparse listed; 7.7 TB/s per GPU in the HGX table), L40S
-/// datasheet (dense listed); AMD's ROCm documentation for the MI300X (dense
-/// listed).
+/// memory bandwidth (TB/s), memory (GiB, as marketed), interconnect per GPU
+/// and direction (GB/s) and board power (W) from the vendors' datasheets:
+/// NVIDIA's A100 datasheet (dense and sparse listed; NVLink 600 GB/s
+/// bidirectional), H100 datasheet and H100 PCIe product brief PB-11133-001
+/// (sparse listed: dense is half; NVLink 900 GB/s bidirectional on SXM, PCIe
+/// Gen5 ×16 on PCIe), H200 product page (sparse listed), HGX/DGX B200
+/// specifications (sparse listed; 7.7 TB/s per GPU in the HGX table; NVLink
+/// 1.8 TB/s bidirectional), L40S datasheet (dense listed; PCIe Gen4 ×16);
+/// AMD's ROCm documentation for the MI300X (dense listed; 7 Infinity Fabric
+/// links of 64 GB/s).
 const GPUS: [GpuPreset; 8] = [
-    gpu!("A100-40G", ["A100-40GB", "A100-SXM-40GB"], 312.0, None, 1.555, 40.0, 400.0),
-    gpu!("A100-80G", ["A100", "A100-80GB", "A100-SXM-80GB"], 312.0, None, 2.039, 80.0, 400.0),
-    gpu!("H100", ["H100-SXM", "H100-80G", "H100-SXM5"], 989.5, Some(1979.0), 3.35, 80.0, 700.0),
-    gpu!("H100-PCIE", ["H100-PCIE-80GB"], 756.5, Some(1513.0), 2.0, 80.0, 350.0),
-    gpu!("H200", ["H200-SXM", "H200-141G"], 989.5, Some(1979.0), 4.8, 141.0, 700.0),
-    gpu!("B200", ["HGX-B200", "DGX-B200"], 2250.0, Some(4500.0), 7.7, 180.0, 1000.0),
-    gpu!("MI300X", [], 1307.4, Some(2614.9), 5.3, 192.0, 750.0),
-    gpu!("L40S", [], 362.05, Some(733.0), 0.864, 48.0, 350.0),
+    gpu!(
+        "A100-40G",
+        ["A100-40GB", "A100-SXM-40GB"],
+        312.0,
+        None,
+        1.555,
+        40.0,
+        300.0,
+        400.0,
+        Some(PowerModel { idle_w: 45.0, ..A100_POWER })
+    ),
+    gpu!("A100-80G", ["A100", "A100-80GB", "A100-SXM-80GB"], 312.0, None, 2.039, 80.0, 300.0, 400.0, Some(A100_POWER)),
+    gpu!(
+        "H100",
+        ["H100-SXM", "H100-80G", "H100-SXM5"],
+        989.5,
+        Some(1979.0),
+        3.35,
+        80.0,
+        450.0,
+        700.0,
+        Some(H100_POWER)
+    ),
+    gpu!("H100-PCIE", ["H100-PCIE-80GB"], 756.5, Some(1513.0), 2.0, 80.0, 64.0, 350.0, None),
+    gpu!(
+        "H200",
+        ["H200-SXM", "H200-141G"],
+        989.5,
+        Some(1979.0),
+        4.8,
+        141.0,
+        450.0,
+        700.0,
+        Some(PowerModel { idle_w: 80.0, ..H100_POWER })
+    ),
+    gpu!("B200", ["HGX-B200", "DGX-B200"], 2250.0, Some(4500.0), 7.7, 180.0, 900.0, 1000.0, None),
+    gpu!("MI300X", [], 1307.4, Some(2614.9), 5.3, 192.0, 448.0, 750.0, None),
+    gpu!("L40S", [], 362.05, Some(733.0), 0.864, 48.0, 32.0, 350.0, None),
 ];
 
 impl GpuSpec {
@@ -180,31 +225,31 @@ impl GpuSpec {
             fp8_tflops: g.fp8_tflops,
             mem_bw_tbps: g.mem_bw_tbps,
             memory_gb: g.memory_gb,
-            power_w: g.power_w,
-            idle_w: g.power_w * IDLE_POWER_SHARE,
+            link_gbps: g.link_gbps,
+            power: g.measured.unwrap_or(PowerModel::from_shares(g.power_w, power::SHARES)),
             usd_per_hour: None,
         })
     }
 
-    /// Joules `tp` of these GPUs draw over `alive_s` seconds of which
-    /// `active_s` are spent at full use. Power is linear in use (as
-    /// Vidur-Energy and LLMServingSim model it): idle power all the time,
-    /// plus (max − idle) × use while a step runs, a step's use being the
-    /// larger of its compute and HBM-bandwidth fractions of peak (capped at
-    /// 1); `active_s` is the sum over steps of duration × use.
-    pub fn energy_j(&self, tp: u32, alive_s: f64, active_s: f64) -> f64 {
-        f64::from(tp) * (self.idle_w * alive_s + (self.power_w - self.idle_w) * active_s)
+    /// The peaks of one GPU, as the operator model's speed of light.
+    pub fn peaks(&self) -> Peaks {
+        Peaks {
+            bf16_flops: self.tflops * 1e12,
+            fp8_flops: self.fp8_tflops.map(|t| t * 1e12),
+            mem_bw: self.mem_bw_tbps * 1e12,
+            link_bw: self.link_gbps * 1e9,
+        }
     }
 
-    /// What `tp` of these GPUs cost over `alive_s` seconds, `active_s` of
-    /// them at full use: GPU-hours, joules (NaN when the board power is not
-    /// known: a GPU that is not a preset and has no `max_watts`), dollars
-    /// (NaN without a price).
-    pub fn cost(&self, tp: u32, alive_s: f64, active_s: f64) -> crate::metrics::CostSummary {
+    /// What `tp` of these GPUs cost over `alive_s` seconds, `busy_s` of
+    /// them in steps that took `step_j` joules per GPU: GPU-hours, joules
+    /// (NaN when the board power is not known: a GPU that is not a preset
+    /// and has no `max_watts`), dollars (NaN without a price).
+    pub fn cost(&self, tp: u32, alive_s: f64, busy_s: f64, step_j: f64) -> crate::metrics::CostSummary {
         let gpu_hours = f64::from(tp) * alive_s / 3600.0;
         crate::metrics::CostSummary {
             gpu_hours,
-            energy_j: if self.power_w > 0.0 { self.energy_j(tp, alive_s, active_s) } else { f64::NAN },
+            energy_j: if self.power.max_w > 0.0 { self.power.energy_j(tp, alive_s, busy_s, step_j) } else { f64::NAN },
             usd: self.usd_per_hour.map_or(f64::NAN, |p| p * gpu_hours),
         }
     }

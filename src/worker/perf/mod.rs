@@ -1,0 +1,109 @@
+//! Step-time models: how long one scheduler step (one forward pass over the
+//! batch) takes.
+//!
+//! A step has a prefill part (chunks of prompt tokens, each with the number of
+//! tokens already in the KV cache) and a decode part (one token for each
+//! decoding sequence, reading its KV context). The models:
+//!
+//! * `operators` (the default) — the step priced like the forward pass it
+//!   is, operator by operator, from measured operator tables where the GPU
+//!   has them (see [`operators`] and [`profile`]). Mixed batches are priced
+//!   by construction.
+//! * `roofline` — Opal's analytic model, kept bit for bit for imported Opal
+//!   configurations and generalised to today's model families (see
+//!   [`Roofline`]). Its prefill and decode parts combine by [`MixRule`]:
+//!   `max` (Opal's rule) or `sum`.
+//! * `synthetic` — every step takes the same fixed time.
+//! * `table` — measured step latencies, interpolated (see [`LatencyTable`]);
+//!   its fixed cost is charged once per step.
+
+pub mod operators;
+pub mod profile;
+mod roofline;
+mod table;
+
+pub use roofline::{Coefficients, MixRule, Roofline, WeightTraffic};
+pub use table::{COLUMNS, LatencyRows, LatencyTable, Measured, Phase, parse_measured, read_measured};
+
+use crate::time::SimDuration;
+
+/// One prefill chunk in a step: the sequence goes from `cached` to `end` computed tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillChunk {
+    /// Tokens already in the KV cache before the chunk (p).
+    pub cached: u64,
+    /// Tokens in the KV cache after the chunk (n).
+    pub end: u64,
+}
+
+/// The work of one step.
+#[derive(Clone, Copy, Debug)]
+pub struct StepWork<'a> {
+    /// Prefill chunks.
+    pub prefill: &'a [PrefillChunk],
+    /// Decoding sequences (one new token each).
+    pub decodes: u64,
+    /// Σ over decoding sequences of the tokens already in their KV cache.
+    pub decode_context_tokens: u64,
+    /// The same with each sequence's context capped at the model's sliding
+    /// window (equal to `decode_context_tokens` without one).
+    pub decode_window_tokens: u64,
+    /// Sequences that sample a token (the decoding ones and the prefill
+    /// chunks that finish their prompt): the LM head's rows.
+    pub samples: u64,
+}
+
+/// A resolved step-time model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepModel {
+    /// The forward pass, operator by operator.
+    Operators(operators::Operators),
+    /// Opal's analytic roofline, and how its prefill and decode parts combine.
+    Roofline(Roofline, MixRule),
+    /// A fixed time per step.
+    Synthetic(SimDuration),
+    /// Measured step latencies, and how a mixed step combines them.
+    Table(LatencyTable, MixRule),
+}
+
+impl StepModel {
+    /// Duration of one step (at least 1 ns; rounding per [`SimDuration::from_secs_f64`]).
+    pub fn step_time(&self, work: &StepWork<'_>) -> SimDuration {
+        let secs = match self {
+            StepModel::Synthetic(d) => return *d,
+            StepModel::Operators(o) => o.secs(work),
+            StepModel::Roofline(r, mix) => {
+                let prefill: f64 = work.prefill.iter().map(|c| r.prefill_secs(c.cached, c.end)).sum();
+                let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+                let decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
+                mix.combine(prefill, decode)
+            }
+            StepModel::Table(t, mix) => t.step_secs(work, *mix),
+        };
+        SimDuration::from_secs_f64(secs).max(SimDuration(1))
+    }
+
+    /// The model's name as `worker.inference_params.model` spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            StepModel::Operators(_) => "operators",
+            StepModel::Roofline(..) => "roofline",
+            StepModel::Synthetic(_) => "synthetic",
+            StepModel::Table(..) => "table",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_steps_take_the_fixed_time_whatever_the_work() {
+        let m = StepModel::Synthetic(SimDuration(5));
+        let chunks = [PrefillChunk { cached: 0, end: 1000 }];
+        let work =
+            StepWork { prefill: &chunks, decodes: 9, decode_context_tokens: 99, decode_window_tokens: 99, samples: 10 };
+        assert_eq!(m.step_time(&work), SimDuration(5));
+    }
+}

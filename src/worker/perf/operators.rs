@@ -1,0 +1,538 @@
+//! The `operators` step model: a step priced like the forward pass vLLM
+//! runs, operator by operator, on one GPU of a tensor-parallel worker.
+//!
+//! Per layer (vLLM's model files, e.g. `vllm/model_executor/models/llama.py`;
+//! the shapes as aiconfigurator's `sdk/models/llama.py` prices them):
+//! the fused QKV projection (`n = (H/tp + 2·⌈K/tp⌉)·h`, `k = d`), attention,
+//! the output projection (`n = d`, `k = H·h/tp`), the MLP's fused gate/up
+//! (`n = 2F/tp`) and down (`k = F/tp`) projections — or, for a mixture of
+//! experts, its router, shared experts and the routed experts its tokens
+//! touch — two RMSNorms, the activation, RoPE and the KV-cache write, and
+//! with `tp > 1` two all-reduces of the step's `tokens × d` activations.
+//! Once per step: the embedding lookup (and its all-reduce) and the LM head
+//! on the sequences that sample a token.
+//!
+//! The linear operators run **once on the step's total tokens** (prefill
+//! chunk tokens plus one per decoding sequence): their GEMMs have `m` = that
+//! count. Attention is per sequence: each prefill chunk by its (chunk,
+//! context), the decoding sequences by their batch and mean context. A
+//! mixed batch is priced by construction.
+//!
+//! Operator prices come from a [`Profile`]; every price says whether it is
+//! compute-, memory- or communication-bound. A step takes the longer of
+//! its GPU work and its CPU work ([`StepCost::secs`]):
+//!
+//! - GPU: `compute_scale·compute + memory_scale·memory + comm_scale·comm`;
+//! - CPU: `step_overhead + seq_overhead·sequences + prefill_overhead` (the
+//!   last only for a step with prefill work) — the engine's scheduling,
+//!   input preparation, sampling and kernel launches, which overlap the
+//!   GPU's kernels: a step whose kernels are shorter than launching them
+//!   is launch-bound (vLLM runs decode steps as CUDA graphs and prefill
+//!   eagerly, kernel by kernel, hence the prefill term). The measured
+//!   kernel tables hold none of it: the overheads are 0 by default and
+//!   `opal-sweep calibrate` fits them to a stack's measurements. A stack
+//!   whose decode step hardly changes with TP (SplitwiseSim's 2023 vLLM:
+//!   43–45 ms on A100 from TP 4 to 8) is launch-bound there.
+//!
+//! Each part is linear in its constants, which is what lets `calibrate`
+//! fit them.
+//!
+//! Precomputed per (model, GPU, tp, profile): the per-step operators as a
+//! piecewise-linear curve over the step's tokens (knots at every size the
+//! tables measure and four per octave beyond; linear beyond the last), the
+//! LM head over the sequences that sample, prefill attention over the
+//! sequence length and decode attention over (batch, keys) — so a step
+//! costs a few binary searches, whatever the model.
+
+use super::StepWork;
+use super::profile::{AttnShape, Bound, Elementwise, Gemm, Precision, Priced, Profile, Role};
+use crate::worker::model::{Attention, ModelArch, attention_pairs, expected_experts};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The constants a stack's measurements fit (`worker.inference_params`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OperatorConstants {
+    /// Multiplies compute-bound time (1: as the profile prices it).
+    pub compute_scale: f64,
+    /// Multiplies memory-bound time.
+    pub memory_scale: f64,
+    /// Multiplies all-reduce time.
+    pub comm_scale: f64,
+    /// CPU seconds of every step (overlapping its GPU work).
+    pub step_overhead_s: f64,
+    /// CPU seconds per sequence in a step (each prefill chunk and each decoding sequence).
+    pub seq_overhead_s: f64,
+    /// CPU seconds added to a step with prefill work (run eagerly, without CUDA graphs).
+    pub prefill_overhead_s: f64,
+}
+
+impl OperatorConstants {
+    /// The profile's prices, no overheads.
+    pub const DEFAULT: OperatorConstants = OperatorConstants {
+        compute_scale: 1.0,
+        memory_scale: 1.0,
+        comm_scale: 1.0,
+        step_overhead_s: 0.0,
+        seq_overhead_s: 0.0,
+        prefill_overhead_s: 0.0,
+    };
+
+    /// The constants as a vector, in [`StepCost::features`] order.
+    pub fn as_array(&self) -> [f64; 6] {
+        [
+            self.compute_scale,
+            self.memory_scale,
+            self.comm_scale,
+            self.step_overhead_s,
+            self.seq_overhead_s,
+            self.prefill_overhead_s,
+        ]
+    }
+
+    /// The constants from a vector in [`StepCost::features`] order.
+    pub fn from_array(a: [f64; 6]) -> OperatorConstants {
+        OperatorConstants {
+            compute_scale: a[0],
+            memory_scale: a[1],
+            comm_scale: a[2],
+            step_overhead_s: a[3],
+            seq_overhead_s: a[4],
+            prefill_overhead_s: a[5],
+        }
+    }
+}
+
+/// A step's seconds by what bounds them, before the constants scale them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCost {
+    /// Compute-bound seconds.
+    pub compute: f64,
+    /// Memory-bound seconds.
+    pub memory: f64,
+    /// All-reduce seconds.
+    pub comm: f64,
+    /// Steps (1 for one step; sums add up).
+    pub steps: f64,
+    /// Sequences in the step.
+    pub seqs: f64,
+    /// Steps with prefill work (1 or 0 for one step).
+    pub prefill_steps: f64,
+}
+
+/// Constants (in [`OperatorConstants::as_array`] order) that price GPU work;
+/// the others price CPU work.
+pub const GPU_CONSTANTS: usize = 3;
+
+impl StepCost {
+    /// What the constants multiply, in [`OperatorConstants::as_array`] order.
+    pub fn features(&self) -> [f64; 6] {
+        [self.compute, self.memory, self.comm, self.steps, self.seqs, self.prefill_steps]
+    }
+
+    /// The step's GPU and CPU seconds under `c`.
+    pub fn parts(&self, c: &OperatorConstants) -> (f64, f64) {
+        let (f, k) = (self.features(), c.as_array());
+        let dot = |r: std::ops::Range<usize>| r.map(|i| f[i] * k[i]).sum::<f64>();
+        (dot(0..GPU_CONSTANTS), dot(GPU_CONSTANTS..6))
+    }
+
+    /// The step's seconds under `c`: the longer of its GPU and CPU work.
+    pub fn secs(&self, c: &OperatorConstants) -> f64 {
+        let (gpu, cpu) = self.parts(c);
+        gpu.max(cpu)
+    }
+
+    fn add(&mut self, p: Priced, times: f64) {
+        match p.bound {
+            Bound::Compute => self.compute += p.secs * times,
+            Bound::Memory => self.memory += p.secs * times,
+            Bound::Comm => self.comm += p.secs * times,
+        }
+    }
+}
+
+impl std::ops::AddAssign for StepCost {
+    fn add_assign(&mut self, o: StepCost) {
+        self.compute += o.compute;
+        self.memory += o.memory;
+        self.comm += o.comm;
+        self.steps += o.steps;
+        self.seqs += o.seqs;
+        self.prefill_steps += o.prefill_steps;
+    }
+}
+
+/// A piecewise-linear function of one variable with values by bound.
+#[derive(Clone, Debug, PartialEq)]
+struct Curve {
+    knots: Vec<f64>,
+    values: Vec<[f64; 3]>,
+}
+
+impl Curve {
+    fn build(knots: &[f64], f: impl Fn(f64) -> StepCost) -> Curve {
+        let values = knots
+            .iter()
+            .map(|&x| {
+                let c = f(x);
+                [c.compute, c.memory, c.comm]
+            })
+            .collect();
+        Curve { knots: knots.to_vec(), values }
+    }
+
+    /// The value at `x` (0 at 0; linear between knots and beyond the last two).
+    fn at(&self, x: f64) -> [f64; 3] {
+        if x <= 0.0 {
+            return [0.0; 3];
+        }
+        let k = &self.knots;
+        let i = k.partition_point(|&v| v < x).clamp(1, k.len() - 1);
+        let (x0, x1) = (k[i - 1], k[i]);
+        let w = (x - x0) / (x1 - x0);
+        let (a, b) = (self.values[i - 1], self.values[i]);
+        std::array::from_fn(|j| (a[j] + (b[j] - a[j]) * w).max(0.0))
+    }
+}
+
+/// A function of (batch, keys), bilinear between grid points and beyond.
+#[derive(Clone, Debug, PartialEq)]
+struct Grid2 {
+    batches: Vec<f64>,
+    keys: Vec<f64>,
+    /// Row-major: `secs[i * keys + j]`.
+    secs: Vec<f64>,
+}
+
+/// Indices bracketing `x` in `grid` and the weight of the upper one.
+fn bracket(grid: &[f64], x: f64) -> (usize, usize, f64) {
+    let i = grid.partition_point(|&v| v < x).clamp(1, grid.len() - 1);
+    (i - 1, i, (x - grid[i - 1]) / (grid[i] - grid[i - 1]))
+}
+
+impl Grid2 {
+    fn build(batches: &[f64], keys: &[f64], f: impl Fn(f64, f64) -> f64) -> Grid2 {
+        let mut secs = Vec::with_capacity(batches.len() * keys.len());
+        for &b in batches {
+            for &s in keys {
+                secs.push(f(b, s));
+            }
+        }
+        Grid2 { batches: batches.to_vec(), keys: keys.to_vec(), secs }
+    }
+
+    fn at(&self, batch: f64, keys: f64) -> f64 {
+        let (i0, i1, wi) = bracket(&self.batches, batch);
+        let (j0, j1, wj) = bracket(&self.keys, keys);
+        let n = self.keys.len();
+        let v = |i: usize, j: usize| self.secs[i * n + j];
+        let row = |i: usize| v(i, j0) + (v(i, j1) - v(i, j0)) * wj;
+        (row(i0) + (row(i1) - row(i0)) * wi).max(0.0)
+    }
+}
+
+/// One layer's GEMMs and element-wise traffic per token.
+#[derive(Clone, Debug, PartialEq)]
+struct LayerOps {
+    /// Layers like this one.
+    count: f64,
+    gemms: Vec<(Role, u64, u64, Precision)>,
+    /// Routed experts: (experts E, per token k, width F/tp, precision).
+    experts: Option<(u64, u64, u64, Precision)>,
+    /// Element-wise operators: bytes per token.
+    elementwise: Vec<(Elementwise, f64)>,
+}
+
+/// What is precomputed per (model, GPU, tp, profile).
+#[derive(Clone, Debug, PartialEq)]
+pub struct OperatorCurves {
+    /// Everything but attention and the LM head, for a step of `m` tokens.
+    dense: Curve,
+    /// The LM head, for `s` sampling sequences.
+    head: Curve,
+    /// One full-attention layer's prefill of a sequence of `s` tokens from an empty cache.
+    ctx: Curve,
+    /// One layer's decode attention over (batch, keys) — full attention.
+    decode: Grid2,
+    /// Full-attention and sliding-window layers, and the window.
+    full_layers: f64,
+    windowed_layers: f64,
+    window: u64,
+    /// The profile's sources, for messages.
+    pub source: String,
+}
+
+/// The `operators` step model: the precomputed curves and the constants.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Operators {
+    /// The precomputed prices (shared by every worker and run of one configuration).
+    pub curves: Arc<OperatorCurves>,
+    /// The fitted constants.
+    pub constants: OperatorConstants,
+}
+
+/// Largest step (tokens) a knot covers; beyond it the curves are extrapolated linearly.
+const MAX_KNOT: f64 = 2_097_152.0;
+
+/// Knots: 1 … 16, then four per octave, plus `extra` (measured sizes), up to [`MAX_KNOT`].
+fn knots(extra: impl IntoIterator<Item = f64>) -> Vec<f64> {
+    let mut k: Vec<f64> = (1..=16).map(f64::from).collect();
+    let mut x: f64 = 16.0;
+    while x < MAX_KNOT {
+        x *= 2f64.powf(0.25);
+        k.push(x.round().min(MAX_KNOT));
+    }
+    k.extend(extra.into_iter().filter(|&v| (1.0..=MAX_KNOT).contains(&v)));
+    k.sort_by(f64::total_cmp);
+    k.dedup();
+    k
+}
+
+/// The precision of a GEMM whose weights take `bytes` bytes each.
+fn precision(bytes: f64, fp8_cores: bool) -> Precision {
+    if bytes >= 2.0 {
+        Precision::Bf16
+    } else if (1.0..=1.05).contains(&bytes) && fp8_cores {
+        Precision::Fp8
+    } else {
+        Precision::WeightOnly(bytes)
+    }
+}
+
+/// The layers of `model` on one of `tp` GPUs.
+fn layers(model: &ModelArch, tp: u64, fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
+    let d = model.hidden_size;
+    let dtype = model.dtype_bytes as f64;
+    let q = model.quantization.as_ref();
+    let quantized = |yes: bool| match q {
+        Some(q) if yes => precision(q.bytes_per_param, fp8_cores),
+        _ => precision(dtype, fp8_cores),
+    };
+    let attn_p = quantized(q.is_some_and(|q| q.attention));
+    let (mut gemms, shape, rope_bytes) = match model.attention {
+        Attention::Gqa { heads, kv_heads, head_dim, .. } => {
+            let (h, k) = (heads.div_ceil(tp), kv_heads.div_ceil(tp));
+            let g = vec![(Role::Qkv, (h + 2 * k) * head_dim, d, attn_p), (Role::AttnOut, d, h * head_dim, attn_p)];
+            let shape = AttnShape { heads: h, kv_heads: k, head_dim, kv_bytes: model.kv_dtype_bytes as f64, mla: None };
+            (g, shape, 2.0 * 2.0 * ((h + k) * head_dim) as f64)
+        }
+        Attention::Mla { heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim } => {
+            let h = heads.div_ceil(tp);
+            let qk = qk_nope_head_dim + qk_rope_head_dim;
+            let mut g = match q_lora_rank {
+                Some(r) => vec![(Role::Qkv, r, d, attn_p), (Role::Qkv, h * qk, r, attn_p)],
+                None => vec![(Role::Qkv, h * qk, d, attn_p)],
+            };
+            g.push((Role::Qkv, kv_lora_rank + qk_rope_head_dim, d, attn_p));
+            g.push((Role::Qkv, h * (qk_nope_head_dim + v_head_dim), kv_lora_rank, attn_p));
+            g.push((Role::AttnOut, d, h * v_head_dim, attn_p));
+            let shape = AttnShape {
+                heads: h,
+                kv_heads: 1,
+                head_dim: qk,
+                kv_bytes: model.kv_dtype_bytes as f64,
+                mla: Some((kv_lora_rank + qk_rope_head_dim, v_head_dim)),
+            };
+            (g, shape, 2.0 * 2.0 * ((h + 1) * qk_rope_head_dim) as f64)
+        }
+    };
+    let norms = model.norms_per_layer as f64;
+    let base = |f: u64| {
+        vec![
+            (Elementwise::Norm, norms * 8.0 * d as f64),
+            (Elementwise::Activation, 6.0 * f as f64),
+            (Elementwise::Rope, rope_bytes),
+            (Elementwise::KvWrite, 2.0 * shape.kv_bytes_per_token()),
+        ]
+    };
+    let mlp_p = quantized(q.is_some_and(|q| q.dense_mlp) || (q.is_some() && model.moe.is_none()));
+    let mut out = Vec::new();
+    let dense_layers = model.num_layers - model.moe.as_ref().map_or(0, |m| m.layers);
+    if dense_layers > 0 {
+        let f = model.intermediate_size / tp;
+        let mut g = gemms.clone();
+        g.push((Role::GateUp, 2 * f, d, mlp_p));
+        g.push((Role::Down, d, f, mlp_p));
+        out.push(LayerOps { count: dense_layers as f64, gemms: g, experts: None, elementwise: base(f) });
+    }
+    if let Some(m) = &model.moe {
+        gemms.push((Role::Router, m.experts, d, Precision::Bf16));
+        if m.shared_intermediate > 0 {
+            let f = m.shared_intermediate / tp;
+            gemms.push((Role::GateUp, 2 * f, d, mlp_p));
+            gemms.push((Role::Down, d, f, mlp_p));
+        }
+        let expert_p = quantized(q.is_some());
+        let f = m.expert_intermediate / tp;
+        let mut elementwise = base(m.shared_intermediate / tp);
+        elementwise.push((Elementwise::Activation, 6.0 * (m.active * f) as f64));
+        out.push(LayerOps {
+            count: m.layers as f64,
+            gemms,
+            experts: Some((m.experts, m.active, f, expert_p)),
+            elementwise,
+        });
+    }
+    (out, shape)
+}
+
+/// Memoised curves: building them costs milliseconds (thousands of table
+/// lookups), and a sweep resolves the same configuration at every run.
+fn cache() -> &'static Mutex<HashMap<String, Arc<OperatorCurves>>> {
+    static CACHE: std::sync::OnceLock<Mutex<HashMap<String, Arc<OperatorCurves>>>> = std::sync::OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl OperatorCurves {
+    /// The curves of `model` on `tp` GPUs priced by `profile` (memoised by
+    /// `key`, which must name everything the curves depend on).
+    pub fn cached(key: String, model: &ModelArch, tp: u32, profile: &Profile) -> Arc<OperatorCurves> {
+        if let Some(c) = cache().lock().expect("the curve cache is never poisoned").get(&key) {
+            return c.clone();
+        }
+        let curves = Arc::new(OperatorCurves::build(model, tp, profile));
+        let mut map = cache().lock().expect("the curve cache is never poisoned");
+        if map.len() >= 256 {
+            map.clear();
+        }
+        map.insert(key, curves.clone());
+        curves
+    }
+
+    /// Builds the curves of `model` on `tp` GPUs priced by `profile`.
+    pub fn build(model: &ModelArch, tp: u32, profile: &Profile) -> OperatorCurves {
+        let tpu = u64::from(tp);
+        let fp8 = profile.analytic.peaks.fp8_flops.is_some();
+        let (groups, shape) = layers(model, tpu, fp8);
+        let d = model.hidden_size as f64;
+        let measured_m = profile.tables.as_ref().map(|t| t.gemm_rows()).unwrap_or_default();
+        let ar_sizes = profile.tables.as_ref().map(|t| t.allreduce_sizes(tp)).unwrap_or_default();
+        let m_knots = knots(measured_m.into_iter().chain(ar_sizes.into_iter().map(|e| e / d)));
+        let head_p = precision(model.dtype_bytes as f64, fp8);
+        let vocab = model.vocab_size.div_ceil(tpu);
+        let dense = Curve::build(&m_knots, |m| {
+            let mut c = StepCost::default();
+            for g in &groups {
+                for &(role, n, k, p) in &g.gemms {
+                    c.add(profile.gemm(role, &Gemm { m, n, k, precision: p }), g.count);
+                }
+                if let Some((e, active, f, p)) = g.experts {
+                    c.add(experts(profile, m, e, active, f, model.hidden_size, p), g.count);
+                }
+                for &(op, bytes) in &g.elementwise {
+                    c.add(profile.elementwise(op, m, bytes * m), g.count);
+                }
+                if tp > 1 {
+                    c.add(profile.allreduce(tp, m * d), 2.0 * g.count);
+                }
+            }
+            // Once per step: the embedding (and its all-reduce) and the final norm.
+            c.add(profile.elementwise(Elementwise::Embedding, m, m * d * model.dtype_bytes as f64), 1.0);
+            c.add(profile.elementwise(Elementwise::FinalNorm, m, m * 8.0 * d), 1.0);
+            if tp > 1 {
+                c.add(profile.allreduce(tp, m * d), 1.0);
+            }
+            c
+        });
+        let head = Curve::build(&m_knots, |s| {
+            let mut c = StepCost::default();
+            c.add(profile.gemm(Role::LmHead, &Gemm { m: s, n: vocab, k: model.hidden_size, precision: head_p }), 1.0);
+            c
+        });
+        let s_knots = knots(std::iter::empty());
+        let ctx = Curve::build(&s_knots, |s| {
+            let mut c = StepCost::default();
+            c.add(profile.ctx_attention(&shape, s, 0.0), 1.0);
+            c
+        });
+        // Decode attention is linear in batch and keys beyond the tables
+        // (2,048 sequences, 131,072 keys): the grid stops there and extrapolates.
+        let batches: Vec<f64> =
+            (0..=11).flat_map(|j| [2f64.powi(j), 1.5 * 2f64.powi(j)]).filter(|b| (1.0..=2048.0).contains(b)).collect();
+        let keys: Vec<f64> = (0..=34).map(|j| 2f64.powf(f64::from(j) / 2.0).round()).chain([131_072.0]).collect();
+        let mut keys = keys;
+        keys.dedup();
+        let decode = Grid2::build(&batches, &keys, |b, s| profile.gen_attention(&shape, b, s).secs);
+        let (window, windowed) = model.window.unwrap_or((u64::MAX, 0));
+        OperatorCurves {
+            dense,
+            head,
+            ctx,
+            decode,
+            full_layers: (model.num_layers - windowed) as f64,
+            windowed_layers: windowed as f64,
+            window,
+            source: profile.describe(),
+        }
+    }
+
+    /// One full-attention layer's prefill of the chunk `p → n`: the full
+    /// sequence's latency × `(n² − p²)/n²` (aiconfigurator's prefix rule).
+    fn ctx_layer(&self, p: u64, n: u64) -> f64 {
+        let full: f64 = self.ctx.at(n as f64).iter().sum();
+        let (p, n) = (p as f64, n as f64);
+        full * (n * n - p * p) / (n * n)
+    }
+
+    /// The step's cost by bound.
+    pub fn cost(&self, work: &StepWork<'_>) -> StepCost {
+        let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+        let [compute, memory, comm] = self.dense.at(tokens as f64);
+        let head = self.head.at(work.samples as f64);
+        let mut c = StepCost {
+            compute: compute + head[0],
+            memory: memory + head[1],
+            comm: comm + head[2],
+            steps: 1.0,
+            seqs: (work.decodes + work.prefill.len() as u64) as f64,
+            prefill_steps: if work.prefill.is_empty() { 0.0 } else { 1.0 },
+        };
+        for chunk in work.prefill {
+            let full = self.ctx_layer(chunk.cached, chunk.end);
+            c.compute += self.full_layers * full;
+            if self.windowed_layers > 0.0 {
+                let ratio = attention_pairs(chunk.cached, chunk.end, self.window)
+                    / attention_pairs(chunk.cached, chunk.end, u64::MAX);
+                c.compute += self.windowed_layers * full * ratio;
+            }
+        }
+        if work.decodes > 0 {
+            let b = work.decodes as f64;
+            c.memory += self.full_layers * self.decode.at(b, work.decode_context_tokens as f64 / b + 1.0);
+            if self.windowed_layers > 0.0 {
+                c.memory += self.windowed_layers * self.decode.at(b, work.decode_window_tokens as f64 / b + 1.0);
+            }
+        }
+        c
+    }
+}
+
+/// The routed experts of one MoE layer for `m` tokens, priced as the fused
+/// grouped GEMM vLLM runs (`fused_moe`): the FLOPs of the experts each token
+/// uses, the weights of the `E·(1 − (1 − k/E)^m)` experts the tokens are
+/// expected to touch, at the analytic GEMM efficiencies for the tokens each
+/// touched expert gets (one launch for the gate/up and one for the down GEMM).
+fn experts(profile: &Profile, m: f64, e: u64, active: u64, f: u64, d: u64, p: Precision) -> Priced {
+    use super::profile::analytic::{GEMM_COMPUTE_EFFICIENCY, GEMM_HALF_ROWS, GEMM_LATENCY_S, GEMM_MEMORY_EFFICIENCY};
+    let touched = expected_experts(e, active, m);
+    let per_expert = m * active as f64 / touched;
+    let weights = 3.0 * (d * f) as f64;
+    let flops = 2.0 * m * active as f64 * weights;
+    let bytes =
+        touched * weights * p.weight_bytes() + p.activation_bytes() * m * active as f64 * (3 * f + 2 * d) as f64;
+    let peaks = &profile.analytic.peaks;
+    let compute = flops / (peaks.flops(p) * GEMM_COMPUTE_EFFICIENCY * per_expert / (per_expert + GEMM_HALF_ROWS));
+    let memory = bytes / (peaks.mem_bw * GEMM_MEMORY_EFFICIENCY);
+    Priced {
+        secs: compute.max(memory) + 2.0 * GEMM_LATENCY_S,
+        bound: if compute >= memory { Bound::Compute } else { Bound::Memory },
+    }
+}
+
+impl Operators {
+    /// The step's seconds.
+    pub fn secs(&self, work: &StepWork<'_>) -> f64 {
+        self.curves.cost(work).secs(&self.constants)
+    }
+}

@@ -1,0 +1,478 @@
+//! aiconfigurator's measured operator tables (NVIDIA's Dynamo offline
+//! configurator, `aiconfigurator-core` on PyPI, Apache-2.0): GEMMs by
+//! (dtype, m, n, k), prefill and decode attention by shape, batch and
+//! sequence, custom all-reduce by GPU count and message size — latencies in
+//! milliseconds, one Parquet file per table, as aiconfigurator ships them
+//! under `systems/data/<gpu>/…/<backend>/<version>/`.
+//!
+//! Lookups follow aiconfigurator-core 0.12.0's SILICON mode (its Rust
+//! `perf_database`; rules re-implemented and checked against the compiled
+//! engine to 1e-15 on 450 probes before they were written here):
+//!
+//! - **GEMM** (`gemm.rs`, `perf_interp.rs`): each measured (n, k) is a curve
+//!   over m, every point raised to at least its speed of light; an exact m
+//!   is the measurement, between two it is linear in m, beyond the curve the
+//!   median utilisation of its three end points is held. An (n, k) not
+//!   measured borrows the utilisation of the (at most) four nearest measured
+//!   sites within two octaves in (log₂ n, log₂ k) whose curves cover m,
+//!   weighted by 1/d² (here: the four nearest at any distance when none is
+//!   that close, where aiconfigurator refuses the shape).
+//! - **Prefill attention** (`attention.rs`): a grid over heads, sequence and
+//!   batch (square roots blended along the sequence); a chunk after `p`
+//!   cached tokens of a sequence of `s` costs the full sequence's latency ×
+//!   `(s² − p²)/s²`.
+//! - **Decode attention**: a grid over heads, batch and keys (`s` = the
+//!   context + 1), every point raised to its speed of light, the mean of five
+//!   queries spread over ±10 % of `s`.
+//! - **All-reduce** (`communication.rs`): the CUDA-graph rows (eager rows
+//!   skipped), linear in the message size, extrapolated linearly beyond.
+//!
+//! Attention tables are keyed by KV heads with `0` for multi-head attention
+//! (as aiconfigurator stores them) and by window (`0`: full attention).
+
+use super::grid::{Grid, Node};
+use super::{AttnShape, Gemm, Peaks, Precision};
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The table files, by aiconfigurator's names.
+pub const GEMM_FILE: &str = "gemm_perf.parquet";
+/// Prefill attention.
+pub const CTX_FILE: &str = "context_attention_perf.parquet";
+/// Decode attention.
+pub const GEN_FILE: &str = "generation_attention_perf.parquet";
+/// All-reduce.
+pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
+
+/// One measured (n, k) of the GEMM table: latency (s) over m.
+#[derive(Clone, Debug)]
+struct Site {
+    n: u64,
+    k: u64,
+    /// (m, seconds), increasing m.
+    curve: Vec<(f64, f64)>,
+}
+
+/// The GEMMs of one precision.
+#[derive(Clone, Debug, Default)]
+struct GemmTable {
+    /// Sites in the order the file first names them (ties in distance go to the earlier).
+    sites: Vec<Site>,
+    index: HashMap<(u64, u64), usize>,
+}
+
+/// The attention of one (KV dtype, KV heads, head dim, window).
+type AttnKey = (String, i64, i64, i64);
+
+/// aiconfigurator tables of one GPU and backend version.
+#[derive(Clone, Debug)]
+pub struct AicTables {
+    /// What they are (for messages), e.g. `aiconfigurator h100_sxm vllm 0.24.0`.
+    pub name: String,
+    peaks: Peaks,
+    gemm_bf16: GemmTable,
+    gemm_fp8: GemmTable,
+    /// Prefill attention: heads → sequence → batch.
+    ctx: HashMap<AttnKey, Grid>,
+    /// Decode attention: heads → batch → keys.
+    decode: HashMap<AttnKey, Grid>,
+    /// All-reduce: GPUs → (elements, seconds), increasing elements.
+    allreduce: Vec<(u32, Vec<(f64, f64)>)>,
+}
+
+/// The columns of a Parquet table, by name.
+struct Columns {
+    batches: Vec<RecordBatch>,
+}
+
+impl Columns {
+    fn read(bytes: bytes::Bytes, what: &str) -> Result<Columns, String> {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.with_batch_size(65536).build())
+            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("{what}: {e}"))?;
+        Ok(Columns { batches })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.batches.first().is_some_and(|b| b.schema().column_with_name(name).is_some())
+    }
+
+    fn column<'a>(b: &'a RecordBatch, name: &str, what: &str) -> Result<&'a dyn Array, String> {
+        b.column_by_name(name).map(|c| c.as_ref()).ok_or_else(|| format!("{what}: no column `{name}`"))
+    }
+
+    fn ints(&self, name: &str, what: &str) -> Result<Vec<i64>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not int64"))?;
+            out.extend((0..c.len()).map(|i| if c.is_null(i) { i64::MIN } else { c.value(i) }));
+        }
+        Ok(out)
+    }
+
+    fn floats(&self, name: &str, what: &str) -> Result<Vec<f64>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not float64"))?;
+            out.extend((0..c.len()).map(|i| if c.is_null(i) { f64::NAN } else { c.value(i) }));
+        }
+        Ok(out)
+    }
+
+    fn strings(&self, name: &str, what: &str) -> Result<Vec<String>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not a string column"))?;
+            out.extend((0..c.len()).map(|i| c.value(i).to_string()));
+        }
+        Ok(out)
+    }
+}
+
+/// Latency in ms as a table gives it → seconds, refusing what no measurement is.
+fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
+    if ms.is_finite() && ms > 0.0 {
+        Ok(ms / 1e3)
+    } else {
+        Err(format!("{what}: row {}: latency {ms} is not a positive number of milliseconds", row + 1))
+    }
+}
+
+/// An aiconfigurator dtype name as our attention key uses it.
+fn kv_dtype(bytes: f64) -> &'static str {
+    if bytes <= 1.0 { "fp8" } else { "bfloat16" }
+}
+
+/// Speed of light of decode attention at `[heads, batch, s]` (aiconfigurator's `gen_sol`).
+fn gen_sol(peaks: &Peaks, kv_heads: f64, head_dim: f64, kv_bytes: f64, q: &[f64]) -> f64 {
+    let (n, b, s) = (q[0], q[1], q[2]);
+    let nk = if kv_heads == 0.0 { n } else { kv_heads };
+    let kv_len = s - 1.0;
+    let ops = 2.0 * b * n * head_dim * 2.0 * kv_len;
+    let mem = b * (n * head_dim * 2.0 + 2.0 * nk * kv_len * head_dim * kv_bytes + n * head_dim * 2.0);
+    (ops / peaks.bf16_flops).max(mem / peaks.mem_bw)
+}
+
+/// Speed of light of prefill attention at `[heads, s, batch]` (aiconfigurator's `ctx_sol`).
+fn ctx_sol(peaks: &Peaks, kv_heads: f64, head_dim: f64, kv_bytes: f64, q: &[f64]) -> f64 {
+    let (n, s, b) = (q[0], q[1], q[2]);
+    let nk = if kv_heads == 0.0 { n } else { kv_heads };
+    let ops = 2.0 * b * s * s * n * head_dim;
+    let mem = 2.0 * b * (2.0 * n * s * head_dim) + kv_bytes * b * (2.0 * nk * s * head_dim);
+    (ops / peaks.bf16_flops).max(mem / peaks.mem_bw)
+}
+
+impl AicTables {
+    /// Reads the tables present among `files` (name → Parquet bytes); a
+    /// table that is absent is priced analytically. `peaks` are the GPU's
+    /// (the speed of light the lookups hold utilisation against).
+    pub fn from_files(name: String, peaks: Peaks, files: &[(&str, bytes::Bytes)]) -> Result<AicTables, String> {
+        let mut t = AicTables {
+            name,
+            peaks,
+            gemm_bf16: GemmTable::default(),
+            gemm_fp8: GemmTable::default(),
+            ctx: HashMap::new(),
+            decode: HashMap::new(),
+            allreduce: Vec::new(),
+        };
+        for (file, bytes) in files {
+            let cols = Columns::read(bytes.clone(), file)?;
+            match *file {
+                GEMM_FILE => t.load_gemm(&cols, file)?,
+                CTX_FILE => t.ctx = t.load_attention(&cols, file, false)?,
+                GEN_FILE => t.decode = t.load_attention(&cols, file, true)?,
+                ALLREDUCE_FILE => t.load_allreduce(&cols, file)?,
+                _ => {}
+            }
+        }
+        Ok(t)
+    }
+
+    /// Reads the tables of a directory (any of the four files; at least one).
+    pub fn from_dir(dir: &Path, peaks: Peaks) -> Result<AicTables, String> {
+        let mut files = Vec::new();
+        for name in [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE] {
+            let path = dir.join(name);
+            if path.is_file() {
+                let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                files.push((name, bytes::Bytes::from(bytes)));
+            }
+        }
+        if files.is_empty() {
+            return Err(format!(
+                "{}: no aiconfigurator table ({GEMM_FILE}, {CTX_FILE}, {GEN_FILE} or {ALLREDUCE_FILE})",
+                dir.display()
+            ));
+        }
+        let named: Vec<(&str, bytes::Bytes)> = files.into_iter().collect();
+        AicTables::from_files(format!("aiconfigurator tables in {}", dir.display()), peaks, &named)
+            .map_err(|e| format!("{}/{e}", dir.display()))
+    }
+
+    /// What the tables are.
+    pub fn describe(&self) -> String {
+        self.name.clone()
+    }
+
+    fn load_gemm(&mut self, c: &Columns, what: &str) -> Result<(), String> {
+        let (dtype, m, n, k, lat) = (
+            c.strings("gemm_dtype", what)?,
+            c.ints("m", what)?,
+            c.ints("n", what)?,
+            c.ints("k", what)?,
+            c.floats("latency", what)?,
+        );
+        for i in 0..m.len() {
+            let precision = match dtype[i].as_str() {
+                "bfloat16" | "float16" => Precision::Bf16,
+                "fp8" => Precision::Fp8,
+                _ => continue,
+            };
+            if m[i] < 1 || n[i] < 1 || k[i] < 1 {
+                return Err(format!("{what}: row {}: m, n and k must be at least 1", i + 1));
+            }
+            let secs = seconds(lat[i], what, i)?;
+            let (n, k) = (n[i] as u64, k[i] as u64);
+            let g = Gemm { m: m[i] as f64, n, k, precision };
+            let (compute, memory) = self.peaks.gemm_sol(&g);
+            let table = if precision == Precision::Fp8 { &mut self.gemm_fp8 } else { &mut self.gemm_bf16 };
+            let at = *table.index.entry((n, k)).or_insert_with(|| {
+                table.sites.push(Site { n, k, curve: Vec::new() });
+                table.sites.len() - 1
+            });
+            let curve = &mut table.sites[at].curve;
+            if !curve.iter().any(|&(x, _)| x == g.m) {
+                curve.push((g.m, secs.max(compute.max(memory))));
+            }
+        }
+        for t in [&mut self.gemm_bf16, &mut self.gemm_fp8] {
+            for s in &mut t.sites {
+                s.curve.sort_by(|a, b| a.0.total_cmp(&b.0));
+            }
+        }
+        Ok(())
+    }
+
+    fn load_attention(&self, c: &Columns, what: &str, decode: bool) -> Result<HashMap<AttnKey, Grid>, String> {
+        let (batch, isl, heads, kv_heads, head_dim, kv, lat) = (
+            c.ints("batch_size", what)?,
+            c.ints("isl", what)?,
+            c.ints("num_heads", what)?,
+            c.ints("num_key_value_heads", what)?,
+            c.ints("head_dim", what)?,
+            c.strings("kv_cache_dtype", what)?,
+            c.floats("latency", what)?,
+        );
+        let step = if decode { c.ints("step", what)? } else { vec![0; batch.len()] };
+        let window = if c.has("window_size") { c.ints("window_size", what)? } else { vec![0; batch.len()] };
+        let attn = if !decode && c.has("attn_dtype") { Some(c.strings("attn_dtype", what)?) } else { None };
+        let mut out: HashMap<AttnKey, Node> = HashMap::new();
+        for i in 0..batch.len() {
+            if attn.as_ref().is_some_and(|a| a[i] != "bfloat16") {
+                continue;
+            }
+            let secs = seconds(lat[i], what, i)?;
+            let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
+            let key = (kv[i].clone(), nk, head_dim[i], window[i]);
+            let kv_bytes = if kv[i] == "fp8" { 1.0 } else { 2.0 };
+            let node = out.entry(key).or_default();
+            if decode {
+                let s = isl[i] + step[i];
+                let q = [heads[i] as f64, batch[i] as f64, s as f64];
+                let sol = gen_sol(&self.peaks, nk as f64, head_dim[i] as f64, kv_bytes, &q);
+                node.insert(&[heads[i], batch[i], s], secs.max(sol));
+            } else {
+                node.insert(&[heads[i], isl[i], batch[i]], secs);
+            }
+        }
+        Ok(out.into_iter().map(|(k, node)| (k, Grid::new(node))).collect())
+    }
+
+    fn load_allreduce(&mut self, c: &Columns, what: &str) -> Result<(), String> {
+        let (gpus, size, lat, kernel) = (
+            c.ints("num_gpus", what)?,
+            c.ints("message_size", what)?,
+            c.floats("latency", what)?,
+            c.strings("kernel_source", what)?,
+        );
+        let backend = if c.has("backend") { c.strings("backend", what)? } else { vec![String::new(); gpus.len()] };
+        let mut curves: Vec<(u32, Vec<(f64, f64)>)> = Vec::new();
+        for i in 0..gpus.len() {
+            if kernel[i].ends_with("_eager") || backend[i].ends_with("_eager") {
+                continue;
+            }
+            let secs = seconds(lat[i], what, i)?;
+            let g = u32::try_from(gpus[i]).map_err(|_| format!("{what}: row {}: num_gpus {}", i + 1, gpus[i]))?;
+            let at = match curves.iter().position(|c| c.0 == g) {
+                Some(at) => at,
+                None => {
+                    curves.push((g, Vec::new()));
+                    curves.len() - 1
+                }
+            };
+            let curve = &mut curves[at].1;
+            if !curve.iter().any(|&(x, _)| x == size[i] as f64) {
+                curve.push((size[i] as f64, secs));
+            }
+        }
+        for c in &mut curves {
+            c.1.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        curves.sort_by_key(|c| c.0);
+        self.allreduce = curves;
+        Ok(())
+    }
+
+    /// Every m the GEMM tables measure (the knots a step's curve keeps exact).
+    pub fn gemm_rows(&self) -> Vec<f64> {
+        let mut m: Vec<f64> =
+            self.gemm_bf16.sites.iter().chain(&self.gemm_fp8.sites).flat_map(|s| s.curve.iter().map(|p| p.0)).collect();
+        m.sort_by(f64::total_cmp);
+        m.dedup();
+        m
+    }
+
+    /// The message sizes (elements) the all-reduce table measures for `tp` GPUs.
+    pub fn allreduce_sizes(&self, tp: u32) -> Vec<f64> {
+        self.allreduce.iter().find(|c| c.0 == tp).map(|c| c.1.iter().map(|p| p.0).collect()).unwrap_or_default()
+    }
+
+    /// A GEMM's latency from the table of its precision (`None`: no table for it).
+    pub fn gemm(&self, g: &Gemm) -> Option<f64> {
+        let table = match g.precision {
+            Precision::Bf16 => &self.gemm_bf16,
+            Precision::Fp8 => &self.gemm_fp8,
+            Precision::WeightOnly(_) => return None,
+        };
+        if table.sites.is_empty() {
+            return None;
+        }
+        let sol = |n: u64, k: u64| {
+            let (c, m) = self.peaks.gemm_sol(&Gemm { n, k, ..*g });
+            c.max(m)
+        };
+        if let Some(&i) = table.index.get(&(g.n, g.k)) {
+            return Some(self.site_latency(&table.sites[i], g.m, g.precision));
+        }
+        // Borrow the utilisation of the nearest measured shapes.
+        let here = ((g.n as f64).log2(), (g.k as f64).log2());
+        let dist = |s: &Site| ((s.n as f64).log2() - here.0).hypot((s.k as f64).log2() - here.1);
+        let covers =
+            |s: &Site| s.curve.first().is_some_and(|f| f.0 <= g.m) && s.curve.last().is_some_and(|l| l.0 >= g.m);
+        let mut ranked: Vec<(f64, usize)> =
+            table.sites.iter().enumerate().filter(|(_, s)| covers(s)).map(|(i, s)| (dist(s), i)).collect();
+        if ranked.is_empty() {
+            ranked = table.sites.iter().enumerate().map(|(i, s)| (dist(s), i)).collect();
+        }
+        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        const MAX_OCTAVES: f64 = 2.0;
+        let near = ranked.iter().filter(|r| r.0 <= MAX_OCTAVES).count();
+        let picked = &ranked[..if near > 0 { near.min(4) } else { ranked.len().min(4) }];
+        let (mut util, mut total) = (0.0, 0.0);
+        for &(d, i) in picked {
+            let s = &table.sites[i];
+            let w = 1.0 / (d * d + 1e-12);
+            util += w * sol(s.n, s.k) / self.site_latency(s, g.m, g.precision);
+            total += w;
+        }
+        Some(sol(g.n, g.k) / (util / total))
+    }
+
+    /// A measured site's latency at `m`: its curve, or its end points' utilisation beyond it.
+    fn site_latency(&self, s: &Site, m: f64, precision: Precision) -> f64 {
+        let sol = |x: f64| {
+            let (c, b) = self.peaks.gemm_sol(&Gemm { m: x, n: s.n, k: s.k, precision });
+            c.max(b)
+        };
+        let c = &s.curve;
+        if let Some(&(_, v)) = c.iter().find(|p| p.0 == m) {
+            return v;
+        }
+        let (first, last) = (c[0].0, c[c.len() - 1].0);
+        if m < first || m > last || c.len() < 2 {
+            let mut utils: Vec<f64> = if m < first {
+                c.iter().take(3).map(|&(x, lat)| sol(x) / lat).collect()
+            } else {
+                c.iter().rev().take(3).map(|&(x, lat)| sol(x) / lat).collect()
+            };
+            utils.sort_by(f64::total_cmp);
+            let n = utils.len();
+            let median = if n % 2 == 1 { utils[n / 2] } else { (utils[n / 2 - 1] + utils[n / 2]) / 2.0 };
+            return sol(m) / median;
+        }
+        let i = c.partition_point(|p| p.0 < m);
+        let (x0, y0) = c[i - 1];
+        let (x1, y1) = c[i];
+        y0 + (y1 - y0) * (m - x0) / (x1 - x0)
+    }
+
+    /// One layer's prefill attention for a chunk (`None`: no table for this shape).
+    pub fn ctx_attention(&self, a: &AttnShape, s: f64, prefix: f64) -> Option<f64> {
+        if a.mla.is_some() {
+            return None;
+        }
+        let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
+        let grid = self.ctx.get(&(kv_dtype(a.kv_bytes).to_string(), nk, a.head_dim as i64, 0))?;
+        if grid.is_empty() {
+            return None;
+        }
+        let sol = |q: &[f64]| ctx_sol(&self.peaks, nk as f64, a.head_dim as f64, a.kv_bytes, q);
+        let full = grid.query(&[a.heads as f64, s, 1.0], &sol, Some(1));
+        Some(full * (s * s - prefix * prefix) / (s * s))
+    }
+
+    /// One layer's decode attention (`None`: no table for this shape).
+    pub fn gen_attention(&self, a: &AttnShape, batch: f64, s: f64) -> Option<f64> {
+        if a.mla.is_some() {
+            return None;
+        }
+        let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
+        let grid = self.decode.get(&(kv_dtype(a.kv_bytes).to_string(), nk, a.head_dim as i64, 0))?;
+        if grid.is_empty() {
+            return None;
+        }
+        let sol = |q: &[f64]| gen_sol(&self.peaks, nk as f64, a.head_dim as f64, a.kv_bytes, q);
+        // aiconfigurator smooths over five key counts within ±10 %.
+        let lo = ((s * 0.9) as i64).max(1);
+        let hi = ((s * 1.1) as i64).max(lo);
+        let total: f64 =
+            (0..5).map(|i| grid.query(&[a.heads as f64, batch, (lo + (hi - lo) * i / 4) as f64], &sol, None)).sum();
+        Some(total / 5.0)
+    }
+
+    /// One all-reduce's latency (`None`: no curve for `tp` GPUs).
+    pub fn allreduce(&self, tp: u32, elements: f64) -> Option<f64> {
+        let curve = &self.allreduce.iter().find(|c| c.0 == tp.min(8))?.1;
+        if tp > 8 || curve.is_empty() {
+            return None;
+        }
+        if let Some(&(_, v)) = curve.iter().find(|p| p.0 == elements) {
+            return Some(v);
+        }
+        let i = curve.partition_point(|p| p.0 < elements);
+        if i == 0 || i == curve.len() {
+            // Beyond the table: latency proportional to size from the end point.
+            let (x, l) = if i == 0 { curve[0] } else { curve[curve.len() - 1] };
+            return Some(elements * l / x);
+        }
+        let (x0, y0) = curve[i - 1];
+        let (x1, y1) = curve[i];
+        Some(y0 + (y1 - y0) * (elements - x0) / (x1 - x0))
+    }
+}

@@ -1,0 +1,205 @@
+//! A ragged grid of measured latencies, interpolated as aiconfigurator's
+//! `perf_interp` does for its attention tables (aiconfigurator-core,
+//! `perf_database/perf_interp.rs`): an exact hit is the measurement; inside
+//! the grid, each axis in turn brackets the query between its two nearest
+//! keys and blends them linearly (one axis may blend square roots, as
+//! attention's latency grows with the square of the sequence); where one
+//! side of a bracket has no data the other is scaled by the speed-of-light
+//! ratio; outside the grid the utilisation (speed of light ÷ latency) of
+//! the four nearest points in log₂ space is held, with tapered Shepard
+//! weights `((R − d)/(R·d))²`, R the distance of the fifth.
+
+use std::collections::BTreeMap;
+
+/// A key along one axis (integers in every table; ordered as integers).
+type Key = i64;
+
+/// One level of the grid.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Node {
+    children: BTreeMap<Key, Node>,
+    value: Option<f64>,
+}
+
+/// A grid with its points listed once (for the hold outside it).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Grid {
+    root: Node,
+    leaves: Vec<(Vec<f64>, f64)>,
+}
+
+impl Grid {
+    /// The grid of `root`.
+    pub fn new(root: Node) -> Grid {
+        let mut leaves = Vec::new();
+        root.leaves(&mut Vec::new(), &mut leaves);
+        Grid { root, leaves }
+    }
+
+    /// Whether the grid holds no point.
+    pub fn is_empty(&self) -> bool {
+        self.leaves.is_empty()
+    }
+
+    /// The latency at `q`; `sol` is the speed of light of a point, `sqrt_axis`
+    /// the axis blended in square roots.
+    pub fn query(&self, q: &[f64], sol: &dyn Fn(&[f64]) -> f64, sqrt_axis: Option<usize>) -> f64 {
+        if let Some(v) = self.root.exact(q) {
+            return v;
+        }
+        match self.root.interior(q, 0, sol, sqrt_axis) {
+            Ok(v) => v,
+            Err(OutOfRange) => hold(&self.leaves, q, sol),
+        }
+    }
+}
+
+/// The query left the grid: hold utilisation instead.
+struct OutOfRange;
+
+impl Node {
+    /// Inserts `value` at `path` unless a value is there already (the first
+    /// row of a table wins, as aiconfigurator loads it).
+    pub fn insert(&mut self, path: &[Key], value: f64) {
+        let mut node = self;
+        for &k in path {
+            node = node.children.entry(k).or_default();
+        }
+        node.value.get_or_insert(value);
+    }
+
+    fn exact(&self, q: &[f64]) -> Option<f64> {
+        let mut node = self;
+        for &c in q {
+            if c.fract() != 0.0 {
+                return None;
+            }
+            node = node.children.get(&(c as Key))?;
+        }
+        node.value
+    }
+
+    fn interior(
+        &self,
+        q: &[f64],
+        depth: usize,
+        sol: &dyn Fn(&[f64]) -> f64,
+        sqrt_axis: Option<usize>,
+    ) -> Result<f64, OutOfRange> {
+        if depth == q.len() {
+            return self.value.ok_or(OutOfRange);
+        }
+        let c = q[depth];
+        if c.fract() == 0.0
+            && let Some(child) = self.children.get(&(c as Key))
+        {
+            return child.interior(q, depth + 1, sol, sqrt_axis);
+        }
+        let (Some((&first, _)), Some((&last, _))) = (self.children.first_key_value(), self.children.last_key_value())
+        else {
+            return Err(OutOfRange);
+        };
+        if c < first as f64 || c > last as f64 {
+            return Err(OutOfRange);
+        }
+        let (&lo, lo_node) = self.children.range(..=c.floor() as Key).next_back().ok_or(OutOfRange)?;
+        let (&hi, hi_node) = self.children.range(c.ceil() as Key..).next().ok_or(OutOfRange)?;
+        let a = lo_node.interior(q, depth + 1, sol, sqrt_axis).ok();
+        let b = hi_node.interior(q, depth + 1, sol, sqrt_axis).ok();
+        let snapped = |k: Key| {
+            let mut s = q.to_vec();
+            s[depth] = k as f64;
+            s
+        };
+        match (a, b) {
+            (None, None) => Err(OutOfRange),
+            (Some(v), None) => Ok(v * sol(q) / sol(&snapped(lo))),
+            (None, Some(v)) => Ok(v * sol(q) / sol(&snapped(hi))),
+            (Some(a), Some(b)) => {
+                let w = (c - lo as f64) / (hi - lo) as f64;
+                Ok(if sqrt_axis == Some(depth) {
+                    let s = a.sqrt() + (b.sqrt() - a.sqrt()) * w;
+                    s * s
+                } else {
+                    a + (b - a) * w
+                })
+            }
+        }
+    }
+
+    fn leaves(&self, path: &mut Vec<f64>, out: &mut Vec<(Vec<f64>, f64)>) {
+        if let Some(v) = self.value {
+            out.push((path.clone(), v));
+        }
+        for (&k, child) in &self.children {
+            path.push(k as f64);
+            child.leaves(path, out);
+            path.pop();
+        }
+    }
+}
+
+/// The utilisation of the points nearest `q`, held at `q`.
+fn hold(leaves: &[(Vec<f64>, f64)], q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
+    const NEAREST: usize = 4;
+    let log = |v: f64| v.max(1e-12).log2();
+    let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
+    // The NEAREST + 1 closest points (the last one only sets the taper radius).
+    let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(NEAREST + 2);
+    for (i, (p, lat)) in leaves.iter().enumerate() {
+        if p.len() != q.len() || *lat <= 0.0 {
+            continue;
+        }
+        let d = p.iter().zip(&logq).map(|(&a, &b)| (log(a) - b).powi(2)).sum::<f64>().sqrt();
+        if ranked.len() <= NEAREST || d < ranked[NEAREST].0 {
+            let at = ranked.partition_point(|x| x.0 <= d);
+            ranked.insert(at, (d, i));
+            ranked.truncate(NEAREST + 1);
+        }
+    }
+    let ranked: Vec<(f64, f64)> =
+        ranked.into_iter().map(|(d, i)| (d, sol(&leaves[i].0) / leaves[i].1)).filter(|x| x.1 > 0.0).collect();
+    let r = ranked.get(NEAREST).map_or(f64::INFINITY, |x| x.0);
+    let picked = &ranked[..ranked.len().min(NEAREST)];
+    let weight = |d: f64| {
+        if r.is_infinite() { 1.0 / (d * d + 1e-12) } else { ((r - d).max(0.0) / (r * d + 1e-12)).powi(2) }
+    };
+    let mut total: f64 = picked.iter().map(|x| weight(x.0)).sum();
+    let mut util: f64 = picked.iter().map(|x| weight(x.0) * x.1).sum();
+    if total <= 0.0 {
+        total = picked.len() as f64;
+        util = picked.iter().map(|x| x.1).sum();
+    }
+    sol(q) / (util / total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(_: &[f64]) -> f64 {
+        1.0
+    }
+
+    #[test]
+    fn a_grid_hits_exactly_blends_inside_and_holds_utilisation_outside() {
+        let mut root = Node::default();
+        // Two axes: (a, s) → latency; s blended in square roots.
+        for (a, s, v) in [(1, 1, 1.0), (1, 9, 9.0), (3, 1, 3.0), (3, 9, 27.0)] {
+            root.insert(&[a, s], v);
+        }
+        root.insert(&[1, 1], 100.0); // a duplicate: the first row wins
+        let g = Grid::new(root);
+        assert_eq!(g.query(&[1.0, 9.0], &unit, Some(1)), 9.0);
+        assert_eq!(g.query(&[1.0, 1.0], &unit, Some(1)), 1.0);
+        // a = 2: linear between 1 and 3 at s = 1 → 2.
+        assert_eq!(g.query(&[2.0, 1.0], &unit, Some(1)), 2.0);
+        // s = 5 at a = 1: √ blend (1 + (3 − 1)·0.5)² = 4.
+        assert!((g.query(&[1.0, 5.0], &unit, Some(1)) - 4.0).abs() < 1e-12);
+        // Outside, with sol = s²: the nearest points' utilisation s²/latency is held.
+        let sol = |p: &[f64]| p[1] * p[1];
+        // Every point has utilisation 1/1, 81/9, 1/3, 81/27; at (1, 18) the nearest (1, 9) dominates.
+        let v = g.query(&[1.0, 18.0], &sol, Some(1));
+        assert!(v > 18.0 * 18.0 / 9.0 * 0.9 && v < 18.0 * 18.0 / 3.0, "{v}");
+    }
+}

@@ -1,0 +1,274 @@
+//! Vidur's operator profiles (microsoft/vidur, MIT): per-layer operator
+//! times of one model at one tensor-parallel degree, measured by its
+//! profiler and stored as `data/profiling/compute/<gpu>/<model>/mlp.csv`
+//! (and `attention.csv`). Times are milliseconds, in columns
+//! `time_stats.<operator>.median`, one row per (`num_tokens`,
+//! `num_tensor_parallel_workers`) with the model's shape (`n_head`,
+//! `n_kv_head`, `n_embd`, `n_expanded_embd`, `vocab_size`).
+//!
+//! Vidur fits a random forest per operator on these rows; here an
+//! operator's time is interpolated linearly in the token count between
+//! measured rows and held at the end rows' per-token rate beyond them
+//! (Vidur's own predictions on the profiled range are compared in
+//! `opal-sweep validate`).
+
+use super::grid::{Grid, Node};
+use super::{Elementwise, Role};
+use std::path::Path;
+
+/// One operator's measured curve: (tokens, seconds), increasing tokens.
+type OpCurve = Vec<(f64, f64)>;
+
+/// The operators of `mlp.csv` Opal uses, by Vidur's names.
+const OPS: [&str; 10] = [
+    "attn_pre_proj",
+    "attn_post_proj",
+    "mlp_up_proj",
+    "mlp_down_proj",
+    "mlp_act",
+    "attn_rope",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "add",
+    "emb",
+];
+
+/// A Vidur profile of one model at one TP degree.
+#[derive(Clone, Debug)]
+pub struct VidurProfile {
+    /// Where it was read from.
+    pub path: String,
+    /// Curves in [`OPS`] order.
+    ops: Vec<OpCurve>,
+    /// Prefill attention per layer: (chunk, cached tokens) → seconds.
+    prefill: Option<Grid>,
+    /// Decode attention per layer: (batch, cached tokens) → seconds.
+    decode: Option<Grid>,
+}
+
+/// The attention grids of an `attention.csv` (its rows of `shape`).
+fn attention_grids(text: &str, what: &str, shape: VidurShape) -> Result<(Option<Grid>, Option<Grid>), String> {
+    let (headers, records) = rows(text, what)?;
+    let col = |name: &str| headers.iter().position(|h| h == name);
+    let prefill_flag =
+        col("is_prefill").ok_or_else(|| format!("{what}: no column `is_prefill` (a Vidur attention.csv has it)"))?;
+    let (mut prefill, mut decode) = (Node::default(), Node::default());
+    let (mut any_p, mut any_d) = (false, false);
+    for (line, rec) in &records {
+        let n = |name: &str| number(&headers, rec, name, what, *line);
+        let row = (
+            n("n_q_head")? as u64,
+            n("n_kv_head")? as u64,
+            n("n_embd")? as u64,
+            n("num_tensor_parallel_workers")? as u32,
+        );
+        if row != (shape.heads, shape.kv_heads, shape.hidden, shape.tp) {
+            continue;
+        }
+        let kv = n("kv_cache_size")? as i64;
+        if rec.get(prefill_flag).unwrap_or("").eq_ignore_ascii_case("true") {
+            prefill.insert(&[n("prefill_chunk_size")? as i64, kv], n("time_stats.attn_prefill.median")? / 1e3);
+            any_p = true;
+        } else {
+            decode.insert(&[n("batch_size")? as i64, kv], n("time_stats.attn_decode.median")? / 1e3);
+            any_d = true;
+        }
+    }
+    Ok((any_p.then(|| Grid::new(prefill)), any_d.then(|| Grid::new(decode))))
+}
+
+/// The shape a profile must have been measured on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VidurShape {
+    /// Query heads.
+    pub heads: u64,
+    /// KV heads.
+    pub kv_heads: u64,
+    /// Hidden size.
+    pub hidden: u64,
+    /// MLP width.
+    pub intermediate: u64,
+    /// Tensor-parallel degree.
+    pub tp: u32,
+}
+
+fn interp(curve: &OpCurve, x: f64) -> f64 {
+    if let Some(&(_, v)) = curve.iter().find(|p| p.0 == x) {
+        return v;
+    }
+    let n = curve.len();
+    if n == 1 {
+        return curve[0].1 * x / curve[0].0;
+    }
+    let i = curve.partition_point(|p| p.0 < x);
+    if i == 0 {
+        // Below the first row: the first row's time (small operators do not get faster).
+        return curve[0].1;
+    }
+    if i == n {
+        let (x1, y1) = curve[n - 1];
+        return y1 * x / x1;
+    }
+    let (x0, y0) = curve[i - 1];
+    let (x1, y1) = curve[i];
+    y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+}
+
+/// Reads a CSV's rows as (header → cell) lookups, naming the file and line in errors.
+fn rows(text: &str, what: &str) -> Result<(csv::StringRecord, Vec<(u64, csv::StringRecord)>), String> {
+    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(text.as_bytes());
+    let headers = reader.headers().map_err(|e| format!("{what}: {e}"))?.clone();
+    let mut out = Vec::new();
+    for record in reader.records() {
+        let record = record.map_err(|e| format!("{what}: {e}"))?;
+        out.push((record.position().map_or(0, |p| p.line()), record));
+    }
+    Ok((headers, out))
+}
+
+/// The value of column `name` of `record` as a number (`what:line` in errors).
+fn number(
+    headers: &csv::StringRecord,
+    record: &csv::StringRecord,
+    name: &str,
+    what: &str,
+    line: u64,
+) -> Result<f64, String> {
+    let i = headers
+        .iter()
+        .position(|h| h == name)
+        .ok_or_else(|| format!("{what}: no column `{name}` (Vidur's profiles have it)"))?;
+    let cell = record.get(i).unwrap_or("").trim();
+    match cell.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("{what}:{line}: column `{name}`: {cell:?} is not a finite number ≥ 0")),
+    }
+}
+
+impl VidurProfile {
+    /// Reads `dir/mlp.csv` (and `dir/attention.csv` when present), keeping the rows of `shape`.
+    pub fn from_dir(dir: &Path, shape: VidurShape) -> Result<VidurProfile, String> {
+        let read = |name: &str| -> Result<Option<(String, String)>, String> {
+            let path = dir.join(name);
+            if !path.is_file() {
+                return Ok(None);
+            }
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(Some((path.display().to_string(), text)))
+        };
+        let (mlp_what, mlp) = read("mlp.csv")?.ok_or_else(|| format!("{}: no mlp.csv", dir.display()))?;
+        let attention = read("attention.csv")?;
+        VidurProfile::from_text(&mlp, &mlp_what, attention.as_ref().map(|(w, t)| (t.as_str(), w.as_str())), shape)
+    }
+
+    /// A profile from the text of an `mlp.csv` (`what` names it) and, optionally, an `attention.csv`.
+    pub fn from_text(
+        mlp: &str,
+        what: &str,
+        attention: Option<(&str, &str)>,
+        shape: VidurShape,
+    ) -> Result<VidurProfile, String> {
+        let (headers, records) = rows(mlp, what)?;
+        let mut ops: Vec<OpCurve> = vec![Vec::new(); OPS.len()];
+        let mut seen = std::collections::BTreeSet::new();
+        for (line, rec) in &records {
+            let n = |name: &str| number(&headers, rec, name, what, *line);
+            let row = VidurShape {
+                heads: n("n_head")? as u64,
+                kv_heads: n("n_kv_head")? as u64,
+                hidden: n("n_embd")? as u64,
+                intermediate: n("n_expanded_embd")? as u64,
+                tp: n("num_tensor_parallel_workers")? as u32,
+            };
+            seen.insert((row.heads, row.kv_heads, row.hidden, row.intermediate, row.tp));
+            if row != shape {
+                continue;
+            }
+            let tokens = n("num_tokens")?;
+            for (curve, op) in ops.iter_mut().zip(OPS) {
+                let ms = n(&format!("time_stats.{op}.median"))?;
+                if !curve.iter().any(|p| p.0 == tokens) {
+                    curve.push((tokens, ms / 1e3));
+                }
+            }
+        }
+        if ops[0].is_empty() {
+            return Err(format!(
+                "{what}: no row for this model at tp {} (heads {}, KV heads {}, hidden {}, MLP {}); it holds (heads, KV heads, hidden, MLP, tp) = {seen:?}",
+                shape.tp, shape.heads, shape.kv_heads, shape.hidden, shape.intermediate
+            ));
+        }
+        for c in &mut ops {
+            c.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        let (prefill, decode) = match attention {
+            Some((text, what_a)) => attention_grids(text, what_a, shape)?,
+            None => (None, None),
+        };
+        let path = match attention {
+            Some((_, a)) => format!("{what} and {a}"),
+            None => what.to_string(),
+        };
+        Ok(VidurProfile { path, ops, prefill, decode })
+    }
+
+    fn op(&self, name: &str, m: f64) -> f64 {
+        let i = OPS.iter().position(|&o| o == name).expect("a known Vidur operator");
+        interp(&self.ops[i], m)
+    }
+
+    /// A GEMM of this layer at `m` tokens (`None`: Vidur has no such operator).
+    pub fn gemm(&self, role: Role, m: f64) -> Option<f64> {
+        let name = match role {
+            Role::Qkv => "attn_pre_proj",
+            Role::AttnOut => "attn_post_proj",
+            Role::GateUp => "mlp_up_proj",
+            Role::Down => "mlp_down_proj",
+            Role::Router | Role::LmHead => return None,
+        };
+        Some(self.op(name, m))
+    }
+
+    /// An element-wise operator at `m` tokens: a layer's two norms with
+    /// their residual adds, the activation, RoPE, the embedding.
+    pub fn elementwise(&self, op: Elementwise, m: f64) -> Option<f64> {
+        Some(match op {
+            // As Vidur sums a layer: both norms and one residual add (its profiler times the second).
+            Elementwise::Norm => {
+                self.op("input_layernorm", m) + self.op("post_attention_layernorm", m) + self.op("add", m)
+            }
+            Elementwise::Activation => self.op("mlp_act", m),
+            Elementwise::Rope => self.op("attn_rope", m),
+            Elementwise::Embedding => self.op("emb", m),
+            Elementwise::FinalNorm | Elementwise::KvWrite => return None,
+        })
+    }
+
+    /// All-reduce (not in `mlp.csv`).
+    pub fn allreduce(&self, _tp: u32, _elements: f64) -> Option<f64> {
+        None
+    }
+
+    /// Prefill attention of a chunk of `s − prefix` tokens after `prefix`
+    /// cached ones (`None` without an `attention.csv`). Outside the measured
+    /// grid the utilisation is held against the chunk's attention pairs.
+    pub fn ctx_attention(&self, s: f64, prefix: f64) -> Option<f64> {
+        let g = self.prefill.as_ref()?;
+        let pairs = |q: &[f64]| q[0] * (q[0] + 2.0 * q[1]).max(1.0);
+        Some(g.query(&[s - prefix, prefix], &pairs, Some(0)))
+    }
+
+    /// Decode attention of `batch` sequences whose queries see `s` keys
+    /// (`None` without an `attention.csv`); outside the grid the utilisation
+    /// is held against the keys read.
+    pub fn gen_attention(&self, batch: f64, s: f64) -> Option<f64> {
+        let g = self.decode.as_ref()?;
+        let keys = |q: &[f64]| q[0] * q[1].max(1.0);
+        Some(g.query(&[batch, (s - 1.0).max(0.0)], &keys, None))
+    }
+
+    /// What it is.
+    pub fn describe(&self) -> String {
+        format!("Vidur profile {}", self.path)
+    }
+}
