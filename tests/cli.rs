@@ -302,10 +302,10 @@ fn calibrate_writes_an_inference_block_that_runs() {
     let args = ["calibrate", csv.to_str().unwrap(), "--model", "llama-3.1-70b", "--gpu", "H100", "--tp", "4"];
     let o = opal_sweep(&args, root);
     assert!(o.status.success(), "{}", stderr(&o));
-    // The SC25 prefills: the default model 12 % fast in the median, the fit within 2.3 %,
-    // each row predicted by a fit without it within 2.3 % in the median.
-    assert!(stderr(&o).contains("default model:       median 11.9 %, max 15.4 %"), "{}", stderr(&o));
-    assert!(stderr(&o).contains("held out (each row predicted by a fit without it): median 2.3 %"), "{}", stderr(&o));
+    // The SC25 prefills: the default model 12 % fast in the median,
+    // each row predicted by a fit without it within 2.4 % in the median.
+    assert!(stderr(&o).contains("default model:       median 12.2 %, max 15.4 %"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("held out (each row predicted by a fit without it): median 2.4 %"), "{}", stderr(&o));
     let block = String::from_utf8_lossy(&o.stdout);
     let t: toml::Table = block.parse().unwrap();
     let p = &t["worker"]["inference_params"];

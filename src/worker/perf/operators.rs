@@ -163,23 +163,72 @@ impl std::ops::AddAssign for StepCost {
     }
 }
 
+/// Knots on one axis: every integer up to `2^p`, then `2^p` per octave
+/// (`2^e·(1 + t/2^p)`), up to `2^max_log2` — so a point is located in O(1)
+/// from its binary exponent and leading bits, with no search. With `p = 3`
+/// the knots include every size aiconfigurator's GEMM tables measure up to
+/// 4,096 rows (its curves are linear in m between them) and every power of two.
+#[derive(Clone, Debug, PartialEq)]
+struct Axis {
+    p: u32,
+    knots: Vec<f64>,
+}
+
+impl Axis {
+    fn new(p: u32, max_log2: u32) -> Axis {
+        let mut knots: Vec<f64> = (1..=1u64 << p).map(|x| x as f64).collect();
+        for e in p..max_log2 {
+            for t in 1..=1u64 << p {
+                knots.push(((1u64 << e) + t * (1u64 << (e - p))) as f64);
+            }
+        }
+        Axis { p, knots }
+    }
+
+    /// The knots.
+    fn knots(&self) -> &[f64] {
+        &self.knots
+    }
+
+    /// The segment holding `x` (the first or last beyond the knots) and the weight of its upper end.
+    fn locate(&self, x: f64) -> (usize, f64) {
+        let last = self.knots.len() - 2;
+        let i = if x < 1.0 {
+            0
+        } else {
+            let xi = x as u64;
+            let e = 63 - u64::from(xi.leading_zeros()) as u32;
+            if e < self.p {
+                (xi - 1) as usize
+            } else {
+                let t = (xi >> (e - self.p)) & ((1 << self.p) - 1);
+                (((e - self.p + 1) << self.p) + t as u32) as usize - 1
+            }
+        }
+        .min(last);
+        let (x0, x1) = (self.knots[i], self.knots[i + 1]);
+        (i, (x - x0) / (x1 - x0))
+    }
+}
+
 /// A piecewise-linear function of one variable with values by bound.
 #[derive(Clone, Debug, PartialEq)]
 struct Curve {
-    knots: Vec<f64>,
+    axis: Axis,
     values: Vec<[f64; 3]>,
 }
 
 impl Curve {
-    fn build(knots: &[f64], f: impl Fn(f64) -> StepCost) -> Curve {
-        let values = knots
+    fn build(axis: &Axis, f: impl Fn(f64) -> StepCost) -> Curve {
+        let values = axis
+            .knots()
             .iter()
             .map(|&x| {
                 let c = f(x);
                 [c.compute, c.memory, c.comm]
             })
             .collect();
-        Curve { knots: knots.to_vec(), values }
+        Curve { axis: axis.clone(), values }
     }
 
     /// The value at `x` (0 at 0; linear between knots and beyond the last two).
@@ -187,11 +236,8 @@ impl Curve {
         if x <= 0.0 {
             return [0.0; 3];
         }
-        let k = &self.knots;
-        let i = k.partition_point(|&v| v < x).clamp(1, k.len() - 1);
-        let (x0, x1) = (k[i - 1], k[i]);
-        let w = (x - x0) / (x1 - x0);
-        let (a, b) = (self.values[i - 1], self.values[i]);
+        let (i, w) = self.axis.locate(x);
+        let (a, b) = (self.values[i], self.values[i + 1]);
         std::array::from_fn(|j| (a[j] + (b[j] - a[j]) * w).max(0.0))
     }
 }
@@ -199,36 +245,30 @@ impl Curve {
 /// A function of (batch, keys), bilinear between grid points and beyond.
 #[derive(Clone, Debug, PartialEq)]
 struct Grid2 {
-    batches: Vec<f64>,
-    keys: Vec<f64>,
+    batches: Axis,
+    keys: Axis,
     /// Row-major: `secs[i * keys + j]`.
     secs: Vec<f64>,
 }
 
-/// Indices bracketing `x` in `grid` and the weight of the upper one.
-fn bracket(grid: &[f64], x: f64) -> (usize, usize, f64) {
-    let i = grid.partition_point(|&v| v < x).clamp(1, grid.len() - 1);
-    (i - 1, i, (x - grid[i - 1]) / (grid[i] - grid[i - 1]))
-}
-
 impl Grid2 {
-    fn build(batches: &[f64], keys: &[f64], f: impl Fn(f64, f64) -> f64) -> Grid2 {
-        let mut secs = Vec::with_capacity(batches.len() * keys.len());
-        for &b in batches {
-            for &s in keys {
+    fn build(batches: Axis, keys: Axis, f: impl Fn(f64, f64) -> f64) -> Grid2 {
+        let mut secs = Vec::with_capacity(batches.knots().len() * keys.knots().len());
+        for &b in batches.knots() {
+            for &s in keys.knots() {
                 secs.push(f(b, s));
             }
         }
-        Grid2 { batches: batches.to_vec(), keys: keys.to_vec(), secs }
+        Grid2 { batches, keys, secs }
     }
 
     fn at(&self, batch: f64, keys: f64) -> f64 {
-        let (i0, i1, wi) = bracket(&self.batches, batch);
-        let (j0, j1, wj) = bracket(&self.keys, keys);
-        let n = self.keys.len();
+        let (i0, wi) = self.batches.locate(batch);
+        let (j0, wj) = self.keys.locate(keys);
+        let n = self.keys.knots().len();
         let v = |i: usize, j: usize| self.secs[i * n + j];
-        let row = |i: usize| v(i, j0) + (v(i, j1) - v(i, j0)) * wj;
-        (row(i0) + (row(i1) - row(i0)) * wi).max(0.0)
+        let row = |i: usize| v(i, j0) + (v(i, j0 + 1) - v(i, j0)) * wj;
+        (row(i0) + (row(i0 + 1) - row(i0)) * wi).max(0.0)
     }
 }
 
@@ -251,6 +291,8 @@ pub struct OperatorCurves {
     dense: Curve,
     /// The LM head, for `s` sampling sequences.
     head: Curve,
+    /// `dense` and `head` together at the same count: a decode-only step of `b` sequences.
+    decode_fixed: Curve,
     /// One full-attention layer's prefill of a sequence of `s` tokens from an empty cache.
     ctx: Curve,
     /// One layer's decode attention over (batch, keys) — full attention.
@@ -272,21 +314,10 @@ pub struct Operators {
     pub constants: OperatorConstants,
 }
 
-/// Largest step (tokens) a knot covers; beyond it the curves are extrapolated linearly.
-const MAX_KNOT: f64 = 2_097_152.0;
-
-/// Knots: 1 … 16, then four per octave, plus `extra` (measured sizes), up to [`MAX_KNOT`].
-fn knots(extra: impl IntoIterator<Item = f64>) -> Vec<f64> {
-    let mut k: Vec<f64> = (1..=16).map(f64::from).collect();
-    let mut x: f64 = 16.0;
-    while x < MAX_KNOT {
-        x *= 2f64.powf(0.25);
-        k.push(x.round().min(MAX_KNOT));
-    }
-    k.extend(extra.into_iter().filter(|&v| (1.0..=MAX_KNOT).contains(&v)));
-    k.sort_by(f64::total_cmp);
-    k.dedup();
-    k
+/// Knots of the per-step curves: tokens (or sampling sequences, or a
+/// prompt's length) up to 2²¹, eight per octave; linear beyond.
+fn token_axis() -> Axis {
+    Axis::new(3, 21)
 }
 
 /// The precision of a GEMM whose weights take `bytes` bytes each.
@@ -406,12 +437,10 @@ impl OperatorCurves {
         let fp8 = profile.analytic.peaks.fp8_flops.is_some();
         let (groups, shape) = layers(model, tpu, fp8);
         let d = model.hidden_size as f64;
-        let measured_m = profile.tables.as_ref().map(|t| t.gemm_rows()).unwrap_or_default();
-        let ar_sizes = profile.tables.as_ref().map(|t| t.allreduce_sizes(tp)).unwrap_or_default();
-        let m_knots = knots(measured_m.into_iter().chain(ar_sizes.into_iter().map(|e| e / d)));
+        let m_axis = token_axis();
         let head_p = precision(model.dtype_bytes as f64, fp8);
         let vocab = model.vocab_size.div_ceil(tpu);
-        let dense = Curve::build(&m_knots, |m| {
+        let dense = Curve::build(&m_axis, |m| {
             let mut c = StepCost::default();
             for g in &groups {
                 for &(role, n, k, p) in &g.gemms {
@@ -435,29 +464,29 @@ impl OperatorCurves {
             }
             c
         });
-        let head = Curve::build(&m_knots, |s| {
+        let head = Curve::build(&m_axis, |s| {
             let mut c = StepCost::default();
             c.add(profile.gemm(Role::LmHead, &Gemm { m: s, n: vocab, k: model.hidden_size, precision: head_p }), 1.0);
             c
         });
-        let s_knots = knots(std::iter::empty());
-        let ctx = Curve::build(&s_knots, |s| {
+        let ctx = Curve::build(&m_axis, |s| {
             let mut c = StepCost::default();
             c.add(profile.ctx_attention(&shape, s, 0.0), 1.0);
             c
         });
         // Decode attention is linear in batch and keys beyond the tables
-        // (2,048 sequences, 131,072 keys): the grid stops there and extrapolates.
-        let batches: Vec<f64> =
-            (0..=11).flat_map(|j| [2f64.powi(j), 1.5 * 2f64.powi(j)]).filter(|b| (1.0..=2048.0).contains(b)).collect();
-        let keys: Vec<f64> = (0..=34).map(|j| 2f64.powf(f64::from(j) / 2.0).round()).chain([131_072.0]).collect();
-        let mut keys = keys;
-        keys.dedup();
-        let decode = Grid2::build(&batches, &keys, |b, s| profile.gen_attention(&shape, b, s).secs);
+        // (2,048 sequences, 131,072 keys): the grid stops there (two knots
+        // per octave) and extrapolates.
+        let decode = Grid2::build(Axis::new(1, 11), Axis::new(1, 17), |b, s| profile.gen_attention(&shape, b, s).secs);
         let (window, windowed) = model.window.unwrap_or((u64::MAX, 0));
+        let decode_fixed = Curve {
+            axis: m_axis.clone(),
+            values: dense.values.iter().zip(&head.values).map(|(d, h)| std::array::from_fn(|i| d[i] + h[i])).collect(),
+        };
         OperatorCurves {
             dense,
             head,
+            decode_fixed,
             ctx,
             decode,
             full_layers: (model.num_layers - windowed) as f64,
@@ -478,12 +507,16 @@ impl OperatorCurves {
     /// The step's cost by bound.
     pub fn cost(&self, work: &StepWork<'_>) -> StepCost {
         let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
-        let [compute, memory, comm] = self.dense.at(tokens as f64);
-        let head = self.head.at(work.samples as f64);
+        let [compute, memory, comm] = if work.prefill.is_empty() && work.samples == tokens {
+            self.decode_fixed.at(tokens as f64)
+        } else {
+            let (d, h) = (self.dense.at(tokens as f64), self.head.at(work.samples as f64));
+            std::array::from_fn(|i| d[i] + h[i])
+        };
         let mut c = StepCost {
-            compute: compute + head[0],
-            memory: memory + head[1],
-            comm: comm + head[2],
+            compute,
+            memory,
+            comm,
             steps: 1.0,
             seqs: (work.decodes + work.prefill.len() as u64) as f64,
             prefill_steps: if work.prefill.is_empty() { 0.0 } else { 1.0 },

@@ -33,9 +33,11 @@
 use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
 use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 
 /// The table files, by aiconfigurator's names.
 pub const GEMM_FILE: &str = "gemm_perf.parquet";
@@ -51,6 +53,8 @@ pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
 struct Site {
     n: u64,
     k: u64,
+    /// log₂ n and log₂ k (the distance between shapes).
+    log_nk: (f64, f64),
     /// (m, seconds), increasing m.
     curve: Vec<(f64, f64)>,
 }
@@ -60,11 +64,52 @@ struct Site {
 struct GemmTable {
     /// Sites in the order the file first names them (ties in distance go to the earlier).
     sites: Vec<Site>,
-    index: HashMap<(u64, u64), usize>,
+    /// Site by `shape_key(n, k)`.
+    index: nohash_hasher::IntMap<u64, usize>,
 }
 
-/// The attention of one (KV dtype, KV heads, head dim, window).
-type AttnKey = (String, i64, i64, i64);
+/// The attention of one (KV dtype code, KV heads, head dim, window).
+type AttnKey = (u8, i64, i64, i64);
+
+/// A GEMM shape as one integer for an identity-hashed map: `(n, k)`
+/// packed (tables hold n and k below 2³²; a larger query shape is in none
+/// of them) and scrambled by an odd multiplier — a bijection, so distinct
+/// shapes keep distinct keys, with the high bits the map probes by mixed.
+fn shape_key(n: u64, k: u64) -> u64 {
+    let packed = if n > u64::from(u32::MAX) || k > u64::from(u32::MAX) { u64::MAX } else { (n << 32) | k };
+    packed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// Measured attention points: (grid coordinates, seconds), in file order.
+type Points = Vec<([i64; 3], f64)>;
+
+/// The measured points of one attention key, in file order, and their grid once built.
+#[derive(Debug, Default)]
+struct AttnPoints {
+    points: Points,
+    grid: Mutex<Option<Arc<Grid>>>,
+}
+
+impl Clone for AttnPoints {
+    fn clone(&self) -> Self {
+        AttnPoints { points: self.points.clone(), grid: Mutex::new(None) }
+    }
+}
+
+impl AttnPoints {
+    /// The grid of the points, built on first use (a model needs one or two keys of many).
+    fn grid(&self) -> Arc<Grid> {
+        let mut g = self.grid.lock().expect("a grid lock is never poisoned");
+        g.get_or_insert_with(|| {
+            let mut root = Node::default();
+            for (path, v) in &self.points {
+                root.insert(path, *v);
+            }
+            Arc::new(Grid::new(root))
+        })
+        .clone()
+    }
+}
 
 /// aiconfigurator tables of one GPU and backend version.
 #[derive(Clone, Debug)]
@@ -75,22 +120,31 @@ pub struct AicTables {
     gemm_bf16: GemmTable,
     gemm_fp8: GemmTable,
     /// Prefill attention: heads → sequence → batch.
-    ctx: HashMap<AttnKey, Grid>,
+    ctx: HashMap<AttnKey, AttnPoints>,
     /// Decode attention: heads → batch → keys.
-    decode: HashMap<AttnKey, Grid>,
+    decode: HashMap<AttnKey, AttnPoints>,
     /// All-reduce: GPUs → (elements, seconds), increasing elements.
     allreduce: Vec<(u32, Vec<(f64, f64)>)>,
 }
 
-/// The columns of a Parquet table, by name.
+/// The columns of a Parquet table, by name (only those asked for are decoded).
 struct Columns {
     batches: Vec<RecordBatch>,
 }
 
 impl Columns {
-    fn read(bytes: bytes::Bytes, what: &str) -> Result<Columns, String> {
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.with_batch_size(65536).build())
+    /// Reads the columns `wanted` of the table (those it lacks are skipped).
+    fn read(bytes: bytes::Bytes, what: &str, wanted: &[&str]) -> Result<Columns, String> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
+        let fields = builder.parquet_schema().root_schema().get_fields();
+        let roots: Vec<usize> =
+            fields.iter().enumerate().filter(|(_, f)| wanted.contains(&f.name())).map(|(i, _)| i).collect();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(65536)
+            .build()
             .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
         let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("{what}: {e}"))?;
         Ok(Columns { batches })
@@ -130,7 +184,8 @@ impl Columns {
         Ok(out)
     }
 
-    fn strings(&self, name: &str, what: &str) -> Result<Vec<String>, String> {
+    /// A string column as `code(value)` per row (no string is copied).
+    fn codes(&self, name: &str, what: &str, code: impl Fn(&str) -> u8) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         for b in &self.batches {
             let c = Self::column(b, name, what)?;
@@ -138,10 +193,24 @@ impl Columns {
                 .as_any()
                 .downcast_ref::<StringArray>()
                 .ok_or_else(|| format!("{what}: column `{name}` is not a string column"))?;
-            out.extend((0..c.len()).map(|i| c.value(i).to_string()));
+            out.extend((0..c.len()).map(|i| code(c.value(i))));
         }
         Ok(out)
     }
+}
+
+/// A dtype name as a code: 1 BF16/FP16, 2 FP8, 0 anything else.
+fn dtype_code(name: &str) -> u8 {
+    match name {
+        "bfloat16" | "float16" => 1,
+        "fp8" => 2,
+        _ => 0,
+    }
+}
+
+/// 1 for an eager-mode kernel source or backend (skipped), else 0.
+fn eager_code(name: &str) -> u8 {
+    u8::from(name.ends_with("_eager"))
 }
 
 /// Latency in ms as a table gives it → seconds, refusing what no measurement is.
@@ -153,9 +222,9 @@ fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
     }
 }
 
-/// An aiconfigurator dtype name as our attention key uses it.
-fn kv_dtype(bytes: f64) -> &'static str {
-    if bytes <= 1.0 { "fp8" } else { "bfloat16" }
+/// The dtype code of a KV cache of `bytes` per element.
+fn kv_dtype(bytes: f64) -> u8 {
+    if bytes <= 1.0 { 2 } else { 1 }
 }
 
 /// Speed of light of decode attention at `[heads, batch, s]` (aiconfigurator's `gen_sol`).
@@ -192,12 +261,40 @@ impl AicTables {
             allreduce: Vec::new(),
         };
         for (file, bytes) in files {
-            let cols = Columns::read(bytes.clone(), file)?;
             match *file {
-                GEMM_FILE => t.load_gemm(&cols, file)?,
-                CTX_FILE => t.ctx = t.load_attention(&cols, file, false)?,
-                GEN_FILE => t.decode = t.load_attention(&cols, file, true)?,
-                ALLREDUCE_FILE => t.load_allreduce(&cols, file)?,
+                GEMM_FILE => {
+                    t.load_gemm(&Columns::read(bytes.clone(), file, &["gemm_dtype", "m", "n", "k", "latency"])?, file)?
+                }
+                CTX_FILE | GEN_FILE => {
+                    let wanted = [
+                        "batch_size",
+                        "isl",
+                        "step",
+                        "num_heads",
+                        "num_key_value_heads",
+                        "head_dim",
+                        "kv_cache_dtype",
+                        "attn_dtype",
+                        "window_size",
+                        "latency",
+                    ];
+                    let cols = Columns::read(bytes.clone(), file, &wanted)?;
+                    let decode = *file == GEN_FILE;
+                    let points = t.load_attention(&cols, file, decode)?;
+                    if decode {
+                        t.decode = points;
+                    } else {
+                        t.ctx = points;
+                    }
+                }
+                ALLREDUCE_FILE => t.load_allreduce(
+                    &Columns::read(
+                        bytes.clone(),
+                        file,
+                        &["num_gpus", "message_size", "latency", "kernel_source", "backend"],
+                    )?,
+                    file,
+                )?,
                 _ => {}
             }
         }
@@ -232,30 +329,36 @@ impl AicTables {
 
     fn load_gemm(&mut self, c: &Columns, what: &str) -> Result<(), String> {
         let (dtype, m, n, k, lat) = (
-            c.strings("gemm_dtype", what)?,
+            c.codes("gemm_dtype", what, dtype_code)?,
             c.ints("m", what)?,
             c.ints("n", what)?,
             c.ints("k", what)?,
             c.floats("latency", what)?,
         );
+        let mut last: Option<(Precision, u64, u64, usize)> = None;
         for i in 0..m.len() {
-            let precision = match dtype[i].as_str() {
-                "bfloat16" | "float16" => Precision::Bf16,
-                "fp8" => Precision::Fp8,
+            let precision = match dtype[i] {
+                1 => Precision::Bf16,
+                2 => Precision::Fp8,
                 _ => continue,
             };
-            if m[i] < 1 || n[i] < 1 || k[i] < 1 {
-                return Err(format!("{what}: row {}: m, n and k must be at least 1", i + 1));
+            if m[i] < 1 || !(1..=i64::from(u32::MAX)).contains(&n[i]) || !(1..=i64::from(u32::MAX)).contains(&k[i]) {
+                return Err(format!("{what}: row {}: m, n and k must be at least 1 (n and k below 2³²)", i + 1));
             }
             let secs = seconds(lat[i], what, i)?;
             let (n, k) = (n[i] as u64, k[i] as u64);
             let g = Gemm { m: m[i] as f64, n, k, precision };
             let (compute, memory) = self.peaks.gemm_sol(&g);
             let table = if precision == Precision::Fp8 { &mut self.gemm_fp8 } else { &mut self.gemm_bf16 };
-            let at = *table.index.entry((n, k)).or_insert_with(|| {
-                table.sites.push(Site { n, k, curve: Vec::new() });
-                table.sites.len() - 1
-            });
+            // Rows of one shape come together: look the index up only when it changes.
+            let at = match last {
+                Some((p, nn, kk, at)) if p == precision && nn == n && kk == k => at,
+                _ => *table.index.entry(shape_key(n, k)).or_insert_with(|| {
+                    table.sites.push(Site { n, k, log_nk: ((n as f64).log2(), (k as f64).log2()), curve: Vec::new() });
+                    table.sites.len() - 1
+                }),
+            };
+            last = Some((precision, n, k, at));
             let curve = &mut table.sites[at].curve;
             if !curve.iter().any(|&(x, _)| x == g.m) {
                 curve.push((g.m, secs.max(compute.max(memory))));
@@ -269,39 +372,51 @@ impl AicTables {
         Ok(())
     }
 
-    fn load_attention(&self, c: &Columns, what: &str, decode: bool) -> Result<HashMap<AttnKey, Grid>, String> {
+    fn load_attention(&self, c: &Columns, what: &str, decode: bool) -> Result<HashMap<AttnKey, AttnPoints>, String> {
         let (batch, isl, heads, kv_heads, head_dim, kv, lat) = (
             c.ints("batch_size", what)?,
             c.ints("isl", what)?,
             c.ints("num_heads", what)?,
             c.ints("num_key_value_heads", what)?,
             c.ints("head_dim", what)?,
-            c.strings("kv_cache_dtype", what)?,
+            c.codes("kv_cache_dtype", what, dtype_code)?,
             c.floats("latency", what)?,
         );
         let step = if decode { c.ints("step", what)? } else { vec![0; batch.len()] };
         let window = if c.has("window_size") { c.ints("window_size", what)? } else { vec![0; batch.len()] };
-        let attn = if !decode && c.has("attn_dtype") { Some(c.strings("attn_dtype", what)?) } else { None };
-        let mut out: HashMap<AttnKey, Node> = HashMap::new();
+        let attn = if !decode && c.has("attn_dtype") { Some(c.codes("attn_dtype", what, dtype_code)?) } else { None };
+        // Points by key, in file order (rows of one key come together: the
+        // key is looked up only when it changes).
+        let mut keys: Vec<(AttnKey, Points)> = Vec::new();
+        let mut index: std::collections::BTreeMap<AttnKey, usize> = Default::default();
+        let mut last: Option<(AttnKey, usize)> = None;
         for i in 0..batch.len() {
-            if attn.as_ref().is_some_and(|a| a[i] != "bfloat16") {
+            if attn.as_ref().is_some_and(|a| a[i] != 1) || kv[i] == 0 {
                 continue;
             }
             let secs = seconds(lat[i], what, i)?;
             let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
-            let key = (kv[i].clone(), nk, head_dim[i], window[i]);
-            let kv_bytes = if kv[i] == "fp8" { 1.0 } else { 2.0 };
-            let node = out.entry(key).or_default();
+            let key = (kv[i], nk, head_dim[i], window[i]);
+            let at = match last {
+                Some((k, at)) if k == key => at,
+                _ => *index.entry(key).or_insert_with(|| {
+                    keys.push((key, Vec::new()));
+                    keys.len() - 1
+                }),
+            };
+            last = Some((key, at));
+            let points = &mut keys[at].1;
             if decode {
                 let s = isl[i] + step[i];
                 let q = [heads[i] as f64, batch[i] as f64, s as f64];
+                let kv_bytes = if kv[i] == 2 { 1.0 } else { 2.0 };
                 let sol = gen_sol(&self.peaks, nk as f64, head_dim[i] as f64, kv_bytes, &q);
-                node.insert(&[heads[i], batch[i], s], secs.max(sol));
+                points.push(([heads[i], batch[i], s], secs.max(sol)));
             } else {
-                node.insert(&[heads[i], isl[i], batch[i]], secs);
+                points.push(([heads[i], isl[i], batch[i]], secs));
             }
         }
-        Ok(out.into_iter().map(|(k, node)| (k, Grid::new(node))).collect())
+        Ok(keys.into_iter().map(|(k, points)| (k, AttnPoints { points, grid: Mutex::new(None) })).collect())
     }
 
     fn load_allreduce(&mut self, c: &Columns, what: &str) -> Result<(), String> {
@@ -309,12 +424,12 @@ impl AicTables {
             c.ints("num_gpus", what)?,
             c.ints("message_size", what)?,
             c.floats("latency", what)?,
-            c.strings("kernel_source", what)?,
+            c.codes("kernel_source", what, eager_code)?,
         );
-        let backend = if c.has("backend") { c.strings("backend", what)? } else { vec![String::new(); gpus.len()] };
+        let backend = if c.has("backend") { c.codes("backend", what, eager_code)? } else { vec![0; gpus.len()] };
         let mut curves: Vec<(u32, Vec<(f64, f64)>)> = Vec::new();
         for i in 0..gpus.len() {
-            if kernel[i].ends_with("_eager") || backend[i].ends_with("_eager") {
+            if kernel[i] == 1 || backend[i] == 1 {
                 continue;
             }
             let secs = seconds(lat[i], what, i)?;
@@ -339,20 +454,6 @@ impl AicTables {
         Ok(())
     }
 
-    /// Every m the GEMM tables measure (the knots a step's curve keeps exact).
-    pub fn gemm_rows(&self) -> Vec<f64> {
-        let mut m: Vec<f64> =
-            self.gemm_bf16.sites.iter().chain(&self.gemm_fp8.sites).flat_map(|s| s.curve.iter().map(|p| p.0)).collect();
-        m.sort_by(f64::total_cmp);
-        m.dedup();
-        m
-    }
-
-    /// The message sizes (elements) the all-reduce table measures for `tp` GPUs.
-    pub fn allreduce_sizes(&self, tp: u32) -> Vec<f64> {
-        self.allreduce.iter().find(|c| c.0 == tp).map(|c| c.1.iter().map(|p| p.0).collect()).unwrap_or_default()
-    }
-
     /// A GEMM's latency from the table of its precision (`None`: no table for it).
     pub fn gemm(&self, g: &Gemm) -> Option<f64> {
         let table = match g.precision {
@@ -367,23 +468,38 @@ impl AicTables {
             let (c, m) = self.peaks.gemm_sol(&Gemm { n, k, ..*g });
             c.max(m)
         };
-        if let Some(&i) = table.index.get(&(g.n, g.k)) {
+        if let Some(&i) = table.index.get(&shape_key(g.n, g.k)) {
             return Some(self.site_latency(&table.sites[i], g.m, g.precision));
         }
         // Borrow the utilisation of the nearest measured shapes.
         let here = ((g.n as f64).log2(), (g.k as f64).log2());
-        let dist = |s: &Site| ((s.n as f64).log2() - here.0).hypot((s.k as f64).log2() - here.1);
+        let dist = |s: &Site| {
+            let (dn, dk) = (s.log_nk.0 - here.0, s.log_nk.1 - here.1);
+            (dn * dn + dk * dk).sqrt()
+        };
         let covers =
             |s: &Site| s.curve.first().is_some_and(|f| f.0 <= g.m) && s.curve.last().is_some_and(|l| l.0 >= g.m);
-        let mut ranked: Vec<(f64, usize)> =
-            table.sites.iter().enumerate().filter(|(_, s)| covers(s)).map(|(i, s)| (dist(s), i)).collect();
+        // The four nearest sites (ties to the earlier), among those covering m if any do.
+        let nearest = |keep: &dyn Fn(&Site) -> bool| {
+            let mut best: Vec<(f64, usize)> = Vec::with_capacity(5);
+            for (i, s) in table.sites.iter().enumerate().filter(|(_, s)| keep(s)) {
+                let d = dist(s);
+                if best.len() < 4 || d < best[3].0 {
+                    let at = best.partition_point(|x| x.0 <= d);
+                    best.insert(at, (d, i));
+                    best.truncate(4);
+                }
+            }
+            best
+        };
+        let mut ranked = nearest(&covers);
         if ranked.is_empty() {
-            ranked = table.sites.iter().enumerate().map(|(i, s)| (dist(s), i)).collect();
+            ranked = nearest(&|_| true);
         }
-        ranked.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        // Within two octaves where any is (aiconfigurator refuses a shape with none that close).
         const MAX_OCTAVES: f64 = 2.0;
         let near = ranked.iter().filter(|r| r.0 <= MAX_OCTAVES).count();
-        let picked = &ranked[..if near > 0 { near.min(4) } else { ranked.len().min(4) }];
+        let picked = &ranked[..if near > 0 { near } else { ranked.len() }];
         let (mut util, mut total) = (0.0, 0.0);
         for &(d, i) in picked {
             let s = &table.sites[i];
@@ -428,7 +544,7 @@ impl AicTables {
             return None;
         }
         let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
-        let grid = self.ctx.get(&(kv_dtype(a.kv_bytes).to_string(), nk, a.head_dim as i64, 0))?;
+        let grid = self.ctx.get(&(kv_dtype(a.kv_bytes), nk, a.head_dim as i64, 0))?.grid();
         if grid.is_empty() {
             return None;
         }
@@ -443,7 +559,7 @@ impl AicTables {
             return None;
         }
         let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
-        let grid = self.decode.get(&(kv_dtype(a.kv_bytes).to_string(), nk, a.head_dim as i64, 0))?;
+        let grid = self.decode.get(&(kv_dtype(a.kv_bytes), nk, a.head_dim as i64, 0))?.grid();
         if grid.is_empty() {
             return None;
         }

@@ -25,14 +25,22 @@ pub(super) struct Node {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Grid {
     root: Node,
-    leaves: Vec<(Vec<f64>, f64)>,
+    /// Every point: its coordinates, their log₂ and its latency.
+    leaves: Vec<(Vec<f64>, Vec<f64>, f64)>,
 }
 
 impl Grid {
     /// The grid of `root`.
     pub fn new(root: Node) -> Grid {
-        let mut leaves = Vec::new();
-        root.leaves(&mut Vec::new(), &mut leaves);
+        let mut points = Vec::new();
+        root.leaves(&mut Vec::new(), &mut points);
+        let leaves = points
+            .into_iter()
+            .map(|(p, v)| {
+                let logs = p.iter().map(|&x| log(x)).collect();
+                (p, logs, v)
+            })
+            .collect();
         Grid { root, leaves }
     }
 
@@ -139,18 +147,22 @@ impl Node {
     }
 }
 
+/// log₂ of a coordinate (of at least 10⁻¹², so 0 has one).
+fn log(v: f64) -> f64 {
+    v.max(1e-12).log2()
+}
+
 /// The utilisation of the points nearest `q`, held at `q`.
-fn hold(leaves: &[(Vec<f64>, f64)], q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
+fn hold(leaves: &[(Vec<f64>, Vec<f64>, f64)], q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
     const NEAREST: usize = 4;
-    let log = |v: f64| v.max(1e-12).log2();
     let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
     // The NEAREST + 1 closest points (the last one only sets the taper radius).
     let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(NEAREST + 2);
-    for (i, (p, lat)) in leaves.iter().enumerate() {
+    for (i, (p, logs, lat)) in leaves.iter().enumerate() {
         if p.len() != q.len() || *lat <= 0.0 {
             continue;
         }
-        let d = p.iter().zip(&logq).map(|(&a, &b)| (log(a) - b).powi(2)).sum::<f64>().sqrt();
+        let d = logs.iter().zip(&logq).map(|(&a, &b)| (a - b).powi(2)).sum::<f64>().sqrt();
         if ranked.len() <= NEAREST || d < ranked[NEAREST].0 {
             let at = ranked.partition_point(|x| x.0 <= d);
             ranked.insert(at, (d, i));
@@ -158,7 +170,7 @@ fn hold(leaves: &[(Vec<f64>, f64)], q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f
         }
     }
     let ranked: Vec<(f64, f64)> =
-        ranked.into_iter().map(|(d, i)| (d, sol(&leaves[i].0) / leaves[i].1)).filter(|x| x.1 > 0.0).collect();
+        ranked.into_iter().map(|(d, i)| (d, sol(&leaves[i].0) / leaves[i].2)).filter(|x| x.1 > 0.0).collect();
     let r = ranked.get(NEAREST).map_or(f64::INFINITY, |x| x.0);
     let picked = &ranked[..ranked.len().min(NEAREST)];
     let weight = |d: f64| {
