@@ -17,7 +17,7 @@ use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{BlockHash, ConnectorOutput, KvConnector, KvEvent};
 use crate::metrics::{
     Gauges, InSystem, IntervalRow, Latencies, LatencyMetric, RequestRecord, RunSummary, Sc25Row, StageRow, StageTally,
-    TierSummary, TimeSeries, WorkerRow,
+    StepRow, TierSummary, TimeSeries, WorkerRow,
 };
 use crate::request::PdPhase;
 use crate::request::Request;
@@ -151,6 +151,8 @@ pub struct RunOutput {
     pub series: Vec<IntervalRow>,
     /// One record per generated request, in id order (empty unless asked for).
     pub requests: Vec<RequestRecord>,
+    /// One row per scheduler step, by start time then worker (empty unless asked for).
+    pub steps: Vec<StepRow>,
     /// Most requests in the arena at once (requests in flight; finished ones give their slot back).
     pub peak_live_requests: u64,
     /// One row per worker (including those added by autoscaling).
@@ -193,6 +195,8 @@ pub struct Cluster<'a> {
     /// Keep a record of every request (the requests table is written).
     keep_records: bool,
     records: Vec<RequestRecord>,
+    /// Keep a row per step (the `steps` table).
+    log_steps: bool,
     sc25: Vec<Sc25Request>,
     workers: Vec<Worker>,
     /// The router's view of each worker, by index: requests it routed there
@@ -253,6 +257,7 @@ impl<'a> Cluster<'a> {
             tally: Tally::default(),
             keep_records: false,
             records: Vec::new(),
+            log_steps: false,
             sc25: Vec::new(),
             workers: Vec::new(),
             loads: Vec::new(),
@@ -301,6 +306,9 @@ impl<'a> Cluster<'a> {
     fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
         self.workers.push(Worker::new(id, worker_cfg(self.scenario, id.index())));
+        if self.log_steps {
+            self.workers[id.index()].log_steps();
+        }
         self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
         self.kv_pending.push(Vec::new());
         self.reported_busy.push(SimDuration(0));
@@ -802,6 +810,10 @@ impl<'a> Cluster<'a> {
             self.routing_wall = Some(std::time::Duration::ZERO);
         }
         self.keep_records = opts.request_records;
+        self.log_steps = opts.step_records;
+        if self.log_steps {
+            self.workers.iter_mut().for_each(Worker::log_steps);
+        }
         let mut queue = EventQueue::new();
         let r = &self.scenario.router;
         if r.policy.reads_kv_events() && r.collection_interval.0 > 0 {
@@ -972,12 +984,15 @@ impl<'a> Cluster<'a> {
         };
         let mut requests = std::mem::take(&mut self.records);
         requests.sort_unstable_by_key(|r| r.id);
+        let mut steps: Vec<StepRow> = self.workers.iter_mut().flat_map(Worker::take_step_rows).collect();
+        steps.sort_by(|a, b| a.start_s.total_cmp(&b.start_s).then(a.worker.cmp(&b.worker)));
         self.sc25.sort_unstable_by_key(|s| s.serial);
         RunOutput {
             summary,
             latencies: self.latencies,
             series: self.series.finish(end, gauges),
             requests,
+            steps,
             peak_live_requests: self.requests.len() as u64,
             workers,
             sc25: sc25_rows(&self.sc25),

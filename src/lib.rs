@@ -52,6 +52,8 @@ pub use config::Scenario;
 pub struct RunOptions<'a> {
     /// Build one record per request (memory grows with the request count).
     pub request_records: bool,
+    /// Build one record per scheduler step (the `steps` table; memory grows with the steps).
+    pub step_records: bool,
     /// Measure the wall time spent routing and maintaining the router's KV
     /// index (for benchmarks; it never influences the simulation).
     pub profile_routing: bool,
@@ -66,7 +68,7 @@ pub struct RunOptions<'a> {
 
 impl Default for RunOptions<'_> {
     fn default() -> Self {
-        RunOptions { request_records: true, profile_routing: false, stop: None, progress: None }
+        RunOptions { request_records: true, step_records: false, profile_routing: false, stop: None, progress: None }
     }
 }
 

@@ -381,3 +381,57 @@ fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
     let out = opal::simulate(&opal::sweep::run_scenario(&run).unwrap()).unwrap();
     assert_eq!(out.event_digest, OPAL_EXAMPLE_DIGEST, "{} requests", out.summary.requests_completed);
 }
+
+#[test]
+fn the_steps_table_holds_every_step_with_its_work_and_how_its_time_divides() {
+    let run = |inference: &str| {
+        let s = scenario(&format!(
+            r#"
+            [model.model_params]
+            name = "llama-3.1-8b"
+            {inference}
+            [kvc]
+            kvc_tiers = []
+            [[workload.stages]]
+            type = "UniformReqRate"
+            [workload.stages.workload_params]
+            request_rate = inf
+            total_requests = 2
+            prompt_size = 300
+            output_tokens = 3
+            default_prefix_length = 0
+            "#
+        ));
+        opal::simulate_with(&s, &opal::RunOptions { step_records: true, ..Default::default() }).unwrap()
+    };
+    // Synthetic 10 ms steps: both prompts prefill in the first step (their first tokens),
+    // then two decode steps over 300 and 301 cached tokens each.
+    let out = run("[worker.inference_params]\nmodel = \"synthetic\"\nmean_latency_secs = 0.01");
+    let rows: Vec<_> = out
+        .steps
+        .iter()
+        .map(|s| {
+            (s.start_s, s.duration_s, s.kind(), s.prefill_chunks, s.prefill_tokens, s.decodes, s.decode_context_tokens)
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            (0.0, 0.01, "prefill", 2, 600, 0, 0),
+            (0.01, 0.01, "decode", 0, 0, 2, 600),
+            (0.02, 0.01, "decode", 0, 0, 2, 602)
+        ]
+    );
+    assert!(out.steps.iter().all(|s| s.cpu_s.is_none()), "only the operators model divides its time");
+    // The operators model: each step's duration is the longer of its GPU parts' sum and its CPU part.
+    let out = run("");
+    assert_eq!(out.steps.len(), 3);
+    for s in &out.steps {
+        let gpu = s.gpu_compute_s.unwrap() + s.gpu_memory_s.unwrap() + s.gpu_comm_s.unwrap();
+        assert!((gpu.max(s.cpu_s.unwrap()) - s.duration_s).abs() < 2e-9, "{s:?}");
+    }
+    let busy: f64 = out.steps.iter().map(|s| s.duration_s).sum();
+    assert!((busy - out.workers[0].busy_s).abs() < 1e-9);
+    // Without asking, no rows.
+    assert!(crate::run(&scenario("[[workload.stages]]\ntype = \"UniformReqRate\"\n")).steps.is_empty());
+}

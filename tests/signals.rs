@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// One run of the reference family with short prompts: a few seconds in a debug build.
+/// One run of the reference family with short prompts, long enough on any
+/// machine (a few seconds in the test build) that a signal sent a moment
+/// after it starts lands while it runs.
 pub const LONG: &str = r#"
 [sweep]
 name = "long"
@@ -23,7 +25,7 @@ policy = "LeastLoaded"
 type = "ExponentialReqRate"
 [workload.stages.workload_params]
 request_rate = 2000.0
-total_requests = 200000
+total_requests = 2000000
 prompt_size_min = 16
 prompt_size_max = 64
 output_tokens_min = 1
@@ -61,7 +63,9 @@ fn sigterm_stops_a_run_in_flight_within_two_seconds_and_resume_completes_it() {
     let dir = setup("sigterm", LONG);
     let mut child = spawn(&dir, &["spec.toml", "-o", "out", "-q"]);
     wait_until_running(&dir.join("out"));
-    std::thread::sleep(Duration::from_millis(500));
+    // A moment for the run to start (it then runs for seconds): the signal
+    // lands in flight however fast the machine.
+    std::thread::sleep(Duration::from_millis(100));
     let sent = Instant::now();
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());

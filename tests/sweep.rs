@@ -37,7 +37,7 @@ const SPEC: &str = r#"
 name = "t"
 replicates = 2
 base_seed = 7
-tables = ["runs", "histograms", "timeseries", "workers", "requests"]
+tables = ["runs", "histograms", "timeseries", "workers", "requests", "steps"]
 
 [grid]
 "router.router_params.policy" = ["RoundRobin", "Random", "LeastLoaded"]
@@ -75,7 +75,7 @@ fn ok(o: &Output) {
     );
 }
 
-const TABLES: [&str; 5] = ["runs", "histograms", "timeseries", "workers", "requests"];
+const TABLES: [&str; 6] = ["runs", "histograms", "timeseries", "workers", "requests", "steps"];
 
 fn assert_same_tables(a: &Path, b: &Path) {
     for t in TABLES {
@@ -132,6 +132,11 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
     let routed = opal::output::f64_column(&workers, "requests_routed").unwrap();
     assert_eq!(routed.iter().map(|v| v.unwrap()).sum::<f64>(), 12.0 * 60.0, "every request is routed once");
     assert_eq!(read(&out.join("requests.parquet")).num_rows(), 12 * 60);
+    // Every step of every worker: their durations add up to the workers' busy time.
+    let steps = read(&out.join("steps.parquet"));
+    let busy: f64 = opal::output::f64_column(&workers, "busy_s").unwrap().iter().map(|v| v.unwrap()).sum();
+    let durations: f64 = opal::output::f64_column(&steps, "duration_s").unwrap().iter().map(|v| v.unwrap()).sum();
+    assert!(steps.num_rows() > 12 * 60 && (busy - durations).abs() < 1e-6 * busy, "{busy} vs {durations}");
     assert!(read(&out.join("timeseries.parquet")).num_rows() >= 12);
     let manifest: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("manifest.json")).unwrap()).unwrap();
@@ -230,11 +235,13 @@ fn merging_with_a_shard_missing_reports_the_gap() {
 
 #[test]
 fn resume_after_a_killed_sweep_runs_only_the_missing_runs_and_matches_a_clean_run() {
-    // 30 runs of about 0.1 s each (debug build) on one thread; parts are flushed every second.
+    // 30 runs of about 0.25 s each (the test build, this machine) on one thread: parts
+    // are flushed every second, so the first lands long before the last run ends
+    // even on a machine several times faster.
     const RUNS: usize = 30;
     let spec = SPEC
         .replace("replicates = 2", "replicates = 5")
-        .replace("total_requests = 60", "total_requests = 3000")
+        .replace("total_requests = 60", "total_requests = 6000")
         .replace(
             "tables = [\"runs\", \"histograms\", \"timeseries\", \"requests\"]",
             "tables = [\"runs\", \"histograms\", \"timeseries\", \"requests\"]\n",

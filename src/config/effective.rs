@@ -73,6 +73,20 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
     if let Some(p) = &mut f.worker.inference_params.table_path {
         *p = absolute(p);
     }
+    // (Not when an axis varies the step model's keys: each point's model takes its own.)
+    let varies_step_model = file
+        .grid
+        .keys()
+        .chain(file.zip.iter().flat_map(|z| z.keys()))
+        .any(|k| k.starts_with("worker.inference_params."));
+    if !varies_step_model {
+        fill_step_model_defaults(&mut f.worker.inference_params, &absolute);
+    } else if let Some(p) = &mut f.worker.inference_params.profile
+        && p != "auto"
+        && p != "analytic"
+    {
+        *p = absolute(p);
+    }
     let mut table = toml::Table::try_from(&f).map_err(|e| e.to_string())?;
     for key in ["sweep", "grid", "zip", "search"] {
         table.remove(key);
@@ -102,6 +116,41 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
         st.as_table_mut().ok_or("a stage is a table")?.insert("workload_params".into(), toml::Value::Table(full));
     }
     Ok(table)
+}
+
+/// The keys of the chosen step model, with their defaults where unset (a
+/// profile directory made absolute); other models' keys stay unset.
+fn fill_step_model_defaults(ip: &mut super::schema::InferenceParams, absolute: &dyn Fn(&str) -> String) {
+    use super::schema::NumberOrString;
+    match ip.model.to_ascii_lowercase().as_str() {
+        "operators" => {
+            match &mut ip.profile {
+                Some(p) if p != "auto" && p != "analytic" => *p = absolute(p),
+                Some(_) => {}
+                None => ip.profile = Some("auto".into()),
+            }
+            ip.compute_scale.get_or_insert(1.0);
+            ip.memory_scale.get_or_insert(1.0);
+            ip.comm_scale.get_or_insert(1.0);
+            ip.step_overhead_secs.get_or_insert(0.0);
+            ip.seq_overhead_secs.get_or_insert(0.0);
+            ip.prefill_overhead_secs.get_or_insert(0.0);
+        }
+        "roofline" => {
+            ip.a.get_or_insert(NumberOrString::Number(4.0));
+            ip.b.get_or_insert(NumberOrString::Number(24.0));
+            ip.decode_bw_efficiency.get_or_insert(1.0);
+            ip.step_overhead_secs.get_or_insert(0.0);
+            ip.mixed_step.get_or_insert_with(|| "max".into());
+        }
+        "synthetic" => {
+            ip.mean_latency_secs.get_or_insert(1.0);
+        }
+        "table" => {
+            ip.mixed_step.get_or_insert_with(|| "sum".into());
+        }
+        _ => {}
+    }
 }
 
 fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(params: &toml::Table) -> Result<toml::Table, String> {

@@ -153,7 +153,8 @@ pub struct SweepSection {
     /// Seed of replicate 0; replicate r runs with `base_seed + r` (default `simulation.seed`).
     pub base_seed: Option<u64>,
     /// Tables to write: `runs` (always), `histograms`, `timeseries`, `workers`,
-    /// `stages`, `sc25`, `requests` (default: all but requests; sc25 only with an SC25Workload stage).
+    /// `stages`, `sc25`, `requests`, `steps` (default: all but requests and steps;
+    /// sc25 only with an SC25Workload stage).
     pub tables: Option<Vec<String>>,
     /// Time-series interval for every run, seconds (overrides `simulation.time_series_interval_sec`).
     pub time_series_interval_sec: Option<f64>,

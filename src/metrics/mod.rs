@@ -614,6 +614,48 @@ impl Default for PdSummary {
     }
 }
 
+/// One scheduler step of one worker (the optional `steps` table): when it
+/// ran, what it held, and — with the `operators` step model — how its time
+/// divides (a step takes the longer of its GPU and its CPU work).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepRow {
+    /// The worker.
+    pub worker: u32,
+    /// When it started, seconds.
+    pub start_s: f64,
+    /// How long it took, seconds.
+    pub duration_s: f64,
+    /// Prefill chunks in it.
+    pub prefill_chunks: u32,
+    /// Prompt tokens it computed.
+    pub prefill_tokens: u64,
+    /// Σ over its chunks of the tokens already cached before each.
+    pub prefill_cached_tokens: u64,
+    /// Decoding sequences in it.
+    pub decodes: u64,
+    /// Σ over the decoding sequences of their cached tokens.
+    pub decode_context_tokens: u64,
+    /// Compute-bound GPU seconds (scaled), `operators` only.
+    pub gpu_compute_s: Option<f64>,
+    /// Memory-bound GPU seconds (scaled), `operators` only.
+    pub gpu_memory_s: Option<f64>,
+    /// All-reduce seconds (scaled), `operators` only.
+    pub gpu_comm_s: Option<f64>,
+    /// CPU seconds (overheads), `operators` only.
+    pub cpu_s: Option<f64>,
+}
+
+impl StepRow {
+    /// `prefill`, `decode` or `mixed`.
+    pub fn kind(&self) -> &'static str {
+        match (self.prefill_chunks > 0, self.decodes > 0) {
+            (true, true) => "mixed",
+            (true, false) => "prefill",
+            _ => "decode",
+        }
+    }
+}
+
 /// What a run's (or a worker's) GPUs cost: GPU-hours, energy from the
 /// board-power model ([`crate::worker::presets::GpuSpec::energy_j`]) and
 /// dollars at the given price; NaN (null in the tables) where unknown.

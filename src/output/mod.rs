@@ -13,6 +13,7 @@
 //! stages.parquet       one row per run and workload stage
 //! sc25.parquet         cold and warm TTFT per prompt size (with an SC25Workload stage)
 //! requests.parquet     one row per request (only when asked for)
+//! steps.parquet        one row per scheduler step (only when asked for)
 //! parts/               part files of runs finished but not yet merged
 //! ```
 //!
@@ -58,17 +59,20 @@ pub enum TableKind {
     Sc25,
     /// One row per run and workload stage.
     Stages,
+    /// One row per scheduler step (only when asked for).
+    Steps,
 }
 
 impl TableKind {
     /// Every table, in write order (runs last, so it marks a part complete).
-    pub const WRITE_ORDER: [TableKind; 7] = [
+    pub const WRITE_ORDER: [TableKind; 8] = [
         TableKind::Histograms,
         TableKind::Timeseries,
         TableKind::Workers,
         TableKind::Stages,
         TableKind::Sc25,
         TableKind::Requests,
+        TableKind::Steps,
         TableKind::Runs,
     ];
 
@@ -82,6 +86,7 @@ impl TableKind {
             TableKind::Workers => "workers",
             TableKind::Sc25 => "sc25",
             TableKind::Stages => "stages",
+            TableKind::Steps => "steps",
         }
     }
 
@@ -299,6 +304,22 @@ impl TableSet {
             .chain(Tier::ALL[1..].iter().map(|t| (format!("read_bytes_{}", t.short()), ColType::U64)))
             .chain([c("sc25_pass", ColType::Str), c("session", ColType::U32), c("turn", ColType::U32)])
             .collect(),
+            TableKind::Steps => vec![
+                c("run_id", ColType::U32),
+                c("worker", ColType::U32),
+                c("start_s", ColType::F64),
+                c("duration_s", ColType::F64),
+                c("kind", ColType::Str),
+                c("prefill_chunks", ColType::U32),
+                c("prefill_tokens", ColType::U64),
+                c("prefill_cached_tokens", ColType::U64),
+                c("decodes", ColType::U64),
+                c("decode_context_tokens", ColType::U64),
+                c("gpu_compute_s", ColType::F64),
+                c("gpu_memory_s", ColType::F64),
+                c("gpu_comm_s", ColType::F64),
+                c("cpu_s", ColType::F64),
+            ],
             TableKind::Sc25 => vec![
                 c("run_id", ColType::U32),
                 c("prompt_tokens", ColType::U32),
@@ -500,6 +521,27 @@ impl TableSet {
                         Label::Session { session, turn } => [Cell::Null, Cell::U32(session), Cell::U32(turn)],
                     });
                     b.push(&cells);
+                }
+            }
+            TableKind::Steps => {
+                let Ok(out) = &r.outcome else { return };
+                for s in &out.steps {
+                    b.push(&[
+                        id,
+                        Cell::U32(s.worker),
+                        Cell::F64(s.start_s),
+                        Cell::F64(s.duration_s),
+                        Cell::Str(s.kind()),
+                        Cell::U32(s.prefill_chunks),
+                        Cell::U64(s.prefill_tokens),
+                        Cell::U64(s.prefill_cached_tokens),
+                        Cell::U64(s.decodes),
+                        Cell::U64(s.decode_context_tokens),
+                        opt(s.gpu_compute_s),
+                        opt(s.gpu_memory_s),
+                        opt(s.gpu_comm_s),
+                        opt(s.cpu_s),
+                    ]);
                 }
             }
             TableKind::Sc25 => {

@@ -304,8 +304,8 @@ fn tables_of(
     let mut set = BTreeSet::from([TableKind::Runs]);
     for n in &names {
         let kind = TableKind::from_name(n).ok_or_else(|| {
-            let all = ["runs", "histograms", "timeseries", "workers", "stages", "sc25", "requests"];
-            let hint = match closest(n, all) {
+            let all: Vec<&str> = TableKind::WRITE_ORDER.iter().map(|t| t.name()).collect();
+            let hint = match closest(n, all.iter().copied()) {
                 Some(c) => format!("did you mean `{c}`? tables: {}", all.join(", ")),
                 None => format!("tables: {}", all.join(", ")),
             };

@@ -397,6 +397,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
 
     let run_opts = RunOptions {
         request_records: plan.tables.tables.contains(&TableKind::Requests),
+        step_records: plan.tables.tables.contains(&TableKind::Steps),
         profile_routing: false,
         stop: Some(stop),
         progress: None,
@@ -577,7 +578,7 @@ impl SearchWriter {
         Ok(SearchWriter {
             layout,
             buffer: PartBuffer::new(tables.clone()),
-            run_opts: (tables.tables.contains(&TableKind::Requests), false),
+            run_opts: (tables.tables.contains(&TableKind::Requests), tables.tables.contains(&TableKind::Steps)),
             tables,
             sharded,
             shard_tag: opts
@@ -596,8 +597,13 @@ impl SearchWriter {
         runs: &[(RunPlan<'_>, Vec<crate::output::AxisValue>)],
         stop: &AtomicBool,
     ) -> Result<Vec<RunResult>, SweepError> {
-        let opts =
-            RunOptions { request_records: self.run_opts.0, profile_routing: false, stop: Some(stop), progress: None };
+        let opts = RunOptions {
+            request_records: self.run_opts.0,
+            step_records: self.run_opts.1,
+            profile_routing: false,
+            stop: Some(stop),
+            progress: None,
+        };
         let results: Vec<RunResult> = self.pool.install(|| {
             runs.par_iter()
                 .with_max_len(1)

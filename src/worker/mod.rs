@@ -71,7 +71,7 @@ pub mod presets;
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
 use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tier};
-use crate::metrics::{PeakSeconds, StepRecord};
+use crate::metrics::{PeakSeconds, StepRecord, StepRow};
 use crate::request::Request;
 use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
@@ -252,6 +252,19 @@ pub struct Worker {
     step_j: f64,
     /// The GPU's power model.
     power: PowerModel,
+    /// The steps done so far and those planned (when a `steps` table is kept).
+    log: Option<StepLog>,
+}
+
+/// The rows of a worker's steps (see [`Worker::log_steps`]).
+#[derive(Debug, Default)]
+struct StepLog {
+    /// Steps done.
+    rows: Vec<StepRow>,
+    /// The step (or sub-step) in flight; its start and duration are set when it ends.
+    current: Option<StepRow>,
+    /// The later sub-steps of the run in flight.
+    pending: VecDeque<StepRow>,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -298,6 +311,7 @@ impl Worker {
             peak_total: PeakSeconds::default(),
             step_j: 0.0,
             power: cfg.power,
+            log: None,
         }
     }
 
@@ -408,6 +422,7 @@ impl Worker {
             self.busy += d;
             self.steps += 1;
             self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
+            self.log_end(t, d);
             self.peak_total += self.step_peak;
             self.step_j += self.power.step_joules(d.as_secs_f64(), self.step_peak);
             self.run_sub += 1.0;
@@ -439,6 +454,56 @@ impl Worker {
         self.step_j
     }
 
+    /// Keeps a row per step from now on ([`Self::take_step_rows`]).
+    pub fn log_steps(&mut self) {
+        self.log.get_or_insert_with(StepLog::default);
+    }
+
+    /// The rows of the steps done so far (empty unless [`Self::log_steps`]).
+    pub fn take_step_rows(&mut self) -> Vec<StepRow> {
+        self.log.as_mut().map(|l| std::mem::take(&mut l.rows)).unwrap_or_default()
+    }
+
+    /// The row of a step doing `work` (its times are set when it ends).
+    fn row_of(worker: WorkerId, work: &StepWork<'_>, cfg: &WorkerConfig) -> StepRow {
+        let split = match &cfg.perf {
+            StepModel::Operators(o) => {
+                let c = o.curves.cost(work);
+                let k = &o.constants;
+                let (_, cpu) = c.parts(k);
+                Some([c.compute * k.compute_scale, c.memory * k.memory_scale, c.comm * k.comm_scale, cpu])
+            }
+            _ => None,
+        };
+        StepRow {
+            worker: worker.0,
+            start_s: 0.0,
+            duration_s: 0.0,
+            prefill_chunks: work.prefill.len() as u32,
+            prefill_tokens: work.prefill.iter().map(|c| c.end - c.cached).sum(),
+            prefill_cached_tokens: work.prefill.iter().map(|c| c.cached).sum(),
+            decodes: work.decodes,
+            decode_context_tokens: work.decode_context_tokens,
+            gpu_compute_s: split.map(|s| s[0]),
+            gpu_memory_s: split.map(|s| s[1]),
+            gpu_comm_s: split.map(|s| s[2]),
+            cpu_s: split.map(|s| s[3]),
+        }
+    }
+
+    /// The step in flight ended at `end` after `duration`: its row is done,
+    /// and the run's next sub-step (if any) is in flight.
+    fn log_end(&mut self, end: SimTime, duration: SimDuration) {
+        if let Some(log) = &mut self.log
+            && let Some(mut row) = log.current.take()
+        {
+            row.start_s = (end - duration).as_secs_f64();
+            row.duration_s = duration.as_secs_f64();
+            log.rows.push(row);
+            log.current = log.pending.pop_front();
+        }
+    }
+
     /// Moves the sub-steps materialised so far to `out`.
     pub fn take_substeps(&mut self, out: &mut Vec<StepRecord>) {
         out.append(&mut self.substeps);
@@ -449,6 +514,10 @@ impl Worker {
     fn cut(&mut self) -> Option<(SimTime, u32)> {
         let end = self.run.pop_front()?;
         self.run.clear();
+        if let Some(log) = &mut self.log {
+            // The sub-step in flight is the run's last now.
+            log.pending.clear();
+        }
         self.run_limit = FIRST_RUN;
         self.in_planned_run = false;
         self.step.as_mut().expect("a run is a step in flight").end = end;
@@ -508,6 +577,7 @@ impl Worker {
         self.peak_total += self.step_peak;
         out.duration = step.end - step.start;
         self.step_j += self.power.step_joules(out.duration.as_secs_f64(), self.step_peak);
+        self.log_end(now, out.duration);
         self.busy += out.duration;
         self.steps += 1;
         let s = self.step_index;
@@ -698,6 +768,10 @@ impl Worker {
         };
         let mut end = now + cfg.perf.step_time(&work);
         self.step_peak = cfg.usage.peak_seconds(&work);
+        if let Some(log) = &mut self.log {
+            log.current = Some(Self::row_of(self.id, &work, cfg));
+            log.pending.clear();
+        }
         debug_assert!(self.run.is_empty());
         if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 {
             end = self.plan_run(end, decodes, context, window, cfg);
@@ -747,6 +821,9 @@ impl Worker {
                 samples: decodes,
             };
             end += cfg.perf.step_time(&work);
+            if let Some(log) = &mut self.log {
+                log.pending.push_back(Self::row_of(self.id, &work, cfg));
+            }
         }
         self.in_planned_run = !self.run.is_empty();
         end

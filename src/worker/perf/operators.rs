@@ -498,10 +498,10 @@ impl OperatorCurves {
 
     /// One full-attention layer's prefill of the chunk `p → n`: the full
     /// sequence's latency × `(n² − p²)/n²` (aiconfigurator's prefix rule).
-    fn ctx_layer(&self, p: u64, n: u64) -> f64 {
-        let full: f64 = self.ctx.at(n as f64).iter().sum();
+    fn ctx_layer(&self, p: u64, n: u64) -> [f64; 3] {
+        let full = self.ctx.at(n as f64);
         let (p, n) = (p as f64, n as f64);
-        full * (n * n - p * p) / (n * n)
+        full.map(|v| v * (n * n - p * p) / (n * n))
     }
 
     /// The step's cost by bound.
@@ -522,13 +522,15 @@ impl OperatorCurves {
             prefill_steps: if work.prefill.is_empty() { 0.0 } else { 1.0 },
         };
         for chunk in work.prefill {
-            let full = self.ctx_layer(chunk.cached, chunk.end);
-            c.compute += self.full_layers * full;
+            let mut layers = self.full_layers;
             if self.windowed_layers > 0.0 {
-                let ratio = attention_pairs(chunk.cached, chunk.end, self.window)
+                layers += self.windowed_layers * attention_pairs(chunk.cached, chunk.end, self.window)
                     / attention_pairs(chunk.cached, chunk.end, u64::MAX);
-                c.compute += self.windowed_layers * full * ratio;
             }
+            let [compute, memory, comm] = self.ctx_layer(chunk.cached, chunk.end);
+            c.compute += layers * compute;
+            c.memory += layers * memory;
+            c.comm += layers * comm;
         }
         if work.decodes > 0 {
             let b = work.decodes as f64;
@@ -567,5 +569,148 @@ impl Operators {
     /// The step's seconds.
     pub fn secs(&self, work: &StepWork<'_>) -> f64 {
         self.curves.cost(work).secs(&self.constants)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::perf::PrefillChunk;
+    use crate::worker::perf::profile::analytic::Analytic;
+    use crate::worker::presets::GpuSpec;
+
+    fn analytic_h100() -> Profile {
+        Profile { vidur: None, tables: None, analytic: Analytic { peaks: GpuSpec::preset("H100").unwrap().peaks() } }
+    }
+
+    #[test]
+    fn an_axis_locates_every_knot_and_the_segments_between() {
+        let a = Axis::new(3, 21);
+        // 1 … 8, then eight per octave: 9 … 16, 18 … 32, 36 … 64, …
+        assert_eq!(&a.knots()[..12], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0]);
+        assert_eq!(&a.knots()[15..18], &[16.0, 18.0, 20.0]);
+        for (i, &k) in a.knots().iter().enumerate().take(a.knots().len() - 1) {
+            assert_eq!(a.locate(k), (i, 0.0), "knot {k}");
+        }
+        // 19 lies halfway between 18 and 20; beyond 2²¹ the last segment extends.
+        assert_eq!(a.locate(19.0), (16, 0.5));
+        let (i, w) = a.locate(4_194_304.0);
+        assert_eq!(i, a.knots().len() - 2);
+        assert!((w - (4_194_304.0 - 1_966_080.0) / (2_097_152.0 - 1_966_080.0)).abs() < 1e-12);
+    }
+
+    /// The operators of one step, priced one by one from the profile: the
+    /// composition rule written out independently of [`OperatorCurves::build`].
+    fn by_hand(p: &Profile, tp: u64, m: f64, samples: f64, chunk: (f64, f64), decodes: (f64, f64)) -> StepCost {
+        // Llama-3.1-8B: 32 layers, d 4096, 32 heads and 8 KV heads of 128, MLP 14336, vocabulary 128256.
+        let (h, kv) = (32 / tp, 8 / tp);
+        let f = 14336 / tp;
+        let shape = AttnShape { heads: h, kv_heads: kv, head_dim: 128, kv_bytes: 2.0, mla: None };
+        let mut c = StepCost::default();
+        let bf = Precision::Bf16;
+        for (role, n, k) in [
+            (Role::Qkv, (h + 2 * kv) * 128, 4096),
+            (Role::AttnOut, 4096, h * 128),
+            (Role::GateUp, 2 * f, 4096),
+            (Role::Down, 4096, f),
+        ] {
+            c.add(p.gemm(role, &Gemm { m, n, k, precision: bf }), 32.0);
+        }
+        for (op, per_token) in [
+            (Elementwise::Norm, 2.0 * 8.0 * 4096.0),
+            (Elementwise::Activation, 6.0 * f as f64),
+            (Elementwise::Rope, 4.0 * ((h + kv) * 128) as f64),
+            (Elementwise::KvWrite, 2.0 * 2.0 * (kv * 128) as f64 * 2.0),
+        ] {
+            c.add(p.elementwise(op, m, per_token * m), 32.0);
+        }
+        c.add(p.elementwise(Elementwise::Embedding, m, m * 4096.0 * 2.0), 1.0);
+        c.add(p.elementwise(Elementwise::FinalNorm, m, m * 8.0 * 4096.0), 1.0);
+        if tp > 1 {
+            c.add(p.allreduce(tp as u32, m * 4096.0), 2.0 * 32.0 + 1.0);
+        }
+        c.add(p.gemm(Role::LmHead, &Gemm { m: samples, n: 128_256 / tp, k: 4096, precision: bf }), 1.0);
+        if chunk.1 > 0.0 {
+            c.add(p.ctx_attention(&shape, chunk.1, chunk.0), 32.0);
+        }
+        if decodes.0 > 0.0 {
+            c.add(p.gen_attention(&shape, decodes.0, decodes.1), 32.0);
+        }
+        c
+    }
+
+    fn assert_close(got: StepCost, want: StepCost) {
+        for (g, w) in [(got.compute, want.compute), (got.memory, want.memory), (got.comm, want.comm)] {
+            assert!((g - w).abs() <= 1e-12 * w.abs().max(1e-9), "{got:?} vs {want:?}");
+        }
+    }
+
+    #[test]
+    fn a_mixed_step_is_its_operators_once_on_its_tokens_plus_attention_per_sequence() {
+        let model = ModelArch::preset("llama-3.1-8b").unwrap();
+        let p = analytic_h100();
+        let curves = OperatorCurves::build(&model, 1, &p);
+        // One 96-token prompt finishing (0 → 96) and 8 decodes with 1,023 cached tokens each:
+        // the linear operators on 96 + 8 = 104 tokens, the LM head on 9 sequences, the
+        // prompt's attention over 96 tokens, decode attention of 8 sequences over 1,024 keys.
+        let chunk = [PrefillChunk { cached: 0, end: 96 }];
+        let work = StepWork {
+            prefill: &chunk,
+            decodes: 8,
+            decode_context_tokens: 8 * 1023,
+            decode_window_tokens: 8 * 1023,
+            samples: 9,
+        };
+        let c = curves.cost(&work);
+        assert_close(c, by_hand(&p, 1, 104.0, 9.0, (0.0, 96.0), (8.0, 1024.0)));
+        assert_eq!((c.steps, c.seqs, c.prefill_steps), (1.0, 9.0, 1.0));
+        // A chunk that does not finish its prompt samples nothing: the LM head goes.
+        let partial = StepWork { samples: 8, ..work };
+        let head = p.gemm(Role::LmHead, &Gemm { m: 1.0, n: 128_256, k: 4096, precision: Precision::Bf16 });
+        let (full, part) = (curves.cost(&work), curves.cost(&partial));
+        let diff = (full.compute + full.memory) - (part.compute + part.memory);
+        let lm_head = |m: f64| p.gemm(Role::LmHead, &Gemm { m, n: 128_256, k: 4096, precision: Precision::Bf16 }).secs;
+        let lone = lm_head(9.0) - lm_head(8.0);
+        assert!((diff - lone).abs() < 1e-15 && head.secs > lone, "{diff} vs {lone}");
+    }
+
+    #[test]
+    fn tensor_parallel_steps_shard_the_operators_and_add_two_allreduces_per_layer() {
+        let model = ModelArch::preset("llama-3.1-8b").unwrap();
+        let p = analytic_h100();
+        let curves = OperatorCurves::build(&model, 2, &p);
+        // 16 decodes at 4,095 cached tokens on 2 GPUs: 16 tokens, heads 16 and 4 per GPU,
+        // 2·32 + 1 all-reduces of 16 × 4096 values.
+        let work = StepWork {
+            prefill: &[],
+            decodes: 16,
+            decode_context_tokens: 16 * 4095,
+            decode_window_tokens: 16 * 4095,
+            samples: 16,
+        };
+        let c = curves.cost(&work);
+        assert_close(c, by_hand(&p, 2, 16.0, 16.0, (0.0, 0.0), (16.0, 4096.0)));
+        // 65 all-reduces of 65,536 values: (5.98 µs + 2·(1/2)·2·65,536 B / (0.617 · 450 GB/s)) each.
+        let one = 5.98e-6 + 131_072.0 / (0.617 * 450e9);
+        assert!((c.comm - 65.0 * one).abs() < 1e-15, "{c:?}");
+    }
+
+    #[test]
+    fn a_step_takes_the_longer_of_its_gpu_and_its_cpu_work() {
+        let c = StepCost { compute: 0.010, memory: 0.004, comm: 0.001, steps: 1.0, seqs: 8.0, prefill_steps: 1.0 };
+        // GPU 2·0.010 + 1·0.004 + 3·0.001 = 0.027 s; CPU 0.005 + 8·0.001 + 0.002 = 0.015 s.
+        let k = OperatorConstants {
+            compute_scale: 2.0,
+            memory_scale: 1.0,
+            comm_scale: 3.0,
+            step_overhead_s: 0.005,
+            seq_overhead_s: 0.001,
+            prefill_overhead_s: 0.002,
+        };
+        let (gpu, cpu) = c.parts(&k);
+        assert!((gpu - 0.027).abs() < 1e-15 && (cpu - 0.015).abs() < 1e-15, "{gpu} {cpu}");
+        assert_eq!(c.secs(&k), gpu);
+        // A launch-bound step: the CPU's 0.005 + 8·0.004 + 0.002 = 0.039 s.
+        assert!((c.secs(&OperatorConstants { seq_overhead_s: 0.004, ..k }) - 0.039).abs() < 1e-15);
     }
 }

@@ -564,11 +564,15 @@ impl AicTables {
             return None;
         }
         let sol = |q: &[f64]| gen_sol(&self.peaks, nk as f64, a.head_dim as f64, a.kv_bytes, q);
-        // aiconfigurator smooths over five key counts within ±10 %.
+        // aiconfigurator smooths over five key counts within ±10 % (here kept
+        // within the measured keys when `s` is: the smoothing alone never
+        // leaves the table).
         let lo = ((s * 0.9) as i64).max(1);
         let hi = ((s * 1.1) as i64).max(lo);
+        let (first, last) = grid.range(2);
+        let inside = |k: i64| if (first..=last).contains(&s) { (k as f64).clamp(first, last) } else { k as f64 };
         let total: f64 =
-            (0..5).map(|i| grid.query(&[a.heads as f64, batch, (lo + (hi - lo) * i / 4) as f64], &sol, None)).sum();
+            (0..5).map(|i| grid.query(&[a.heads as f64, batch, inside(lo + (hi - lo) * i / 4)], &sol, None)).sum();
         Some(total / 5.0)
     }
 
@@ -590,5 +594,70 @@ impl AicTables {
         let (x0, y0) = curve[i - 1];
         let (x1, y1) = curve[i];
         Some(y0 + (y1 - y0) * (elements - x0) / (x1 - x0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::presets::GpuSpec;
+
+    fn h100() -> (Arc<AicTables>, Peaks) {
+        let peaks = GpuSpec::preset("H100").unwrap().peaks();
+        (crate::worker::perf::profile::shipped::tables("H100", peaks).unwrap(), peaks)
+    }
+
+    fn bf16(m: f64, n: u64, k: u64) -> Gemm {
+        Gemm { m, n, k, precision: Precision::Bf16 }
+    }
+
+    #[test]
+    fn a_measured_gemm_is_its_row_linear_in_m_between_rows_and_holds_utilisation_beyond() {
+        let (t, peaks) = h100();
+        // Llama-3.1-70B's down projection at TP4 (n 8192, k 7168) is measured at
+        // m = 8192, 16384, 32768 (the last rows of its curve): 1.423546, 2.459554, 5.061902 ms.
+        assert!((t.gemm(&bf16(8192.0, 8192, 7168)).unwrap() - 1.423546e-3).abs() < 1e-9);
+        // m = 24576 is halfway between 16384 and 32768.
+        let mid = t.gemm(&bf16(24576.0, 8192, 7168)).unwrap();
+        assert!((mid - (2.459554e-3 + 5.061902e-3) / 2.0).abs() < 1e-9, "{mid}");
+        // Beyond the last row: the median utilisation of the last three rows (all
+        // compute-bound there: 2mnk / peak ÷ latency) holds.
+        let util = |m: f64, ms: f64| 2.0 * m * 8192.0 * 7168.0 / peaks.bf16_flops / (ms / 1e3);
+        let mut u = [util(32768.0, 5.061902), util(16384.0, 2.459554), util(8192.0, 1.423546)];
+        u.sort_by(f64::total_cmp);
+        let far = t.gemm(&bf16(65536.0, 8192, 7168)).unwrap();
+        let want = 2.0 * 65536.0 * 8192.0 * 7168.0 / peaks.bf16_flops / u[1];
+        // (the latencies above are rounded to the microsecond: 1e-6 relative)
+        assert!((far - want).abs() < 1e-6 * want, "{far} vs {want}");
+    }
+
+    #[test]
+    fn an_unmeasured_gemm_borrows_the_utilisation_of_the_nearest_measured_shapes() {
+        let (t, peaks) = h100();
+        // n = 28672 is not in the table: its latency at m = 2048 is its speed of light over a
+        // utilisation between the lowest and highest of all measured shapes at that m.
+        let g = bf16(2048.0, 28672, 4096);
+        let secs = t.gemm(&g).unwrap();
+        let (c, m) = peaks.gemm_sol(&g);
+        let util = c.max(m) / secs;
+        assert!(util > 0.3 && util < 1.0, "{util}");
+        // It lies between the neighbours' own latencies scaled by their sizes (16384 and 51200 columns).
+        let lo = t.gemm(&bf16(2048.0, 16384, 4096)).unwrap() * 28672.0 / 16384.0;
+        let hi = t.gemm(&bf16(2048.0, 51200, 4096)).unwrap() * 28672.0 / 51200.0;
+        assert!(secs > lo.min(hi) * 0.8 && secs < lo.max(hi) * 1.25, "{secs} vs {lo}, {hi}");
+    }
+
+    #[test]
+    fn allreduce_is_linear_in_the_message_between_rows_and_proportional_beyond() {
+        let (t, _) = h100();
+        let curve = &t.allreduce.iter().find(|c| c.0 == 4).unwrap().1;
+        let (x0, y0) = curve[5];
+        let (x1, y1) = curve[6];
+        let mid = t.allreduce(4, (x0 + x1) / 2.0).unwrap();
+        assert!((mid - (y0 + y1) / 2.0).abs() < 1e-15);
+        let (xl, yl) = *curve.last().unwrap();
+        assert!((t.allreduce(4, 2.0 * xl).unwrap() - 2.0 * yl).abs() < 1e-15);
+        // No curve for 16 GPUs: priced by the next source.
+        assert_eq!(t.allreduce(16, 1e6), None);
     }
 }

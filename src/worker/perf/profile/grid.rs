@@ -25,8 +25,16 @@ pub(super) struct Node {
 #[derive(Clone, Debug, Default)]
 pub(super) struct Grid {
     root: Node,
-    /// Every point: its coordinates, their log₂ and its latency.
-    leaves: Vec<(Vec<f64>, Vec<f64>, f64)>,
+    /// Every point's coordinates (`dims` per point, flat).
+    coords: Vec<f64>,
+    /// Their log₂, likewise.
+    logs: Vec<f64>,
+    /// Every point's latency.
+    latency: Vec<f64>,
+    /// Coordinates per point.
+    dims: usize,
+    /// The smallest and largest coordinate on each axis.
+    ranges: Vec<(f64, f64)>,
 }
 
 impl Grid {
@@ -34,19 +42,29 @@ impl Grid {
     pub fn new(root: Node) -> Grid {
         let mut points = Vec::new();
         root.leaves(&mut Vec::new(), &mut points);
-        let leaves = points
-            .into_iter()
-            .map(|(p, v)| {
-                let logs = p.iter().map(|&x| log(x)).collect();
-                (p, logs, v)
+        let dims = points.first().map_or(0, |p| p.0.len());
+        let ranges = (0..dims)
+            .map(|d| {
+                let v = points.iter().filter_map(|p| p.0.get(d).copied());
+                (v.clone().fold(f64::INFINITY, f64::min), v.fold(f64::NEG_INFINITY, f64::max))
             })
             .collect();
-        Grid { root, leaves }
+        // Points of another dimension (a malformed table) are left out of the hold.
+        let points: Vec<(Vec<f64>, f64)> = points.into_iter().filter(|p| p.0.len() == dims).collect();
+        let coords: Vec<f64> = points.iter().flat_map(|p| p.0.iter().copied()).collect();
+        let logs = coords.iter().map(|&x| log(x)).collect();
+        let latency = points.iter().map(|p| p.1).collect();
+        Grid { root, coords, logs, latency, dims, ranges }
     }
 
     /// Whether the grid holds no point.
     pub fn is_empty(&self) -> bool {
-        self.leaves.is_empty()
+        self.latency.is_empty()
+    }
+
+    /// The smallest and largest coordinate of axis `d`.
+    pub fn range(&self, d: usize) -> (f64, f64) {
+        self.ranges[d]
     }
 
     /// The latency at `q`; `sol` is the speed of light of a point, `sqrt_axis`
@@ -57,7 +75,7 @@ impl Grid {
         }
         match self.root.interior(q, 0, sol, sqrt_axis) {
             Ok(v) => v,
-            Err(OutOfRange) => hold(&self.leaves, q, sol),
+            Err(OutOfRange) => self.hold(q, sol),
         }
     }
 }
@@ -152,37 +170,47 @@ fn log(v: f64) -> f64 {
     v.max(1e-12).log2()
 }
 
-/// The utilisation of the points nearest `q`, held at `q`.
-fn hold(leaves: &[(Vec<f64>, Vec<f64>, f64)], q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
-    const NEAREST: usize = 4;
-    let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
-    // The NEAREST + 1 closest points (the last one only sets the taper radius).
-    let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(NEAREST + 2);
-    for (i, (p, logs, lat)) in leaves.iter().enumerate() {
-        if p.len() != q.len() || *lat <= 0.0 {
-            continue;
+impl Grid {
+    /// The utilisation of the points nearest `q`, held at `q`.
+    fn hold(&self, q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
+        const NEAREST: usize = 4;
+        let d = self.dims;
+        if q.len() != d || d == 0 {
+            return f64::NAN;
         }
-        let d = logs.iter().zip(&logq).map(|(&a, &b)| (a - b).powi(2)).sum::<f64>().sqrt();
-        if ranked.len() <= NEAREST || d < ranked[NEAREST].0 {
-            let at = ranked.partition_point(|x| x.0 <= d);
-            ranked.insert(at, (d, i));
-            ranked.truncate(NEAREST + 1);
+        let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
+        // The NEAREST + 1 closest points (the last one only sets the taper radius).
+        let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(NEAREST + 2);
+        for i in 0..self.latency.len() {
+            if self.latency[i] <= 0.0 {
+                continue;
+            }
+            let dist =
+                self.logs[i * d..(i + 1) * d].iter().zip(&logq).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+            if ranked.len() <= NEAREST || dist < ranked[NEAREST].0 {
+                let at = ranked.partition_point(|x| x.0 <= dist);
+                ranked.insert(at, (dist, i));
+                ranked.truncate(NEAREST + 1);
+            }
         }
+        let ranked: Vec<(f64, f64)> = ranked
+            .into_iter()
+            .map(|(dist, i)| (dist, sol(&self.coords[i * d..(i + 1) * d]) / self.latency[i]))
+            .filter(|x| x.1 > 0.0)
+            .collect();
+        let r = ranked.get(NEAREST).map_or(f64::INFINITY, |x| x.0);
+        let picked = &ranked[..ranked.len().min(NEAREST)];
+        let weight = |d: f64| {
+            if r.is_infinite() { 1.0 / (d * d + 1e-12) } else { ((r - d).max(0.0) / (r * d + 1e-12)).powi(2) }
+        };
+        let mut total: f64 = picked.iter().map(|x| weight(x.0)).sum();
+        let mut util: f64 = picked.iter().map(|x| weight(x.0) * x.1).sum();
+        if total <= 0.0 {
+            total = picked.len() as f64;
+            util = picked.iter().map(|x| x.1).sum();
+        }
+        sol(q) / (util / total)
     }
-    let ranked: Vec<(f64, f64)> =
-        ranked.into_iter().map(|(d, i)| (d, sol(&leaves[i].0) / leaves[i].2)).filter(|x| x.1 > 0.0).collect();
-    let r = ranked.get(NEAREST).map_or(f64::INFINITY, |x| x.0);
-    let picked = &ranked[..ranked.len().min(NEAREST)];
-    let weight = |d: f64| {
-        if r.is_infinite() { 1.0 / (d * d + 1e-12) } else { ((r - d).max(0.0) / (r * d + 1e-12)).powi(2) }
-    };
-    let mut total: f64 = picked.iter().map(|x| weight(x.0)).sum();
-    let mut util: f64 = picked.iter().map(|x| weight(x.0) * x.1).sum();
-    if total <= 0.0 {
-        total = picked.len() as f64;
-        util = picked.iter().map(|x| x.1).sum();
-    }
-    sol(q) / (util / total)
 }
 
 #[cfg(test)]
@@ -210,8 +238,10 @@ mod tests {
         assert!((g.query(&[1.0, 5.0], &unit, Some(1)) - 4.0).abs() < 1e-12);
         // Outside, with sol = s²: the nearest points' utilisation s²/latency is held.
         let sol = |p: &[f64]| p[1] * p[1];
-        // Every point has utilisation 1/1, 81/9, 1/3, 81/27; at (1, 18) the nearest (1, 9) dominates.
+        // Utilisations 1/1, 81/9, 1/3, 81/27 at log₂ distances 4.170, 1, 4.461, 1.874 from
+        // (1, 18); four points, so weights 1/d²: utilisation 9.92845 / 1.39249 = 7.12997,
+        // latency 18² / 7.12997 = 45.4418.
         let v = g.query(&[1.0, 18.0], &sol, Some(1));
-        assert!(v > 18.0 * 18.0 / 9.0 * 0.9 && v < 18.0 * 18.0 / 3.0, "{v}");
+        assert!((v - 45.441_811_236_310_46).abs() < 1e-9, "{v}");
     }
 }

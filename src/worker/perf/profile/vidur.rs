@@ -272,3 +272,28 @@ impl VidurProfile {
         format!("Vidur profile {}", self.path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/vidur/a100/llama-2-7b");
+    const LLAMA2_7B: VidurShape = VidurShape { heads: 32, kv_heads: 32, hidden: 4096, intermediate: 11008, tp: 1 };
+
+    #[test]
+    fn a_vidur_profile_gives_its_medians_and_interpolates_between_token_counts() {
+        let v = VidurProfile::from_dir(Path::new(DIR), LLAMA2_7B).unwrap();
+        // attn_pre_proj: 0.0745 ms at 128 tokens, 0.132 ms at 136.
+        assert!((v.gemm(Role::Qkv, 128.0).unwrap() - 0.0745e-3).abs() < 1e-12);
+        assert!((v.gemm(Role::Qkv, 132.0).unwrap() - (0.0745e-3 + 0.132e-3) / 2.0).abs() < 1e-12);
+        // No LM head in Vidur's profile: the next source prices it.
+        assert_eq!(v.gemm(Role::LmHead, 8.0), None);
+        assert!(v.ctx_attention(512.0, 0.0).is_some() && v.gen_attention(8.0, 1025.0).is_some());
+    }
+
+    #[test]
+    fn a_profile_of_another_shape_is_refused_naming_the_shapes_it_holds() {
+        let e = VidurProfile::from_dir(Path::new(DIR), VidurShape { tp: 2, ..LLAMA2_7B }).unwrap_err();
+        assert!(e.contains("no row for this model at tp 2") && e.contains("(32, 32, 4096, 11008, 1)"), "{e}");
+    }
+}
