@@ -505,16 +505,18 @@ pub fn presets_table() -> String {
     }
     let _ = writeln!(
         out,
-        "\nGPUs ([worker.hw] gpu)\n{:<10} {:>10} {:>12} {:>11} {:>9} {:>8}",
-        "name", "memory GiB", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "power W"
+        "\nGPUs ([worker.hw] gpu)\n{:<10} {:>10} {:>12} {:>11} {:>9} {:>8} {:>8}  step times",
+        "name", "memory GiB", "BF16 TFLOP/s", "FP8 TFLOP/s", "HBM TB/s", "link GB/s", "power W"
     );
+    let measured: Vec<&str> = crate::worker::perf::profile::shipped::gpus().collect();
     for name in GpuSpec::presets() {
         let g = GpuSpec::preset(name).expect("a listed preset");
         let fp8 = g.fp8_tflops.map_or(MISSING.to_string(), |v| format!("{v:.0}"));
+        let source = if measured.contains(&name) { "measured tables" } else { "analytic" };
         let _ = writeln!(
             out,
-            "{name:<10} {:>10.0} {:>12.0} {fp8:>11} {:>9.2} {:>8.0}",
-            g.memory_gb, g.tflops, g.mem_bw_tbps, g.power.max_w
+            "{name:<10} {:>10.0} {:>12.0} {fp8:>11} {:>9.2} {:>9.0} {:>8.0}  {source}",
+            g.memory_gb, g.tflops, g.mem_bw_tbps, g.link_gbps, g.power.max_w
         );
     }
     out
