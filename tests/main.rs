@@ -5,6 +5,7 @@ mod calibration;
 mod cli;
 mod crn;
 mod disagg;
+mod golden;
 mod kvcache;
 mod performance;
 mod queueing;

@@ -15,7 +15,7 @@ fn cut_down(text: &str) -> String {
     cut_down_table(text.parse().unwrap())
 }
 
-fn cut_down_table(mut t: toml::Table) -> String {
+pub fn cut_down_table(mut t: toml::Table) -> String {
     let sweep = t.entry("sweep").or_insert(toml::Value::Table(toml::Table::new())).as_table_mut().unwrap();
     sweep.insert("replicates".into(), toml::Value::Integer(1));
     sweep.insert("report".into(), toml::Value::Boolean(false));
