@@ -37,6 +37,7 @@ pub mod report;
 pub mod request;
 pub mod rng;
 pub mod router;
+pub mod stats;
 pub mod storage;
 pub mod sweep;
 pub mod time;

@@ -123,7 +123,7 @@ fn a_sweep_with_report_true_writes_every_figure_and_the_page_references_exactly_
     let point = runs.column_by_name("point_id").unwrap().as_primitive::<arrow_array::types::UInt32Type>();
     let zero: Vec<f64> = (0..runs.num_rows()).filter(|&i| point.value(i) == 0).map(|i| p99[i].unwrap()).collect();
     assert_eq!(zero.len(), 2);
-    let (mean, half) = opal::report::data::mean_ci(&zero).unwrap();
+    let (mean, half) = opal::stats::mean_ci(&zero).unwrap();
     // Two samples: t(0.975, 1) = 12.706, half-width 12.706 · |a − b| / 2.
     assert!((half - 12.706 * (zero[0] - zero[1]).abs() / 2.0).abs() < 1e-9);
     let row0 = html.split("<tr><td>0</td>").nth(1).expect("row of point 0");

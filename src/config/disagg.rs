@@ -2,9 +2,10 @@
 //! worker of its own (its GPU, TP and vLLM settings over the spec's), the
 //! conditional-disaggregation thresholds and the KV link.
 
+use super::context::Ctx;
 use super::error::ConfigError;
-use super::resolve::{Ctx, resolve_gpu, resolve_worker};
 use super::schema::{DisaggregationSection, PoolSection, SpecFile, VllmParams};
+use super::worker::{resolve_gpu, resolve_worker};
 use crate::storage::DeviceConfig;
 use crate::time::SimDuration;
 use crate::worker::WorkerConfig;

@@ -1,6 +1,7 @@
 //! Scenario configuration: the TOML schema ([`schema`]), loading with
 //! precise errors, and validation into the resolved [`Scenario`] a run uses.
 
+mod context;
 pub mod disagg;
 pub mod effective;
 mod error;
@@ -8,6 +9,7 @@ pub mod opal_json;
 mod resolve;
 pub mod schema;
 mod stages;
+mod worker;
 
 pub use error::{ConfigError, ErrorKind, closest, line_of};
 pub use resolve::{Scenario, resolve};

@@ -1,8 +1,8 @@
 //! Workload stages: each `[[workload.stages]]` entry's `workload_params`
 //! checked against its type's own keys and resolved, distributions included.
 
+use super::context::Ctx;
 use super::error::{ConfigError, closest};
-use super::resolve::Ctx;
 use super::schema::{RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, StageSection, TraceParams};
 use crate::time::SimDuration;
 use crate::workload::{

@@ -150,7 +150,7 @@ pub struct SweepData {
     /// Stage rows per run id, when the stages table was written.
     pub stages: Option<BTreeMap<u32, Vec<StageRun>>>,
     /// For a search: the SLO (the searched parameter is the last axis).
-    pub search: Option<Vec<crate::sweep::search::Constraint>>,
+    pub search: Option<Vec<crate::stats::Constraint>>,
     /// For a search: it minimises.
     pub search_min: bool,
 }
@@ -346,7 +346,7 @@ impl SweepData {
             search: manifest.get("search").and_then(|s| s.get("slo")).and_then(|v| v.as_array()).map(|a| {
                 a.iter()
                     .filter_map(|c| {
-                        Some(crate::sweep::search::Constraint {
+                        Some(crate::stats::Constraint {
                             metric: c.get("metric")?.as_str()?.to_string(),
                             at_most: c.get("at_most")?.as_bool()?,
                             value: c.get("value")?.as_f64()?,
@@ -443,40 +443,6 @@ fn show(v: &AxisValue) -> String {
         AxisValue::Str(s) => s.clone(),
         AxisValue::Bool(b) => b.to_string(),
     }
-}
-
-/// Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1…30 (standard table values).
-const T975: [f64; 30] = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120,
-    2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-];
-
-/// Mean of `samples` and the half-width of its 95 % confidence interval
-/// (Student t with n − 1 degrees of freedom; 0 for a single sample).
-/// Non-finite samples are left out.
-pub fn mean_ci(samples: &[f64]) -> Option<(f64, f64)> {
-    let finite: Vec<f64> = samples.iter().copied().filter(|v| v.is_finite()).collect();
-    let n = finite.len();
-    if n == 0 {
-        return None;
-    }
-    let mean = finite.iter().sum::<f64>() / n as f64;
-    if n == 1 {
-        return Some((mean, 0.0));
-    }
-    let var = finite.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-    Some((mean, t975(n - 1) * (var / n as f64).sqrt()))
-}
-
-/// t(0.975, df): the table up to 30 degrees of freedom, then the
-/// Cornish–Fisher expansion z + (z³ + z)/4ν + (5z⁵ + 16z³ + 3z)/96ν²
-/// (within 10⁻³ of the exact value from 31 on).
-fn t975(df: usize) -> f64 {
-    if let Some(&t) = T975.get(df.wrapping_sub(1)) {
-        return t;
-    }
-    let (z, v) = (1.959_964_f64, df as f64);
-    z + (z.powi(3) + z) / (4.0 * v) + (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / (96.0 * v * v)
 }
 
 fn missing_listed(path: &Path) -> Result<(), ReportError> {
@@ -614,16 +580,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_confidence_interval_is_the_student_t_one() {
-        assert_eq!(mean_ci(&[]), None);
-        assert_eq!(mean_ci(&[4.0]), Some((4.0, 0.0)));
-        // 1, 2, 3: mean 2, s = 1, n = 3 → 4.303 · 1/√3 = 2.4843.
-        let (m, h) = mean_ci(&[1.0, 2.0, 3.0]).unwrap();
-        assert_eq!(m, 2.0);
-        assert!((h - 4.303 / 3f64.sqrt()).abs() < 1e-12, "{h}");
-    }
-
-    #[test]
     fn merged_histograms_hold_every_sample_whatever_each_ones_range() {
         let mut small = Histogram::<u64>::new_with_bounds(1, 1_000, 3).unwrap();
         small.record_n(500, 3).unwrap();
@@ -635,16 +591,6 @@ mod tests {
         assert_eq!(acc.len(), 5);
         assert_eq!(acc.value_at_quantile(0.5), 500);
         assert!(acc.equivalent(acc.max(), 5_000_000));
-    }
-
-    #[test]
-    fn t_quantiles_continue_smoothly_past_the_table() {
-        assert_eq!(t975(1), 12.706);
-        assert_eq!(t975(30), 2.042);
-        // Exact values: t(0.975, 31) = 2.0395, t(0.975, 60) = 2.0003, t(0.975, 120) = 1.9799.
-        for (df, exact) in [(31, 2.0395), (60, 2.0003), (120, 1.9799)] {
-            assert!((t975(df) - exact).abs() < 1e-3, "df {df}: {}", t975(df));
-        }
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! for time series, a 95 % Student-t interval for percentiles.
 
 use super::ReportError;
-use super::data::{Interval, Point, SweepData, mean_ci};
+use super::data::{Interval, Point, SweepData};
 use crate::kvcache::Tier;
+use crate::stats::mean_ci;
 use plotters::coord::Shift;
 use plotters::coord::combinators::{LogCoord, WithKeyPoints};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};

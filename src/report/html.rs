@@ -2,8 +2,9 @@
 //! scripts, nothing fetched from the network) with the summary table, the
 //! figures (SVG, or PNG linking to the SVG) and what was left out.
 
-use super::data::{SweepData, mean_ci};
+use super::data::SweepData;
 use super::figures::{Drawn, si, sig};
+use crate::stats::mean_ci;
 use std::fmt::Write;
 
 /// Escapes text for HTML element content and attribute values.

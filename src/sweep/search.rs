@@ -32,57 +32,10 @@ use super::{RunPlan, Spec, SweepPlan, plan, runner};
 use crate::config::ConfigError;
 use crate::output::table::{Cell, ColType};
 use crate::output::{AxisValue, RunMeta, RunResult};
+pub use crate::stats::Constraint;
 
 /// Most probes a grid point may have: run ids leave room for this many.
 pub const MAX_PROBES: u32 = 64;
-
-/// `metric <= value` or `metric >= value`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Constraint {
-    /// A numeric column of the runs table.
-    pub metric: String,
-    /// `<=` (true) or `>=`.
-    pub at_most: bool,
-    /// The threshold.
-    pub value: f64,
-}
-
-impl Constraint {
-    /// Parses `ttft_p99_ms <= 2000`.
-    fn parse(text: &str) -> Result<Constraint, String> {
-        let (at_most, (metric, value)) = match (text.split_once("<="), text.split_once(">=")) {
-            (Some(p), None) => (true, p),
-            (None, Some(p)) => (false, p),
-            _ => return Err(format!("{text:?} is not `metric <= value` or `metric >= value`")),
-        };
-        let metric = metric.trim().to_string();
-        let value: f64 = value.trim().parse().map_err(|_| format!("{:?} is not a number", value.trim()))?;
-        let known = crate::metrics::RunSummary::default().columns();
-        let numeric = known.iter().any(|(n, v)| *n == metric && !matches!(v, crate::metrics::SummaryValue::Label(_)));
-        if !numeric {
-            let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
-            let hint = crate::config::closest(&metric, names.iter().copied())
-                .map_or_else(String::new, |c| format!(" (did you mean `{c}`?)"));
-            return Err(format!("`{metric}` is not a numeric column of the runs table{hint}"));
-        }
-        Ok(Constraint { metric, at_most, value })
-    }
-
-    /// Whether replicates' `samples` meet it with 95 % confidence.
-    pub fn holds(&self, samples: &[f64]) -> bool {
-        if samples.is_empty() || samples.iter().any(|v| !v.is_finite()) {
-            return false;
-        }
-        let Some((mean, half)) = crate::report::data::mean_ci(samples) else { return false };
-        if self.at_most { mean + half <= self.value } else { mean - half >= self.value }
-    }
-}
-
-impl std::fmt::Display for Constraint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {} {}", self.metric, if self.at_most { "<=" } else { ">=" }, self.value)
-    }
-}
 
 /// A resolved `[search]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -299,7 +252,7 @@ fn judge(s: &SearchSpec, results: &[&RunResult]) -> (bool, Vec<f64>) {
             })
             .collect();
         pass &= c.holds(&samples);
-        means.push(crate::report::data::mean_ci(&samples).map_or(f64::NAN, |m| m.0));
+        means.push(crate::stats::mean_ci(&samples).map_or(f64::NAN, |m| m.0));
     }
     (pass, means)
 }

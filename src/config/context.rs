@@ -1,0 +1,48 @@
+//! What every resolver needs: the spec's source for messages, and the
+//! checks of single values that name their key.
+
+use super::error::ConfigError;
+use crate::time::SimDuration;
+
+/// The resolution context: the spec's source, named in every error.
+pub(crate) struct Ctx<'a> {
+    pub(super) source: &'a str,
+}
+
+impl Ctx<'_> {
+    pub(super) fn err(&self, key: &str, message: impl Into<String>, hint: impl Into<String>) -> ConfigError {
+        ConfigError::key(self.source, key, message).hint(hint)
+    }
+
+    pub(super) fn positive(&self, key: &str, v: f64) -> Result<f64, ConfigError> {
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(self.err(key, format!("must be a positive number, got {v}"), "use a value greater than 0"))
+        }
+    }
+
+    /// `-1` means "off"; otherwise a positive number of seconds, at most
+    /// the horizon a run may reach.
+    pub(super) fn optional_secs(&self, key: &str, v: f64) -> Result<Option<SimDuration>, ConfigError> {
+        if v == -1.0 {
+            Ok(None)
+        } else if v.is_finite() && v > 0.0 && v <= crate::time::HORIZON.as_secs_f64() {
+            Ok(Some(SimDuration::from_secs_f64(v)))
+        } else {
+            Err(self.err(
+                key,
+                format!("must be -1 (no limit) or a positive number of seconds up to 1e9, got {v}"),
+                "use -1 for no limit, or a duration in seconds greater than 0",
+            ))
+        }
+    }
+
+    pub(super) fn at_least(&self, key: &str, v: i64, min: i64) -> Result<u32, ConfigError> {
+        if v >= min && v <= i64::from(u32::MAX) {
+            Ok(v as u32)
+        } else {
+            Err(self.err(key, format!("must be an integer ≥ {min}, got {v}"), format!("use a value of at least {min}")))
+        }
+    }
+}

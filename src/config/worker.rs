@@ -1,0 +1,420 @@
+//! A worker's settings: its GPU, power model, step model (and the
+//! operator profile it prices from) and its vLLM engine, resolved from the
+//! spec. Used by the whole-spec resolution and by each P/D pool.
+
+use super::context::Ctx;
+use super::error::ConfigError;
+use super::schema::{InferenceParams, NumberOrString, SpecFile};
+use crate::time::SimDuration;
+use crate::worker::model::{KvPool, ModelArch};
+use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
+use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, shipped, vidur};
+use crate::worker::perf::{Coefficients, LatencyTable, MixRule, Roofline, StepModel};
+use crate::worker::power::PowerModel;
+use crate::worker::presets::GpuSpec;
+use crate::worker::{SlotMode, WorkerConfig};
+use crate::workload::StageConfig;
+use std::path::Path;
+
+pub(super) fn resolve_gpu(cx: &Ctx<'_>, file: &SpecFile) -> Result<GpuSpec, ConfigError> {
+    let hw = &file.worker.hw;
+    let base = GpuSpec::preset(&hw.gpu);
+    let pick = |key: &str, explicit: Option<f64>, preset: Option<f64>| -> Result<f64, ConfigError> {
+        match explicit.or(preset) {
+            Some(v) => cx.positive(key, v),
+            None => Err(cx
+                .err(
+                    "worker.hw.gpu",
+                    format!("unknown GPU {:?} and `{key}` is not set", hw.gpu),
+                    format!("use a preset ({}) or set memory_gb, tflops and mem_bw_TBps", GpuSpec::preset_list()),
+                )
+                .schema()),
+        }
+    };
+    let power = resolve_power(cx, hw, base.as_ref())?;
+    let usd_per_hour = match hw.usd_per_gpu_hour {
+        Some(p) if p.is_finite() && p >= 0.0 => Some(p),
+        Some(p) => {
+            return Err(cx.err(
+                "worker.hw.usd_per_gpu_hour",
+                format!("must be ≥ 0, got {p}"),
+                "give a price in US dollars per GPU-hour, e.g. 2.5",
+            ));
+        }
+        None => None,
+    };
+    let fp8 = match hw.tflops_fp8 {
+        Some(v) => Some(cx.positive("worker.hw.tflops_fp8", v)?),
+        None => base.as_ref().and_then(|g| g.fp8_tflops),
+    };
+    // Without a preset or a value: PCIe Gen4 ×16, the slowest interconnect a TP worker has.
+    let link_gbps = match hw.link_GBps {
+        Some(v) => cx.positive("worker.hw.link_GBps", v)?,
+        None => base.as_ref().map_or(32.0, |g| g.link_gbps),
+    };
+    Ok(GpuSpec {
+        name: base.as_ref().map_or_else(|| hw.gpu.clone(), |g| g.name.clone()),
+        memory_gb: pick("worker.hw.memory_gb", hw.memory_gb, base.as_ref().map(|g| g.memory_gb))?,
+        tflops: pick("worker.hw.tflops", hw.tflops, base.as_ref().map(|g| g.tflops))?,
+        mem_bw_tbps: pick("worker.hw.mem_bw_TBps", hw.mem_bw_TBps, base.as_ref().map(|g| g.mem_bw_tbps))?,
+        fp8_tflops: fp8,
+        link_gbps,
+        power,
+        usd_per_hour,
+    })
+}
+
+/// The power model: the preset's (measured, or shares of its maximum),
+/// with the spec's overrides; a `max_watts` given for a GPU without measured
+/// power scales its shares.
+fn resolve_power(
+    cx: &Ctx<'_>,
+    hw: &super::schema::HwParams,
+    base: Option<&GpuSpec>,
+) -> Result<PowerModel, ConfigError> {
+    let max_w = match hw.max_watts {
+        Some(w) => cx.positive("worker.hw.max_watts", w)?,
+        None => base.map_or(0.0, |g| g.power.max_w),
+    };
+    let mut p = match base {
+        Some(g) if hw.max_watts.is_none() => g.power,
+        _ => PowerModel::from_shares(max_w, crate::worker::power::SHARES),
+    };
+    let watts = |key: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+        match v {
+            Some(w) if w.is_finite() && w >= 0.0 => Ok(w),
+            Some(w) => Err(cx.err(key, format!("must be ≥ 0 W, got {w}"), "give watts per GPU, e.g. 190")),
+            None => Ok(default),
+        }
+    };
+    p.idle_w = watts("worker.hw.idle_watts", hw.idle_watts, p.idle_w)?;
+    p.active_w = watts("worker.hw.active_watts", hw.active_watts, p.active_w)?;
+    p.compute_w = watts("worker.hw.compute_watts", hw.compute_watts, p.compute_w)?;
+    p.memory_w = watts("worker.hw.memory_watts", hw.memory_watts, p.memory_w)?;
+    for (key, w) in [("worker.hw.idle_watts", p.idle_w), ("worker.hw.active_watts", p.active_w)] {
+        if max_w > 0.0 && w > max_w {
+            return Err(cx.err(
+                key,
+                format!("{w} W, above the board's {max_w} W at full use"),
+                "give idle_watts and active_watts at most max_watts (the preset's maximum unless set)",
+            ));
+        }
+    }
+    Ok(p)
+}
+
+fn parse_coefficient(cx: &Ctx<'_>, key: &str, v: &NumberOrString) -> Result<f64, ConfigError> {
+    let x = match v {
+        NumberOrString::Number(x) => *x,
+        NumberOrString::String(s) => {
+            s.trim().parse().map_err(|_| cx.err(key, format!("{s:?} is not a number"), "write a number such as 4"))?
+        }
+    };
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(cx.err(key, format!("must be a non-negative number, got {x}"), "use Opal's defaults a = 4, b = 24"))
+    }
+}
+
+fn resolve_perf(
+    cx: &Ctx<'_>,
+    ip: &InferenceParams,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    base_dir: &Path,
+) -> Result<StepModel, ConfigError> {
+    let key = |k: &str| format!("worker.inference_params.{k}");
+    let name = ip.model.to_ascii_lowercase();
+    if !["operators", "roofline", "synthetic", "table"].contains(&name.as_str()) {
+        return Err(cx
+            .err(
+                &key("model"),
+                format!("unknown step-time model {:?}", ip.model),
+                "use operators (the default), roofline (Opal's), synthetic or table",
+            )
+            .schema());
+    }
+    if let Some((k, models)) = ip.foreign_keys().into_iter().next() {
+        return Err(cx.err(
+            &key(k),
+            format!("`{k}` belongs to the {} step model, and this one is {name}", models.join(" and ")),
+            format!("remove `{k}`, or set model = \"{}\"", models[0]),
+        ));
+    }
+    let mix = |default: MixRule| -> Result<MixRule, ConfigError> {
+        match ip.mixed_step.as_deref().map(str::to_ascii_lowercase).as_deref() {
+            None => Ok(default),
+            Some("max") => Ok(MixRule::Max),
+            Some("sum") => Ok(MixRule::Sum),
+            Some(other) => {
+                Err(cx.err(&key("mixed_step"), format!("unknown rule {other:?}"), "use `max` (Opal) or `sum`").schema())
+            }
+        }
+    };
+    let non_negative = |k: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+            Some(x) => Err(cx.err(
+                &key(k),
+                format!("must be a finite number ≥ 0, got {x}"),
+                "`opal-sweep calibrate` fits it to measured step times",
+            )),
+        }
+    };
+    Ok(match name.as_str() {
+        "operators" => {
+            let scale = |k: &str, v: Option<f64>| -> Result<f64, ConfigError> {
+                match v {
+                    None => Ok(1.0),
+                    Some(x) if x.is_finite() && x > 0.0 => Ok(x),
+                    Some(x) => Err(cx.err(
+                        &key(k),
+                        format!("must be a finite number > 0, got {x}"),
+                        "1 prices operators as the profile does; `opal-sweep calibrate` fits it",
+                    )),
+                }
+            };
+            let constants = OperatorConstants {
+                compute_scale: scale("compute_scale", ip.compute_scale)?,
+                memory_scale: scale("memory_scale", ip.memory_scale)?,
+                comm_scale: scale("comm_scale", ip.comm_scale)?,
+                step_overhead_s: non_negative("step_overhead_secs", ip.step_overhead_secs, 0.0)?,
+                seq_overhead_s: non_negative("seq_overhead_secs", ip.seq_overhead_secs, 0.0)?,
+                prefill_overhead_s: non_negative("prefill_overhead_secs", ip.prefill_overhead_secs, 0.0)?,
+            };
+            let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir)?;
+            let cache_key = format!("{id}|tp {tp}|{:?}|{:?}", gpu.peaks(), model);
+            StepModel::Operators(Operators {
+                curves: OperatorCurves::cached(cache_key, model, tp, &profile),
+                constants,
+            })
+        }
+        "roofline" => {
+            let efficiency = ip.decode_bw_efficiency.unwrap_or(1.0);
+            if !(efficiency > 0.0 && efficiency <= 1.0) {
+                return Err(cx.err(
+                    &key("decode_bw_efficiency"),
+                    format!("must be in (0, 1], got {efficiency}"),
+                    "1 is the datasheet bandwidth",
+                ));
+            }
+            let four = NumberOrString::Number(4.0);
+            let twenty_four = NumberOrString::Number(24.0);
+            let c = Coefficients {
+                a: parse_coefficient(cx, &key("a"), ip.a.as_ref().unwrap_or(&four))?,
+                b: parse_coefficient(cx, &key("b"), ip.b.as_ref().unwrap_or(&twenty_four))?,
+                decode_bw_efficiency: efficiency,
+                step_overhead_secs: non_negative("step_overhead_secs", ip.step_overhead_secs, 0.0)?,
+            };
+            StepModel::Roofline(Roofline::new(model, gpu, tp, c), mix(MixRule::Max)?)
+        }
+        "synthetic" => StepModel::Synthetic(SimDuration::from_secs_f64(
+            cx.positive(&key("mean_latency_secs"), ip.mean_latency_secs.unwrap_or(1.0))?,
+        )),
+        _ => {
+            let k = key("table_path");
+            let path = ip.table_path.as_ref().ok_or_else(|| {
+                cx.err(&k, "the `table` model needs a CSV of latencies", "set table_path = \"path/to/latencies.csv\"")
+            })?;
+            StepModel::Table(
+                LatencyTable::from_csv(&base_dir.join(path))
+                    .map_err(|e| cx.err(&k, e, "columns: phase,batch_size,tokens,latency_ms"))?,
+                mix(MixRule::Sum)?,
+            )
+        }
+    })
+}
+
+/// Where the `operators` model's prices come from (`profile`), and a name
+/// for it that tells configurations apart (the curves' memo key).
+fn resolve_profile(
+    cx: &Ctx<'_>,
+    profile: Option<&str>,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    base_dir: &Path,
+) -> Result<(Profile, String), ConfigError> {
+    let key = "worker.inference_params.profile";
+    let analytic = Analytic { peaks: gpu.peaks() };
+    // Shipped tables describe the preset's GPU: they hold utilisation against its own peaks.
+    let shipped = || GpuSpec::preset(&gpu.name).and_then(|p| shipped::tables(&p.name, p.peaks()));
+    let profile = match profile.unwrap_or("auto") {
+        "auto" => Profile { vidur: None, tables: shipped(), analytic },
+        "analytic" => Profile { vidur: None, tables: None, analytic },
+        dir => {
+            let path = base_dir.join(dir);
+            if !path.is_dir() {
+                return Err(cx.err(
+                    key,
+                    format!("{} is not a directory", path.display()),
+                    "use auto, analytic, or a directory of aiconfigurator tables (gemm_perf.parquet, …) or a Vidur profile (mlp.csv)",
+                ));
+            }
+            if path.join("mlp.csv").is_file() {
+                let (heads, kv_heads) = match model.attention {
+                    crate::worker::model::Attention::Gqa { heads, kv_heads, .. } => (heads, kv_heads),
+                    crate::worker::model::Attention::Mla { .. } => {
+                        return Err(cx.err(
+                            key,
+                            "a Vidur profile prices only grouped-query attention models",
+                            "use auto or analytic for MLA models",
+                        ));
+                    }
+                };
+                let shape = vidur::VidurShape {
+                    heads,
+                    kv_heads,
+                    hidden: model.hidden_size,
+                    intermediate: model.intermediate_size,
+                    tp,
+                };
+                let v = vidur::VidurProfile::from_dir(&path, shape).map_err(|e| {
+                    cx.err(key, e, "profile the model at this tensor-parallel degree with Vidur, or use auto")
+                })?;
+                Profile { vidur: Some(std::sync::Arc::new(v)), tables: shipped(), analytic }
+            } else {
+                let t = AicTables::from_dir(&path, gpu.peaks()).map_err(|e| cx.err(key, e, "give a directory holding aiconfigurator's gemm_perf.parquet (and its attention and all-reduce tables)"))?;
+                Profile { vidur: None, tables: Some(std::sync::Arc::new(t)), analytic }
+            }
+        }
+    };
+    let id = profile.describe();
+    Ok((profile, id))
+}
+
+pub(super) fn resolve_worker(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    stages: &[StageConfig],
+    base_dir: &Path,
+) -> Result<WorkerConfig, ConfigError> {
+    let v = &file.worker.vllm_params;
+    let key = |k: &str| format!("worker.vllm_params.{k}");
+    let max_num_seqs = cx.at_least(&key("max_num_seqs"), i64::from(v.max_num_seqs), 1)?;
+    let budget = cx.at_least(&key("max_num_batched_tokens"), i64::from(v.max_num_batched_tokens), 1)?;
+    if budget < max_num_seqs {
+        return Err(cx.err(
+            &key("max_num_batched_tokens"),
+            format!("max_num_batched_tokens ({budget}) is smaller than max_num_seqs ({max_num_seqs}), so a full batch of decodes could not run"),
+            "make max_num_batched_tokens ≥ max_num_seqs (vLLM requires it)",
+        ));
+    }
+    let block_size = cx.at_least(&key("block_size"), i64::from(v.block_size), 1)?;
+    let util = v.gpu_memory_utilization;
+    if !(util > 0.0 && util <= 1.0) {
+        return Err(cx.err(
+            &key("gpu_memory_utilization"),
+            format!("must be in (0, 1], got {util}"),
+            "vLLM's default is 0.9",
+        ));
+    }
+    let slots = &file.worker.slots;
+    let io_slots =
+        cx.at_least("worker.slots.io_slots", i64::from(slots.io_slots.unwrap_or(v.max_kvc_ready_requests)), 1)?;
+    let gpu_slots = cx.at_least("worker.slots.gpu_slots", i64::from(slots.gpu_slots.unwrap_or(max_num_seqs)), 1)?;
+    let slot_mode = match slots.mode.to_ascii_lowercase().as_str() {
+        "pipelined" => SlotMode::Pipelined,
+        "single_stage" => SlotMode::SingleStage,
+        other => {
+            return Err(cx
+                .err("worker.slots.mode", format!("unknown slot mode {other:?}"), "use `pipelined` or `single_stage`")
+                .schema());
+        }
+    };
+
+    let pool = KvPool::new(model, gpu.memory_gb, tp, util, block_size as u64);
+    let fit_hint = "use more GPUs per worker (worker.hw.tp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
+    if !pool.fits() {
+        return Err(cx.err(
+            "worker.hw",
+            format!(
+                "the model does not fit in GPU memory: {} needs {:.1} GiB of weights but {} × {} at gpu_memory_utilization {util} leaves {:.1} GiB",
+                model.name,
+                pool.weight_bytes / (1u64 << 30) as f64,
+                tp,
+                gpu.name,
+                pool.memory_bytes / (1u64 << 30) as f64
+            ),
+            fit_hint,
+        ));
+    }
+    let total_blocks = pool.blocks;
+    let max_model_len = match v.max_model_len {
+        None => model.max_model_len,
+        Some(0) => {
+            return Err(cx.err(
+                &key("max_model_len"),
+                "must be at least 1",
+                "leave it unset for the model's context length",
+            ));
+        }
+        Some(n) if n > model.max_model_len && !v.allow_long_max_model_len => {
+            return Err(cx.err(
+                &key("max_model_len"),
+                format!("{n} is longer than {}'s context length ({})", model.name, model.max_model_len),
+                format!(
+                    "use at most {}, or set allow_long_max_model_len = true (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)",
+                    model.max_model_len
+                ),
+            ));
+        }
+        Some(n) => n,
+    };
+    let longest = stages.iter().filter_map(StageConfig::max_sequence_tokens).max().unwrap_or(0);
+    if longest > max_model_len {
+        return Err(cx.err(
+            "workload.stages",
+            format!(
+                "a request can reach {longest} tokens (prompt + output) but the engine serves at most {max_model_len}"
+            ),
+            "lower prompt_size_max or output_tokens_max, or raise worker.vllm_params.max_model_len",
+        ));
+    }
+    // As vLLM at start-up: one sequence of max_model_len tokens must fit.
+    let needed = max_model_len.div_ceil(u64::from(block_size));
+    if total_blocks < needed {
+        return Err(cx.err(
+            "worker.hw",
+            format!(
+                "one maximum-length sequence ({max_model_len} tokens = {needed} blocks of {block_size}) does not fit in the KV cache ({total_blocks} blocks left after {:.1} GiB of weights)",
+                pool.weight_bytes / (1u64 << 30) as f64
+            ),
+            format!("{fit_hint}, or a smaller worker.vllm_params.max_model_len"),
+        ));
+    }
+    if !(v.apc_lru_ttl.is_finite() && v.apc_lru_ttl >= 0.0) {
+        return Err(cx.err(
+            &key("apc_lru_ttl"),
+            format!("must be ≥ 0 seconds, got {}", v.apc_lru_ttl),
+            "use 0 for plain LRU",
+        ));
+    }
+    let chunked_prefill = v.chunked_prefill;
+    let token_budget = if chunked_prefill { u64::from(budget) } else { max_model_len * u64::from(max_num_seqs) };
+    Ok(WorkerConfig {
+        max_running: max_num_seqs.min(gpu_slots),
+        token_budget,
+        chunked_prefill,
+        block_size: u64::from(block_size),
+        total_blocks,
+        io_slots,
+        slot_mode,
+        max_model_len,
+        prefix_caching: v.enable_prefix_caching,
+        apc_ttl: SimDuration::from_secs_f64(v.apc_lru_ttl),
+        event_stride: 1,
+        report_evictions: false,
+        publish_events: false,
+        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
+        usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
+        sliding_window: model.window.map(|(w, _)| w),
+        power: gpu.power,
+    })
+}
