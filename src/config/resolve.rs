@@ -51,6 +51,14 @@ impl Scenario {
     pub fn expected_requests(&self) -> Option<u64> {
         self.stages.iter().map(StageConfig::expected_requests).sum()
     }
+
+    /// The settings of worker `w`: its pool's, or the spec's when every worker is mixed.
+    pub fn worker_config(&self, w: usize) -> &WorkerConfig {
+        match &self.disagg {
+            Some(d) => &d.pool_of(w).1.worker,
+            None => &self.worker,
+        }
+    }
 }
 
 /// Validates `file` (read from `source`; relative paths resolve against `base_dir`).
@@ -98,7 +106,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     let stages = super::stages::resolve_stages(&cx, file, base_dir)?;
     let mut worker = resolve_worker(&cx, file, &model, &gpu, tp, &stages, base_dir)?;
     let mut kvc = resolve_kvc(&cx, file, &worker, &model)?;
-    kvc.publish_events = policy.reads_kv_events();
+    kvc.publish_events = policy.needs().kv_index;
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();

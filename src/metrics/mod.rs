@@ -6,8 +6,10 @@
 //! histograms, so they can be merged exactly across replicates; means and
 //! maxima are kept exactly beside them.
 
+pub mod recorder;
 mod series;
 
+pub use recorder::{Recorder, RunEnd, RunOutput, gauges};
 pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepRecord, TimeSeries};
 
 use crate::time::{SimDuration, SimTime};

@@ -16,7 +16,7 @@
 //! `rel_threshold` 1.5 — a worker with the whole prefix cached is preferred
 //! to an idle one until it has about twice the others' queue.
 
-use super::{Policy, RouteContext, best_with_random_ties};
+use super::{Needs, Policy, RouteContext, best_with_random_ties};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -47,6 +47,8 @@ pub struct Balanced {
 }
 
 impl Policy for Balanced {
+    const NEEDS: Needs = Needs { kv_index: true, load_reports: true };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let p = &self.params;
         let max = ctx.workers.iter().map(|w| w.outstanding).max().unwrap_or(0);

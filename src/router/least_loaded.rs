@@ -1,7 +1,7 @@
 //! Least loaded: the worker with the fewest outstanding requests (routed and
 //! not yet completed, as the router counts them); ties go to the lowest id.
 
-use super::{Policy, RouteContext};
+use super::{Needs, Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -10,6 +10,8 @@ use crate::rng::StreamRng;
 pub struct LeastLoaded;
 
 impl Policy for LeastLoaded {
+    const NEEDS: Needs = Needs { kv_index: false, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
         ctx.workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
     }

@@ -2,7 +2,7 @@
 //! index, holds the longest prefix of the request (as a fraction of its
 //! chunks); ties at random; when nobody holds any of it, a random worker.
 
-use super::{Policy, RouteContext, best_with_random_ties};
+use super::{Needs, Policy, RouteContext, best_with_random_ties};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -11,6 +11,8 @@ use crate::rng::StreamRng;
 pub struct MaxPrefix;
 
 impl Policy for MaxPrefix {
+    const NEEDS: Needs = Needs { kv_index: true, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         best_with_random_ties(ctx.workers, |i| ctx.prefix_fraction(i), rng)
     }

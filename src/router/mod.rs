@@ -12,9 +12,11 @@
 
 pub mod autoscale;
 mod balanced;
+mod gateway;
 mod index;
 mod least_loaded;
 mod max_prefix;
+pub mod pd;
 mod power_of_two;
 mod random;
 mod round_robin;
@@ -22,6 +24,7 @@ mod tiered_prefix;
 
 pub use autoscale::{AutoscaleConfig, Autoscaler};
 pub use balanced::{Balanced, BalancedParams};
+pub use gateway::{RequestView, Routed, Router};
 pub use index::{KvIndex, Match};
 pub use least_loaded::LeastLoaded;
 pub use max_prefix::MaxPrefix;
@@ -84,8 +87,22 @@ impl RouteContext<'_> {
     }
 }
 
+/// What a policy reads besides the router's own count of outstanding
+/// requests. Every policy declares it, so the compiler sees that a new
+/// policy says whether workers must publish KV events for it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The KV index (workers publish their KV events; requests are scored against it).
+    pub kv_index: bool,
+    /// Workers' periodic load reports (system events).
+    pub load_reports: bool,
+}
+
 /// A routing policy.
 pub trait Policy {
+    /// What the policy reads.
+    const NEEDS: Needs;
+
     /// Chooses one of `ctx.workers` (never empty). Random choices draw from
     /// `rng` (the run's `router` stream).
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId;
@@ -158,9 +175,17 @@ impl PolicyKind {
         })
     }
 
-    /// Whether the policy reads the KV index (so workers must publish KV events).
-    pub fn reads_kv_events(self) -> bool {
-        matches!(self, PolicyKind::MaxPrefix | PolicyKind::TieredPrefix | PolicyKind::Balanced)
+    /// What the policy reads (each policy's own [`Policy::NEEDS`]).
+    pub fn needs(self) -> Needs {
+        match self {
+            PolicyKind::RoundRobin => RoundRobin::NEEDS,
+            PolicyKind::Random => Random::NEEDS,
+            PolicyKind::LeastLoaded => LeastLoaded::NEEDS,
+            PolicyKind::MaxPrefix => MaxPrefix::NEEDS,
+            PolicyKind::TieredPrefix => TieredPrefix::NEEDS,
+            PolicyKind::Balanced => Balanced::NEEDS,
+            PolicyKind::PowerOfTwo => PowerOfTwo::NEEDS,
+        }
     }
 }
 
@@ -219,8 +244,22 @@ impl RoutingPolicy {
     }
 }
 
-impl Policy for RoutingPolicy {
-    fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
+impl RoutingPolicy {
+    /// What the instance's policy reads.
+    pub fn needs(&self) -> Needs {
+        match self {
+            RoutingPolicy::RoundRobin(_) => RoundRobin::NEEDS,
+            RoutingPolicy::Random(_) => Random::NEEDS,
+            RoutingPolicy::LeastLoaded(_) => LeastLoaded::NEEDS,
+            RoutingPolicy::MaxPrefix(_) => MaxPrefix::NEEDS,
+            RoutingPolicy::TieredPrefix(_) => TieredPrefix::NEEDS,
+            RoutingPolicy::Balanced(_) => Balanced::NEEDS,
+            RoutingPolicy::PowerOfTwo(_) => PowerOfTwo::NEEDS,
+        }
+    }
+
+    /// Chooses one of `ctx.workers` with the instance's policy.
+    pub fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         match self {
             RoutingPolicy::RoundRobin(p) => p.choose(ctx, rng),
             RoutingPolicy::Random(p) => p.choose(ctx, rng),
@@ -258,6 +297,7 @@ mod tests {
         assert_eq!(PolicyKind::from_name("MaxPrefix"), Some(PolicyKind::MaxPrefix));
         assert_eq!(PolicyKind::from_name("poweroftwo"), Some(PolicyKind::PowerOfTwo));
         assert_eq!(PolicyKind::from_name("Fastest"), None);
-        assert!(PolicyKind::Balanced.reads_kv_events() && !PolicyKind::LeastLoaded.reads_kv_events());
+        assert!(PolicyKind::Balanced.needs().kv_index && !PolicyKind::LeastLoaded.needs().kv_index);
+        assert!(PolicyKind::Balanced.needs().load_reports && !PolicyKind::MaxPrefix.needs().load_reports);
     }
 }

@@ -1,7 +1,7 @@
 //! Power of two choices: draw two distinct workers at random, send the
 //! request to the one with fewer outstanding requests (the first drawn on a tie).
 
-use super::{Policy, RouteContext};
+use super::{Needs, Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 use rand::RngExt;
@@ -11,6 +11,8 @@ use rand::RngExt;
 pub struct PowerOfTwo;
 
 impl Policy for PowerOfTwo {
+    const NEEDS: Needs = Needs { kv_index: false, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let n = ctx.workers.len();
         if n == 1 {

@@ -1,6 +1,6 @@
 //! Random: each request to a worker chosen uniformly from the `router` stream.
 
-use super::{Policy, RouteContext};
+use super::{Needs, Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 use rand::RngExt;
@@ -10,6 +10,8 @@ use rand::RngExt;
 pub struct Random;
 
 impl Policy for Random {
+    const NEEDS: Needs = Needs { kv_index: false, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         ctx.workers[rng.random_range(0..ctx.workers.len())].id
     }

@@ -1,6 +1,6 @@
 //! Round robin: the first request goes to the first worker, then each next one.
 
-use super::{Policy, RouteContext};
+use super::{Needs, Policy, RouteContext};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -11,6 +11,8 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
+    const NEEDS: Needs = Needs { kv_index: false, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
         let i = self.next % ctx.workers.len();
         self.next = i + 1;

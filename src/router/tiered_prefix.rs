@@ -3,7 +3,7 @@
 //! default GPU 1, CPU memory 0.8, local NVMe 0.5, distributed FS 0.3), so a
 //! prefix resident in HBM beats the same prefix on the shared file system.
 
-use super::{Policy, RouteContext, best_with_random_ties};
+use super::{Needs, Policy, RouteContext, best_with_random_ties};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -12,6 +12,8 @@ use crate::rng::StreamRng;
 pub struct TieredPrefix;
 
 impl Policy for TieredPrefix {
+    const NEEDS: Needs = Needs { kv_index: true, load_reports: false };
+
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         best_with_random_ties(ctx.workers, |i| ctx.prefix.get(i).map_or(0.0, |m| m.weighted), rng)
     }

@@ -1,0 +1,495 @@
+//! The router as a component: it owns the routing policy, the KV index
+//! and the event queue that feeds it, each worker's published-but-unsent
+//! KV events, the per-worker load view and the P/D decision. It takes the
+//! time and what it observes and returns decisions and "collect again at
+//! t"; it never schedules an event or touches a worker itself, so the
+//! cluster only turns its answers into events.
+//!
+//! Event plane, as Dynamo's KV router has it: a worker gathers its KV
+//! events for `kvcevent_coalesce_time` and sends them as one batch
+//! ([`Router::publish`], [`Router::flush`]); the router applies its queue
+//! every `periodic_infra_update_collection_time` (as they arrive when 0),
+//! at most `max_event_batch_size` events per batch, each batch taking
+//! `event_batch_time` ([`Router::collect`]). Load reports
+//! ([`Router::report_load`]) share the queue.
+
+use super::index::{KvIndex, Match};
+use super::pd::PdRule;
+use super::{LeastLoaded, Needs, Policy, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
+use crate::ids::WorkerId;
+use crate::kvcache::{BlockHash, KvEvent, KvcConfig};
+use crate::metrics::LatencyHistogram;
+use crate::rng::StreamRng;
+use crate::time::{SimDuration, SimTime};
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// A message in the router's event queue.
+#[derive(Clone, Copy, Debug)]
+enum RouterMsg {
+    /// A KV event from a worker's batch.
+    Kv(KvEvent),
+    /// A worker's load report.
+    System(SystemEvent),
+}
+
+/// What the router needs to know of a request to route it.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestView<'r> {
+    /// The request's block hashes (its prompt's, and any it has computed).
+    pub blocks: &'r [BlockHash],
+    /// Tokens whose KV the request has or needs (prompt, plus output so far).
+    pub num_tokens: u64,
+    /// Prompt tokens.
+    pub prompt_tokens: u32,
+}
+
+/// Where a request goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Routed {
+    /// The worker it is queued at first.
+    pub worker: WorkerId,
+    /// With a KV-aware policy, the prefix the index promised on that worker, tokens.
+    pub predicted_hit_tokens: Option<u64>,
+    /// With disaggregation and a remote prefill: its decode worker (the
+    /// request is a one-token prefill job on `worker` until handed over).
+    pub decode: Option<WorkerId>,
+}
+
+/// The router component of one run.
+pub struct Router<'a> {
+    cfg: &'a RouterConfig,
+    kvc: &'a KvcConfig,
+    block_size: u64,
+    pd: Option<PdRule>,
+    policy: RoutingPolicy,
+    needs: Needs,
+    rng: StreamRng,
+    index: KvIndex,
+    /// The router's view of each worker, by index: requests routed there
+    /// that have not completed, and its last load report. Kept up to date
+    /// in place, so routing reads one compact array.
+    loads: Vec<WorkerLoad>,
+    inbox: VecDeque<(WorkerId, SimTime, RouterMsg)>,
+    /// A batch is being applied; the rest of the queue follows it.
+    draining: bool,
+    /// Each worker's busy time at its last load report.
+    reported_busy: Vec<SimDuration>,
+    scores: Vec<Match>,
+    keys: Vec<BlockHash>,
+    /// Each worker's KV events gathered but not yet sent.
+    pending: Vec<Vec<(SimTime, KvEvent)>>,
+    kv_events: u64,
+    kv_batches: u64,
+    /// Wall time spent routing and collecting, when profiling (never read by the simulation).
+    wall: Option<std::time::Duration>,
+}
+
+impl<'a> Router<'a> {
+    /// A router per `cfg` with no workers yet; `pd` is the P/D rule with
+    /// disaggregation (the first `prefill` workers form the prefill pool).
+    pub fn new(
+        cfg: &'a RouterConfig,
+        kvc: &'a KvcConfig,
+        block_size: u64,
+        pd: Option<PdRule>,
+        rng: StreamRng,
+    ) -> Router<'a> {
+        let policy = RoutingPolicy::from_config(cfg);
+        Router {
+            cfg,
+            kvc,
+            block_size,
+            pd,
+            needs: policy.needs(),
+            policy,
+            rng,
+            index: KvIndex::default(),
+            loads: Vec::new(),
+            inbox: VecDeque::new(),
+            draining: false,
+            reported_busy: Vec::new(),
+            scores: Vec::new(),
+            keys: Vec::new(),
+            pending: Vec::new(),
+            kv_events: 0,
+            kv_batches: 0,
+            wall: None,
+        }
+    }
+
+    /// Measures the wall time spent routing and collecting.
+    pub fn profile(&mut self) {
+        self.wall = Some(std::time::Duration::ZERO);
+    }
+
+    /// What the policy reads (the index, load reports).
+    pub fn needs(&self) -> Needs {
+        self.needs
+    }
+
+    /// A new worker (ids are given in order).
+    pub fn add_worker(&mut self, id: WorkerId) {
+        debug_assert_eq!(id.index(), self.loads.len());
+        self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
+        self.pending.push(Vec::new());
+        self.reported_busy.push(SimDuration(0));
+    }
+
+    /// Chooses the worker for a request among all of them (or, with
+    /// disaggregation, per the P/D rule); the choice counts as an
+    /// outstanding request there until [`Router::released`].
+    pub fn route(&mut self, r: RequestView<'_>, prefill_waiting: impl Fn(WorkerId) -> usize) -> Routed {
+        let started = self.wall.map(|_| std::time::Instant::now());
+        let routed = match self.pd {
+            Some(rule) => self.route_pd(r, rule, prefill_waiting),
+            None => self.choose(r, 0..self.loads.len()),
+        };
+        if let (Some(t), Some(acc)) = (started, self.wall.as_mut()) {
+            *acc += t.elapsed();
+        }
+        routed
+    }
+
+    /// Disaggregated routing: the decode worker by load (least outstanding
+    /// requests), the prefill worker by the routing policy over the
+    /// prefill pool, and [`PdRule::remote`] decides whether the prefill
+    /// worker takes the prompt or the decode worker serves it whole.
+    fn route_pd(&mut self, r: RequestView<'_>, rule: PdRule, prefill_waiting: impl Fn(WorkerId) -> usize) -> Routed {
+        let (p, n) = (rule.prefill_workers, self.loads.len());
+        let ctx = RouteContext { workers: &self.loads[p..n], prefix: &[], chunks: 0 };
+        let decode = LeastLoaded.choose(&ctx, &mut self.rng);
+        // The prefill candidate (this also scores every worker's cached prefix).
+        let prefill = self.choose(r, 0..p);
+        let cached_on_decode = self.scores.get(decode.index()).map_or(0, |m| u64::from(m.chunks)) * self.chunk_tokens();
+        let uncached = u64::from(r.prompt_tokens).saturating_sub(cached_on_decode);
+        self.loads[decode.index()].outstanding += 1;
+        if rule.remote(uncached, prefill_waiting(prefill.worker)) {
+            return Routed { decode: Some(decode), ..prefill };
+        }
+        // The decode worker serves it whole: undo the prefill choice.
+        self.loads[prefill.worker.index()].outstanding -= 1;
+        Routed { worker: decode, ..prefill }
+    }
+
+    fn chunk_tokens(&self) -> u64 {
+        self.kvc.chunk_blocks * self.block_size
+    }
+
+    /// The policy's choice among the workers in `among`.
+    fn choose(&mut self, r: RequestView<'_>, among: Range<usize>) -> Routed {
+        let mut chunks = 0;
+        if self.needs.kv_index {
+            // The chunks the connector would look up: every full block's.
+            let limit = (r.num_tokens / self.block_size).min(r.blocks.len() as u64);
+            self.keys.clear();
+            let mut j = 0;
+            while let Some((key, _, _)) = self.kvc.chunk(r.blocks, j, limit) {
+                self.keys.push(key);
+                j += 1;
+            }
+            chunks = self.keys.len() as u32;
+            self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
+        } else {
+            self.scores.clear();
+        }
+        let prefix = if self.scores.is_empty() { &[][..] } else { &self.scores[among.clone()] };
+        let ctx = RouteContext { workers: &self.loads[among], prefix, chunks };
+        let worker = self.policy.choose(&ctx, &mut self.rng);
+        self.loads[worker.index()].outstanding += 1;
+        let predicted_hit_tokens = self.needs.kv_index.then(|| {
+            let matched = self.scores.get(worker.index()).map_or(0, |m| u64::from(m.chunks));
+            // The last token is always computed.
+            (matched * self.chunk_tokens()).min(r.num_tokens - 1)
+        });
+        Routed { worker, predicted_hit_tokens, decode: None }
+    }
+
+    /// A request routed to `w` has left it (completed there, or handed over).
+    pub fn released(&mut self, w: WorkerId) {
+        self.loads[w.index()].outstanding -= 1;
+    }
+
+    /// Most outstanding requests on one worker (what the autoscaler watches).
+    pub fn max_outstanding(&self) -> u32 {
+        self.loads.iter().map(|l| l.outstanding).max().unwrap_or(0)
+    }
+
+    /// Worker `w` published a KV event at `now`. Returns when its batch is
+    /// sent (the first event of a batch starts the coalescing window).
+    pub fn publish(&mut self, w: WorkerId, now: SimTime, e: KvEvent) -> Option<SimTime> {
+        if !self.kvc.publish_events {
+            return None;
+        }
+        let pending = &mut self.pending[w.index()];
+        let flush = pending.is_empty().then(|| now + self.kvc.event_coalesce);
+        pending.push((now, e));
+        flush
+    }
+
+    /// Worker `w`'s gathered events reach the router's queue. Returns when
+    /// the next batch is to be applied, if [`Router::collect`] left one.
+    pub fn flush(&mut self, w: WorkerId, now: SimTime, stale: &mut LatencyHistogram) -> Option<SimTime> {
+        let batch = &mut self.pending[w.index()];
+        self.kv_events += batch.len() as u64;
+        self.kv_batches += 1;
+        self.inbox.extend(batch.drain(..).map(|(t, e)| (w, t, RouterMsg::Kv(e))));
+        self.collect_if_immediate(now, stale)
+    }
+
+    /// Every worker reports its load at `now`: `(busy time so far, running,
+    /// waiting, KV usage)` per worker, in id order. The reports join the
+    /// queue (see [`Router::collect_if_immediate`]).
+    pub fn report_loads(&mut self, now: SimTime, reports: impl Iterator<Item = (SimDuration, u32, u32, f64)>) {
+        let interval = self.cfg.system_interval.as_secs_f64();
+        for (i, (busy, running, waiting, kv_usage)) in reports.enumerate() {
+            let since = SimDuration(busy.0 - self.reported_busy[i].0).as_secs_f64();
+            self.reported_busy[i] = busy;
+            let e = SystemEvent {
+                running,
+                waiting,
+                kv_usage,
+                gpu_utilization: if interval > 0.0 { (since / interval).min(1.0) } else { 0.0 },
+            };
+            self.inbox.push_back((WorkerId(i as u32), now, RouterMsg::System(e)));
+        }
+    }
+
+    /// Collecting as events arrive (`periodic_infra_update_collection_time
+    /// = 0`): applies the queue now, as [`Router::collect`]; otherwise the
+    /// queue waits for the periodic collection.
+    pub fn collect_if_immediate(&mut self, now: SimTime, stale: &mut LatencyHistogram) -> Option<SimTime> {
+        if self.cfg.collection_interval.0 == 0 { self.collect(now, false, stale) } else { None }
+    }
+
+    /// Applies the queue at `now` in batches of at most
+    /// `max_event_batch_size`, recording each KV event's age in `stale`.
+    /// With a per-batch time the queue left after a batch waits for the
+    /// next one: the returned time, at which the caller collects again with
+    /// `batch_done`. A collection while a batch is being applied does
+    /// nothing.
+    pub fn collect(&mut self, now: SimTime, batch_done: bool, stale: &mut LatencyHistogram) -> Option<SimTime> {
+        let started = self.wall.map(|_| std::time::Instant::now());
+        if batch_done {
+            self.draining = false;
+        }
+        let next = self.drain(now, stale);
+        if let (Some(t), Some(acc)) = (started, self.wall.as_mut()) {
+            *acc += t.elapsed();
+        }
+        next
+    }
+
+    fn drain(&mut self, now: SimTime, stale: &mut LatencyHistogram) -> Option<SimTime> {
+        while !self.inbox.is_empty() {
+            if self.draining {
+                return None; // a batch is being applied; the rest follows it
+            }
+            let n = self.cfg.max_event_batch.min(self.inbox.len() as u32);
+            self.index.warm(self.inbox.range(..n as usize).filter_map(|(_, _, m)| match m {
+                RouterMsg::Kv(e) => Some(e.hash),
+                RouterMsg::System(_) => None,
+            }));
+            // Events of one flush share their age: record runs of equal ages at once.
+            let mut run = (SimDuration(0), 0);
+            for _ in 0..n {
+                let (w, at, msg) = self.inbox.pop_front().expect("checked non-empty");
+                match msg {
+                    RouterMsg::Kv(e) => {
+                        self.index.apply(w, &e);
+                        let age = now - at;
+                        if age != run.0 && run.1 > 0 {
+                            stale.record_n(run.0, run.1);
+                            run.1 = 0;
+                        }
+                        run = (age, run.1 + 1);
+                    }
+                    RouterMsg::System(e) => self.loads[w.index()].system = e,
+                }
+            }
+            if run.1 > 0 {
+                stale.record_n(run.0, run.1);
+            }
+            if self.cfg.batch_time.0 > 0 && !self.inbox.is_empty() {
+                self.draining = true;
+                return Some(now + self.cfg.batch_time);
+            }
+        }
+        None
+    }
+
+    /// Chunks the index says worker `w` holds.
+    pub fn chunks_indexed(&self, w: WorkerId) -> u64 {
+        self.index.held_by(w)
+    }
+
+    /// KV events published (sent or still gathered) and batches sent.
+    pub fn kv_event_counts(&self) -> (u64, u64) {
+        (self.kv_events + self.pending.iter().map(|p| p.len() as u64).sum::<u64>(), self.kv_batches)
+    }
+
+    /// Wall seconds spent routing and collecting (when profiled).
+    pub fn wall_s(&self) -> Option<f64> {
+        self.wall.map(|d| d.as_secs_f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvcache::{KvEventKind, Tier, WriteMode, WritePolicy};
+    use crate::router::{BalancedParams, PolicyKind};
+
+    fn cfg(policy: PolicyKind, collection_ms: u64, batch: u32, batch_ms: u64) -> RouterConfig {
+        RouterConfig {
+            policy,
+            collection_interval: ms(collection_ms),
+            max_event_batch: batch,
+            batch_time: ms(batch_ms),
+            system_interval: ms(1000),
+            tier_weights: [1.0; 4],
+            balanced: BalancedParams::default(),
+            autoscale: None,
+        }
+    }
+
+    /// Chunks of 2 blocks of 16 tokens; events published after 10 ms of coalescing.
+    fn kvc() -> KvcConfig {
+        KvcConfig {
+            tiers: Vec::new(),
+            chunk_blocks: 2,
+            save_unfull_chunk: true,
+            save_decode_cache: false,
+            write_policy: WritePolicy::WriteThrough,
+            write_mode: WriteMode::Async,
+            store_on_gpu_eviction: false,
+            block_bytes: 1 << 16,
+            event_coalesce: ms(10),
+            publish_events: true,
+        }
+    }
+
+    fn ms(n: u64) -> SimDuration {
+        SimDuration(n * 1_000_000)
+    }
+
+    fn stored(hash: u64) -> KvEvent {
+        KvEvent { tier: Tier::Gpu, hash: BlockHash(hash), kind: KvEventKind::Stored }
+    }
+
+    fn at(n: u64) -> SimTime {
+        SimTime::ZERO + ms(n)
+    }
+
+    fn router<'a>(cfg: &'a RouterConfig, kvc: &'a KvcConfig, workers: u32, pd: Option<PdRule>) -> Router<'a> {
+        let mut r = Router::new(cfg, kvc, 16, pd, crate::rng::SeedTree::new(1).stream("router"));
+        (0..workers).for_each(|w| r.add_worker(WorkerId(w)));
+        r
+    }
+
+    /// A request of 8 blocks (4 chunks, keys 2, 4, 6, 8), 128 tokens.
+    const BLOCKS: [BlockHash; 8] = [
+        BlockHash(1),
+        BlockHash(2),
+        BlockHash(3),
+        BlockHash(4),
+        BlockHash(5),
+        BlockHash(6),
+        BlockHash(7),
+        BlockHash(8),
+    ];
+
+    fn view() -> RequestView<'static> {
+        RequestView { blocks: &BLOCKS, num_tokens: 128, prompt_tokens: 128 }
+    }
+
+    #[test]
+    fn a_flush_waits_for_the_periodic_collection_and_records_each_events_age() {
+        let (cfg, kvc) = (cfg(PolicyKind::MaxPrefix, 100, 64, 0), kvc());
+        let mut r = router(&cfg, &kvc, 2, None);
+        let mut stale = LatencyHistogram::default();
+        // Worker 1 publishes at 0 and 4 ms: one batch, sent at 10 ms.
+        assert_eq!(r.publish(WorkerId(1), at(0), stored(2)), Some(at(10)));
+        assert_eq!(r.publish(WorkerId(1), at(4), stored(4)), None, "the batch is already open");
+        assert_eq!(r.flush(WorkerId(1), at(10), &mut stale), None, "collected periodically, not on arrival");
+        assert_eq!(r.route(view(), |_| 0).predicted_hit_tokens, Some(0), "not yet in the index");
+        assert_eq!(stale.count(), 0);
+        // The periodic collection at 100 ms applies both: ages 100 and 96 ms.
+        assert_eq!(r.collect(at(100), false, &mut stale), None);
+        assert_eq!(stale.count(), 2);
+        let s = stale.stats();
+        assert_eq!((s.mean, s.max), (98.0, 100.0));
+        // Now worker 1 holds the first two chunks (64 tokens): MaxPrefix sends it there.
+        let routed = r.route(view(), |_| 0);
+        assert_eq!((routed.worker, routed.predicted_hit_tokens), (WorkerId(1), Some(64)));
+        assert_eq!(r.chunks_indexed(WorkerId(1)), 2);
+        assert_eq!(r.kv_event_counts(), (2, 1));
+    }
+
+    #[test]
+    fn batches_that_take_time_leave_the_rest_of_the_queue_for_the_next_batch() {
+        // Collected as they arrive, 2 events per batch, each batch 5 ms.
+        let (cfg, kvc) = (cfg(PolicyKind::MaxPrefix, 0, 2, 5), kvc());
+        let mut r = router(&cfg, &kvc, 1, None);
+        let mut stale = LatencyHistogram::default();
+        for h in [2, 4, 6, 8, 10] {
+            r.publish(WorkerId(0), at(0), stored(h));
+        }
+        // At 10 ms the first batch (2 events) is applied; the next is due at 15 ms.
+        assert_eq!(r.flush(WorkerId(0), at(10), &mut stale), Some(at(15)));
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 2);
+        // A collection while the batch is being applied does nothing.
+        assert_eq!(r.collect_if_immediate(at(12), &mut stale), None);
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 2);
+        assert_eq!(r.collect(at(15), true, &mut stale), Some(at(20)));
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 4);
+        assert_eq!(r.collect(at(20), true, &mut stale), None, "the last event: nothing left");
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 5);
+        // Ages: 10, 10, 15, 15, 20 ms.
+        assert_eq!(stale.count(), 5);
+        assert_eq!(stale.stats().mean, 14.0);
+    }
+
+    #[test]
+    fn load_reports_join_the_queue_and_carry_the_busy_share_since_the_last() {
+        let (cfg, kvc) = (cfg(PolicyKind::Balanced, 0, 64, 0), kvc());
+        let mut r = router(&cfg, &kvc, 2, None);
+        let mut stale = LatencyHistogram::default();
+        let busy = ms(250);
+        r.report_loads(at(1000), [(busy, 3, 7, 0.5), (SimDuration(0), 0, 0, 0.0)].into_iter());
+        assert_eq!(r.loads[0].system, SystemEvent::default(), "queued, not yet applied");
+        assert_eq!(r.collect_if_immediate(at(1000), &mut stale), None);
+        let e = r.loads[0].system;
+        assert_eq!((e.running, e.waiting, e.kv_usage, e.gpu_utilization), (3, 7, 0.5, 0.25));
+        assert_eq!(stale.count(), 0, "load reports are not KV events");
+    }
+
+    #[test]
+    fn pd_routing_takes_the_least_loaded_decode_worker_and_the_policys_prefill_worker() {
+        // Workers 0 and 1 prefill, 2 and 3 decode; remote beyond 32 uncached tokens.
+        let (cfg, kvc) = (cfg(PolicyKind::MaxPrefix, 0, 64, 0), kvc());
+        let rule = PdRule { prefill_workers: 2, max_local_prefill_length: 32, max_prefill_queue_size: Some(2) };
+        let mut r = router(&cfg, &kvc, 4, Some(rule));
+        let mut stale = LatencyHistogram::default();
+        // Prefill worker 1 holds the first chunk; decode worker 2 already has a request.
+        r.publish(WorkerId(1), at(0), stored(2));
+        r.flush(WorkerId(1), at(10), &mut stale);
+        r.loads[2].outstanding = 1;
+        let routed = r.route(view(), |_| 0);
+        assert_eq!(routed, Routed { worker: WorkerId(1), predicted_hit_tokens: Some(32), decode: Some(WorkerId(3)) });
+        assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 1, 1]);
+        // The same request with worker 1's queue full (2 waiting): decode worker 2 (now tied at 1, lower id) serves it whole.
+        let routed = r.route(view(), |w| if w == WorkerId(1) { 2 } else { 0 });
+        assert_eq!(routed, Routed { worker: WorkerId(2), predicted_hit_tokens: Some(32), decode: None });
+        assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 2, 1]);
+        // Decode worker 3 holds all 4 chunks and is the less loaded decode worker: nothing to prefill remotely.
+        for h in [2, 4, 6, 8] {
+            r.publish(WorkerId(3), at(20), stored(h));
+        }
+        r.flush(WorkerId(3), at(30), &mut stale);
+        r.loads[2].outstanding = 5;
+        let routed = r.route(view(), |_| 0);
+        assert_eq!((routed.worker, routed.decode), (WorkerId(3), None));
+        assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 5, 2]);
+    }
+}
