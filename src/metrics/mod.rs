@@ -7,6 +7,7 @@
 //! maxima are kept exactly beside them.
 
 pub mod recorder;
+pub mod rows;
 mod series;
 
 pub use recorder::{Recorder, RunEnd, RunOutput, gauges};
@@ -136,7 +137,7 @@ impl LatencyHistogram {
 }
 
 /// Summary statistics of one latency metric, milliseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct LatencyStats {
     /// Median.
     pub p50: f64,
@@ -242,7 +243,7 @@ impl Latencies {
 }
 
 /// One finished (or unfinished) request, as reported.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RequestRecord {
     /// Request id (generation order).
     pub id: u32,
@@ -286,7 +287,7 @@ pub struct RequestRecord {
 }
 
 /// One prompt size of an `SC25Workload` stage: its cold and warm request.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Sc25Row {
     /// Prompt tokens.
     pub prompt_tokens: u32,
@@ -373,7 +374,7 @@ impl StageTally {
 }
 
 /// One workload stage over a run (a row of the stages table).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct StageRow {
     /// Stage index (as in `workload.stages`).
     pub stage: u32,
@@ -415,7 +416,7 @@ impl StageRow {
 }
 
 /// One worker over a run (a row of the workers table).
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WorkerRow {
     /// Worker id.
     pub worker: u32,

@@ -27,9 +27,10 @@ pub mod table;
 
 use crate::RunError;
 use crate::cluster::RunOutput;
-use crate::kvcache::Tier;
-use crate::metrics::{IntervalRow, LatencyMetric, RequestRecord, RunSummary, Sc25Row, SummaryValue, WorkerRow};
-use crate::workload::Label;
+use crate::metrics::rows::{Row, cells_of, col, columns_of};
+use crate::metrics::{
+    IntervalRow, LatencyMetric, RequestRecord, RunSummary, Sc25Row, StageRow, StepRow, SummaryValue, WorkerRow,
+};
 use arrow_array::{Array, RecordBatch, RecordBatchReader, UInt32Array};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::ProjectionMask;
@@ -195,14 +196,14 @@ impl TableSet {
         match kind {
             TableKind::Runs => {
                 let mut cols = vec![
-                    c("run_id", ColType::U32),
-                    c("point_id", ColType::U32),
-                    c("replicate", ColType::U32),
+                    c(col::RUN_ID, ColType::U32),
+                    c(col::POINT_ID, ColType::U32),
+                    c(col::REPLICATE, ColType::U32),
                     c("seed", ColType::U64),
                     c("run_key", ColType::U64),
                 ];
                 cols.extend(self.axis_columns.iter().cloned());
-                cols.extend([c("status", ColType::Str), c("error", ColType::Str), c("wall_s", ColType::F64)]);
+                cols.extend([c(col::STATUS, ColType::Str), c(col::ERROR, ColType::Str), c("wall_s", ColType::F64)]);
                 cols.extend(RunSummary::default().columns().into_iter().map(|(n, v)| {
                     let t = match v {
                         SummaryValue::Count(_) => ColType::U64,
@@ -214,130 +215,22 @@ impl TableSet {
                 cols
             }
             TableKind::Histograms => vec![
-                c("run_id", ColType::U32),
-                c("metric", ColType::Str),
+                c(col::RUN_ID, ColType::U32),
+                c(col::METRIC, ColType::Str),
                 c("count", ColType::U64),
-                c("hdr", ColType::Bin),
+                c(col::HDR, ColType::Bin),
             ],
-            TableKind::Timeseries => vec![
-                c("run_id", ColType::U32),
-                c("interval_start_s", ColType::F64),
-                c("requests_completed", ColType::U64),
-                c("prompt_tokens", ColType::U64),
-                c("generated_tokens", ColType::U64),
-                c("ttft_p50_ms", ColType::F64),
-                c("ttft_p99_ms", ColType::F64),
-                c("queue_depth", ColType::U64),
-                c("queue_depth_prefill", ColType::U64),
-                c("running", ColType::U64),
-                c("active_workers", ColType::U32),
-                c("gpu_busy_fraction", ColType::F64),
-                c("gpu_compute_fraction", ColType::F64),
-                c("gpu_hbm_fraction", ColType::F64),
-                c("gpu_kv_usage", ColType::F64),
-            ]
-            .into_iter()
-            .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
-            .chain(Tier::ALL[1..].iter().map(|t| (format!("bytes_{}", t.short()), ColType::U64)))
-            .collect(),
-            TableKind::Workers => vec![
-                c("run_id", ColType::U32),
-                c("worker", ColType::U32),
-                c("started_s", ColType::F64),
-                c("requests_routed", ColType::U64),
-                c("requests_completed", ColType::U64),
-                c("prefix_hit_ratio", ColType::F64),
-                c("busy_s", ColType::F64),
-                c("busy_fraction", ColType::F64),
-                c("compute_fraction", ColType::F64),
-                c("hbm_fraction", ColType::F64),
-                c("preemptions", ColType::U64),
-                c("chunks_indexed", ColType::U64),
-                c("gpu_hours", ColType::F64),
-                c("energy_j", ColType::F64),
-                c("usd", ColType::F64),
-                c("role", ColType::Str),
-                c("link_bytes", ColType::U64),
-            ],
-            TableKind::Stages => {
-                let mut cols = vec![
-                    c("run_id", ColType::U32),
-                    c("stage", ColType::U32),
-                    c("type", ColType::Str),
-                    c("start_s", ColType::F64),
-                    c("end_s", ColType::F64),
-                    c("requests_generated", ColType::U64),
-                    c("requests_completed", ColType::U64),
-                    c("requests_rejected", ColType::U64),
-                    c("requests_per_s", ColType::F64),
-                    c("input_tokens_per_s", ColType::F64),
-                    c("output_tokens_per_s", ColType::F64),
-                    c("prefix_hit_ratio", ColType::F64),
-                ];
-                for stem in ["ttft", "tpot", "e2e", "queue_wait"] {
-                    let stats = crate::metrics::LatencyHistogram::default().stats();
-                    cols.extend(stats.fields().iter().map(|(suffix, _)| (format!("{stem}_{suffix}_ms"), ColType::F64)));
-                }
-                cols
-            }
-            TableKind::Requests => vec![
-                c("run_id", ColType::U32),
-                c("request_id", ColType::U32),
-                c("stage", ColType::U32),
-                c("worker", ColType::U32),
-                c("arrival_s", ColType::F64),
-                c("prompt_tokens", ColType::U32),
-                c("output_tokens", ColType::U32),
-                c("prompt_hash", ColType::U64),
-                c("prefill_tokens_computed", ColType::U64),
-                c("queue_wait_s", ColType::F64),
-                c("ttft_s", ColType::F64),
-                c("e2e_s", ColType::F64),
-                c("tpot_s", ColType::F64),
-                c("preemptions", ColType::U32),
-                c("completed", ColType::Bool),
-                c("kv_fetch_s", ColType::F64),
-            ]
-            .into_iter()
-            .chain(Tier::ALL.iter().map(|t| (format!("hit_tokens_{}", t.short()), ColType::U64)))
-            .chain([c("hit_tokens_total", ColType::U64)])
-            .chain(Tier::ALL[1..].iter().map(|t| (format!("read_bytes_{}", t.short()), ColType::U64)))
-            .chain([c("sc25_pass", ColType::Str), c("session", ColType::U32), c("turn", ColType::U32)])
-            .collect(),
-            TableKind::Steps => vec![
-                c("run_id", ColType::U32),
-                c("worker", ColType::U32),
-                c("start_s", ColType::F64),
-                c("duration_s", ColType::F64),
-                c("kind", ColType::Str),
-                c("prefill_chunks", ColType::U32),
-                c("prefill_tokens", ColType::U64),
-                c("prefill_cached_tokens", ColType::U64),
-                c("decodes", ColType::U64),
-                c("decode_context_tokens", ColType::U64),
-                c("gpu_compute_s", ColType::F64),
-                c("gpu_memory_s", ColType::F64),
-                c("gpu_comm_s", ColType::F64),
-                c("cpu_s", ColType::F64),
-            ],
-            TableKind::Sc25 => vec![
-                c("run_id", ColType::U32),
-                c("prompt_tokens", ColType::U32),
-                c("cold_ttft_ms", ColType::F64),
-                c("warm_ttft_ms", ColType::F64),
-                c("cold_prefill_tokens", ColType::U64),
-                c("warm_prefill_tokens", ColType::U64),
-                c("warm_kv_fetch_ms", ColType::F64),
-            ]
-            .into_iter()
-            .chain(Tier::ALL.iter().map(|t| (format!("warm_hit_tokens_{}", t.short()), ColType::U64)))
-            .collect(),
+            TableKind::Timeseries => run_id_and(columns_of::<IntervalRow>()),
+            TableKind::Workers => run_id_and(columns_of::<WorkerRow>()),
+            TableKind::Stages => run_id_and(columns_of::<StageRow>()),
+            TableKind::Requests => run_id_and(columns_of::<RequestRecord>()),
+            TableKind::Steps => run_id_and(columns_of::<StepRow>()),
+            TableKind::Sc25 => run_id_and(columns_of::<Sc25Row>()),
         }
     }
 
     fn push(&self, kind: TableKind, b: &mut TableBuilder, r: &RunResult) {
         let id = Cell::U32(r.meta.run_id);
-        let opt = |v: Option<f64>| v.map_or(Cell::Null, Cell::F64);
         match kind {
             TableKind::Runs => {
                 let m = &r.meta;
@@ -364,212 +257,29 @@ impl TableSet {
                     b.push(&[id, Cell::Str(m.name()), Cell::U64(*count), Cell::Bin(bytes)]);
                 }
             }
-            TableKind::Timeseries => {
-                let Ok(out) = &r.outcome else { return };
-                for row in &out.series {
-                    let IntervalRow {
-                        start_s,
-                        requests_completed,
-                        prompt_tokens,
-                        generated_tokens,
-                        ttft_p50_ms,
-                        ttft_p99_ms,
-                        queue_depth,
-                        queue_depth_prefill,
-                        running,
-                        active_workers,
-                        gpu_busy_fraction,
-                        gpu_compute_fraction,
-                        gpu_hbm_fraction,
-                        gpu_kv_usage,
-                        hit_tokens,
-                        tier_bytes,
-                    } = row;
-                    let mut cells = vec![
-                        id,
-                        Cell::F64(*start_s),
-                        Cell::U64(*requests_completed),
-                        Cell::U64(*prompt_tokens),
-                        Cell::U64(*generated_tokens),
-                        Cell::F64(*ttft_p50_ms),
-                        Cell::F64(*ttft_p99_ms),
-                        Cell::U64(*queue_depth),
-                        Cell::U64(*queue_depth_prefill),
-                        Cell::U64(*running),
-                        Cell::U32(*active_workers),
-                        Cell::F64(*gpu_busy_fraction),
-                        Cell::F64(*gpu_compute_fraction),
-                        Cell::F64(*gpu_hbm_fraction),
-                        Cell::F64(*gpu_kv_usage),
-                    ];
-                    cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
-                    cells.extend(tier_bytes[1..].iter().map(|&b| Cell::U64(b)));
-                    b.push(&cells);
-                }
-            }
-            TableKind::Workers => {
-                let Ok(out) = &r.outcome else { return };
-                for w in &out.workers {
-                    let WorkerRow {
-                        worker,
-                        started_s,
-                        requests_routed,
-                        requests_completed,
-                        prefix_hit_ratio,
-                        busy_s,
-                        busy_fraction,
-                        compute_fraction,
-                        hbm_fraction,
-                        preemptions,
-                        chunks_indexed,
-                        cost,
-                        role,
-                        link_bytes,
-                    } = w;
-                    b.push(&[
-                        id,
-                        Cell::U32(*worker),
-                        Cell::F64(*started_s),
-                        Cell::U64(*requests_routed),
-                        Cell::U64(*requests_completed),
-                        Cell::F64(*prefix_hit_ratio),
-                        Cell::F64(*busy_s),
-                        Cell::F64(*busy_fraction),
-                        Cell::F64(*compute_fraction),
-                        Cell::F64(*hbm_fraction),
-                        Cell::U64(*preemptions),
-                        Cell::U64(*chunks_indexed),
-                        Cell::F64(cost.gpu_hours),
-                        Cell::F64(cost.energy_j),
-                        Cell::F64(cost.usd),
-                        Cell::Str(role),
-                        Cell::U64(*link_bytes),
-                    ]);
-                }
-            }
-            TableKind::Stages => {
-                let Ok(out) = &r.outcome else { return };
-                for st in &out.stages {
-                    let mut cells = vec![
-                        id,
-                        Cell::U32(st.stage),
-                        Cell::Str(st.kind),
-                        Cell::F64(st.start_s),
-                        Cell::F64(st.end_s),
-                        Cell::U64(st.requests_generated),
-                        Cell::U64(st.requests_completed),
-                        Cell::U64(st.requests_rejected),
-                        Cell::F64(st.requests_per_s),
-                        Cell::F64(st.input_tokens_per_s),
-                        Cell::F64(st.output_tokens_per_s),
-                        Cell::F64(st.prefix_hit_ratio),
-                    ];
-                    for (_, stats) in st.latencies() {
-                        cells.extend(stats.fields().iter().map(|&(_, v)| Cell::F64(v)));
-                    }
-                    b.push(&cells);
-                }
-            }
-            TableKind::Requests => {
-                let Ok(out) = &r.outcome else { return };
-                for q in &out.requests {
-                    let RequestRecord {
-                        id: rid,
-                        stage,
-                        worker,
-                        arrival_s,
-                        prompt_tokens,
-                        output_tokens,
-                        prompt_hash,
-                        prefill_tokens_computed,
-                        queue_wait_s,
-                        ttft_s,
-                        e2e_s,
-                        tpot_s,
-                        preemptions,
-                        completed,
-                        hit_tokens,
-                        hit_tokens_total,
-                        read_bytes,
-                        kv_fetch_s,
-                        label,
-                    } = q;
-                    let mut cells = vec![
-                        id,
-                        Cell::U32(*rid),
-                        Cell::U32(*stage),
-                        worker.map_or(Cell::Null, Cell::U32),
-                        Cell::F64(*arrival_s),
-                        Cell::U32(*prompt_tokens),
-                        Cell::U32(*output_tokens),
-                        Cell::U64(*prompt_hash),
-                        Cell::U64(*prefill_tokens_computed),
-                        opt(*queue_wait_s),
-                        opt(*ttft_s),
-                        opt(*e2e_s),
-                        opt(*tpot_s),
-                        Cell::U32(*preemptions),
-                        Cell::Bool(*completed),
-                        opt(*kv_fetch_s),
-                    ];
-                    cells.extend(hit_tokens.iter().map(|&h| Cell::U64(h)));
-                    cells.push(Cell::U64(*hit_tokens_total));
-                    cells.extend(read_bytes[1..].iter().map(|&b| Cell::U64(b)));
-                    cells.extend(match *label {
-                        Label::None => [Cell::Null; 3],
-                        Label::Sc25 { warm } => [Cell::Str(if warm { "warm" } else { "cold" }), Cell::Null, Cell::Null],
-                        Label::Session { session, turn } => [Cell::Null, Cell::U32(session), Cell::U32(turn)],
-                    });
-                    b.push(&cells);
-                }
-            }
-            TableKind::Steps => {
-                let Ok(out) = &r.outcome else { return };
-                for s in &out.steps {
-                    b.push(&[
-                        id,
-                        Cell::U32(s.worker),
-                        Cell::F64(s.start_s),
-                        Cell::F64(s.duration_s),
-                        Cell::Str(s.kind()),
-                        Cell::U32(s.prefill_chunks),
-                        Cell::U64(s.prefill_tokens),
-                        Cell::U64(s.prefill_cached_tokens),
-                        Cell::U64(s.decodes),
-                        Cell::U64(s.decode_context_tokens),
-                        opt(s.gpu_compute_s),
-                        opt(s.gpu_memory_s),
-                        opt(s.gpu_comm_s),
-                        opt(s.cpu_s),
-                    ]);
-                }
-            }
-            TableKind::Sc25 => {
-                let Ok(out) = &r.outcome else { return };
-                for row in &out.sc25 {
-                    let Sc25Row {
-                        prompt_tokens,
-                        cold_ttft_ms,
-                        warm_ttft_ms,
-                        cold_prefill_tokens,
-                        warm_prefill_tokens,
-                        warm_hit_tokens,
-                        warm_kv_fetch_ms,
-                    } = row;
-                    let mut cells = vec![
-                        id,
-                        Cell::U32(*prompt_tokens),
-                        opt(*cold_ttft_ms),
-                        opt(*warm_ttft_ms),
-                        Cell::U64(*cold_prefill_tokens),
-                        Cell::U64(*warm_prefill_tokens),
-                        opt(*warm_kv_fetch_ms),
-                    ];
-                    cells.extend(warm_hit_tokens.iter().map(|&h| Cell::U64(h)));
-                    b.push(&cells);
-                }
-            }
+            TableKind::Timeseries => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.series)),
+            TableKind::Workers => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.workers)),
+            TableKind::Stages => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.stages)),
+            TableKind::Requests => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.requests)),
+            TableKind::Steps => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.steps)),
+            TableKind::Sc25 => push_rows(b, id, r.outcome.as_ref().map_or(&[][..], |o| &o.sc25)),
         }
+    }
+}
+
+/// `run_id` and then a row type's columns.
+fn run_id_and(columns: Vec<(String, ColType)>) -> Vec<(String, ColType)> {
+    std::iter::once((col::RUN_ID.to_string(), ColType::U32)).chain(columns).collect()
+}
+
+/// Writes `rows` of one run, each after its run id.
+fn push_rows<R: Row>(b: &mut TableBuilder, id: Cell<'_>, rows: &[R]) {
+    let mut cells = Vec::new();
+    for row in rows {
+        cells.clear();
+        cells.push(id);
+        cells_of(row, &mut cells);
+        b.push(&cells);
     }
 }
 

@@ -4,6 +4,7 @@
 //! any machine the results were copied to.
 
 use super::ReportError;
+use crate::metrics::rows::col;
 use crate::output::{AxisValue, TableKind, deserialize_hdr, f64_column, read_table};
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
@@ -277,11 +278,11 @@ impl SweepData {
             return Err(rerr(&runs_path, format!("missing: the runs table is required{hint}")));
         }
         let runs = table(&runs_path)?.ok_or_else(|| rerr(&runs_path, "has no rows: the sweep ran nothing"))?;
-        let run_ids = ids(&runs, &runs_path, "run_id")?;
-        let point_ids = ids(&runs, &runs_path, "point_id")?;
-        let replicates = ids(&runs, &runs_path, "replicate")?;
-        let status = strings(&runs, &runs_path, "status")?;
-        let errors = strings(&runs, &runs_path, "error")?;
+        let run_ids = ids(&runs, &runs_path, col::RUN_ID)?;
+        let point_ids = ids(&runs, &runs_path, col::POINT_ID)?;
+        let replicates = ids(&runs, &runs_path, col::REPLICATE)?;
+        let status = strings(&runs, &runs_path, col::STATUS)?;
+        let errors = strings(&runs, &runs_path, col::ERROR)?;
         let mut columns = Vec::new();
         for p in &axis_paths {
             columns.push(axis_values(&runs, &runs_path, p)?);
@@ -290,7 +291,10 @@ impl SweepData {
         let mut metric_cols = Vec::new();
         for f in runs.schema().fields() {
             let name = f.name();
-            if f.data_type().is_numeric() && !axis_paths.contains(name) && !["run_id", "point_id"].contains(&&**name) {
+            if f.data_type().is_numeric()
+                && !axis_paths.contains(name)
+                && ![col::RUN_ID, col::POINT_ID].contains(&&**name)
+            {
                 metric_cols.push((name.clone(), numbers(&runs, &runs_path, name)?));
             }
         }
@@ -460,10 +464,10 @@ fn read_histograms(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<Mer
     missing_listed(path)?;
     let mut out: Merged = CDF_METRICS.iter().map(|&m| (m, BTreeMap::new())).collect();
     let Some(b) = table(path)? else { return Ok(out) };
-    let runs = ids(&b, path, "run_id")?;
-    let metric = strings(&b, path, "metric")?;
+    let runs = ids(&b, path, col::RUN_ID)?;
+    let metric = strings(&b, path, col::METRIC)?;
     let hdr =
-        column(&b, path, "hdr")?.as_binary_opt::<i32>().ok_or_else(|| rerr(path, "column `hdr` is not binary"))?;
+        column(&b, path, col::HDR)?.as_binary_opt::<i32>().ok_or_else(|| rerr(path, "column `hdr` is not binary"))?;
     for i in 0..b.num_rows() {
         let Some(&point) = point_of_run.get(&runs[i]) else { continue };
         let Some(acc) = metric[i].as_deref().and_then(|m| out.iter_mut().find(|(k, _)| **k == m)).map(|(_, v)| v)
@@ -493,21 +497,21 @@ fn read_series(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMa
     missing_listed(path)?;
     let mut out: BTreeMap<u32, Vec<Interval>> = BTreeMap::new();
     let Some(b) = table(path)? else { return Ok(out) };
-    let runs = ids(&b, path, "run_id")?;
-    let col = |n: &str| numbers(&b, path, n);
+    let runs = ids(&b, path, col::RUN_ID)?;
+    let num = |n: &str| numbers(&b, path, n);
     let (start, done, prompt, generated, queue, workers, busy) = (
-        col("interval_start_s")?,
-        col("requests_completed")?,
-        col("prompt_tokens")?,
-        col("generated_tokens")?,
-        col("queue_depth")?,
-        col("active_workers")?,
-        col("gpu_busy_fraction")?,
+        num(col::INTERVAL_START_S)?,
+        num(col::REQUESTS_COMPLETED)?,
+        num(col::PROMPT_TOKENS)?,
+        num(col::GENERATED_TOKENS)?,
+        num(col::QUEUE_DEPTH)?,
+        num(col::ACTIVE_WORKERS)?,
+        num(col::GPU_BUSY_FRACTION)?,
     );
     // Written since the compute and HBM fractions exist; older tables lack them.
     let optional =
         |n: &str| if b.column_by_name(n).is_some() { numbers(&b, path, n) } else { Ok(vec![None; b.num_rows()]) };
-    let (compute, hbm) = (optional("gpu_compute_fraction")?, optional("gpu_hbm_fraction")?);
+    let (compute, hbm) = (optional(col::GPU_COMPUTE_FRACTION)?, optional(col::GPU_HBM_FRACTION)?);
     for i in 0..b.num_rows() {
         if !point_of_run.contains_key(&runs[i]) {
             continue;
@@ -532,9 +536,12 @@ fn read_sc25(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<
     missing_listed(path)?;
     let mut out: BTreeMap<u32, Vec<Sc25Size>> = BTreeMap::new();
     let Some(b) = table(path)? else { return Ok(out) };
-    let runs = ids(&b, path, "run_id")?;
-    let (size, cold, warm) =
-        (numbers(&b, path, "prompt_tokens")?, numbers(&b, path, "cold_ttft_ms")?, numbers(&b, path, "warm_ttft_ms")?);
+    let runs = ids(&b, path, col::RUN_ID)?;
+    let (size, cold, warm) = (
+        numbers(&b, path, col::PROMPT_TOKENS)?,
+        numbers(&b, path, col::COLD_TTFT_MS)?,
+        numbers(&b, path, col::WARM_TTFT_MS)?,
+    );
     for i in 0..b.num_rows() {
         if !point_of_run.contains_key(&runs[i]) {
             continue;
@@ -552,14 +559,14 @@ fn read_stages(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMa
     missing_listed(path)?;
     let mut out: BTreeMap<u32, Vec<StageRun>> = BTreeMap::new();
     let Some(b) = table(path)? else { return Ok(out) };
-    let runs = ids(&b, path, "run_id")?;
-    let stage = ids(&b, path, "stage")?;
-    let kind = strings(&b, path, "type")?;
+    let runs = ids(&b, path, col::RUN_ID)?;
+    let stage = ids(&b, path, col::STAGE)?;
+    let kind = strings(&b, path, col::TYPE)?;
     let schema = b.schema();
     let numeric: Vec<(String, Vec<Option<f64>>)> = schema
         .fields()
         .iter()
-        .filter(|f| f.data_type().is_numeric() && !matches!(f.name().as_str(), "run_id" | "stage"))
+        .filter(|f| f.data_type().is_numeric() && !matches!(f.name().as_str(), col::RUN_ID | col::STAGE))
         .map(|f| Ok((f.name().clone(), numbers(&b, path, f.name())?)))
         .collect::<Result<_, ReportError>>()?;
     for i in 0..b.num_rows() {
