@@ -331,8 +331,8 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     let shard = match (&args.shard, Shard::from_slurm_env()) {
-        (Some(s), _) => Some(Shard::parse(s).map_err(Failure::Input)?),
-        (None, Some(env)) => Some(env.map_err(Failure::Input)?),
+        (Some(s), _) => Some(Shard::parse(s).map_err(|e| Failure::Input(e.0))?),
+        (None, Some(env)) => Some(env.map_err(|e| Failure::Input(e.0))?),
         (None, None) => None,
     };
     let output = args.output.clone().unwrap_or_else(|| plan.default_output.clone());
@@ -350,8 +350,8 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         overwrite: args.overwrite,
         progress: !args.quiet,
     };
-    let _lock =
-        opal::sweep::lock::DirLock::acquire(&output, shard, opal::sweep::lock::Purpose::Run).map_err(Failure::Input)?;
+    let _lock = opal::sweep::lock::DirLock::acquire(&output, shard, opal::sweep::lock::Purpose::Run)
+        .map_err(|e| Failure::Input(e.to_string()))?;
     let _ = ctrlc::set_handler(|| {
         if STOP.swap(true, Ordering::SeqCst) {
             std::process::exit(130);
@@ -572,8 +572,8 @@ fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
             dir.display()
         )));
     }
-    let _lock =
-        opal::sweep::lock::DirLock::acquire(dir, None, opal::sweep::lock::Purpose::Merge).map_err(Failure::Input)?;
+    let _lock = opal::sweep::lock::DirLock::acquire(dir, None, opal::sweep::lock::Purpose::Merge)
+        .map_err(|e| Failure::Input(e.to_string()))?;
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
     out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
     if opal::sweep::runner::report_requested(dir) {

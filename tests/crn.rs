@@ -2,23 +2,28 @@
 //! same whatever the router, the worker count (and so the timing) — compared
 //! on the requests table, request by request.
 
-use crate::{run, scenario};
+use crate::fixtures::Spec;
 use opal::metrics::RequestRecord;
 use opal::workload::Label;
 use std::collections::BTreeMap;
+use toml::toml;
 
 /// Three platforms that time requests differently: one worker (queues), four
 /// with round-robin, six with the KV-aware router.
 const PLATFORMS: [(&str, u32); 3] = [("RoundRobin", 1), ("RoundRobin", 4), ("MaxPrefix", 6)];
 
-fn runs(stages: &str) -> Vec<Vec<RequestRecord>> {
+/// The requests of one stage of type `kind` with `params` on each platform.
+fn runs(kind: &str, params: toml::Table) -> Vec<Vec<RequestRecord>> {
     PLATFORMS
         .iter()
-        .map(|(policy, workers)| {
-            let text = format!(
-                "[simulation]\nseed = 11\nnum_workers = {workers}\n[router.router_params]\npolicy = \"{policy}\"\n[model.model_params]\nname = \"llama-3.1-8b\"\n{stages}"
-            );
-            run(&scenario(&text)).requests
+        .map(|&(policy, workers)| {
+            Spec::llama8b()
+                .set("simulation.seed", 11)
+                .set("simulation.num_workers", workers)
+                .set("router.router_params.policy", policy)
+                .stage(kind, params.clone())
+                .run()
+                .requests
         })
         .collect()
 }
@@ -29,8 +34,8 @@ fn open_loop(r: &RequestRecord) -> (u32, u64, u64, u32, u32) {
     (r.stage, (r.arrival_s * 1e9).round() as u64, r.prompt_hash, r.prompt_tokens, r.output_tokens)
 }
 
-fn same_open_loop_stream(stages: &str) {
-    let all = runs(stages);
+fn same_open_loop_stream(kind: &str, params: toml::Table) {
+    let all = runs(kind, params);
     assert!(all[0].len() >= 50, "{} requests", all[0].len());
     let first: Vec<_> = all[0].iter().map(open_loop).collect();
     for (other, (policy, workers)) in all[1..].iter().zip(&PLATFORMS[1..]) {
@@ -45,56 +50,44 @@ fn same_open_loop_stream(stages: &str) {
 #[test]
 fn rate_stages_generate_the_same_stream_on_any_platform() {
     same_open_loop_stream(
-        r#"
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 30.0
-        total_requests = 120
-        prompt_size = { dist = "lognormal", mean = 1500, std = 800, max = 6000 }
-        output_tokens = { dist = "uniform", min = 10, max = 200 }
-        "#,
+        "ExponentialReqRate",
+        toml! {
+            request_rate = 30.0
+            total_requests = 120
+            prompt_size = { dist = "lognormal", mean = 1500, std = 800, max = 6000 }
+            output_tokens = { dist = "uniform", min = 10, max = 200 }
+        },
     );
 }
 
 #[test]
 fn trace_stages_generate_the_same_stream_on_any_platform() {
     same_open_loop_stream(
-        r#"
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "traces/conversation_trace.jsonl"
-        total_requests = 150
-        time_scale = 0.05
-        "#,
+        "Trace",
+        toml! { trace_file = "traces/conversation_trace.jsonl" total_requests = 150 time_scale = 0.05 },
     );
 }
 
 #[test]
 fn rag_stages_generate_the_same_stream_on_any_platform() {
     same_open_loop_stream(
-        r#"
-        [[workload.stages]]
-        type = "RAGWorkload"
-        [workload.stages.workload_params]
-        request_rate = 20.0
-        total_requests = 120
-        num_documents = 50
-        docs_per_request = 5
-        document_size = 300
-        doc_popularity_zipf = 1.1
-        output_tokens = { dist = "uniform", min = 10, max = 100 }
-        max_outstanding_requests = 1000
-        "#,
+        "RAGWorkload",
+        toml! {
+            request_rate = 20.0
+            total_requests = 120
+            num_documents = 50
+            docs_per_request = 5
+            document_size = 300
+            doc_popularity_zipf = 1.1
+            output_tokens = { dist = "uniform", min = 10, max = 100 }
+            max_outstanding_requests = 1000
+        },
     );
 }
 
 #[test]
 fn sc25_stages_send_the_same_prompts_in_the_same_order_on_any_platform() {
-    let all = runs(
-        "[[workload.stages]]\ntype = \"SC25Workload\"\n[workload.stages.workload_params]\nprompt_sizes = [1000, 5000, 20000]\n",
-    );
+    let all = runs("SC25Workload", toml! { prompt_sizes = [1000, 5000, 20000] });
     let seq = |rs: &[RequestRecord]| -> Vec<_> {
         rs.iter().map(|r| (r.prompt_hash, r.prompt_tokens, r.output_tokens, r.label)).collect()
     };
@@ -128,17 +121,15 @@ fn conversations(rs: &[RequestRecord]) -> Conversations {
 #[test]
 fn sessions_are_the_same_conversations_on_any_platform() {
     let all = runs(
-        r#"
-        [[workload.stages]]
-        type = "Sessions"
-        [workload.stages.workload_params]
-        session_rate = 4.0
-        total_sessions = 25
-        turns = { dist = "uniform", min = 1, max = 6 }
-        input_tokens = { dist = "uniform", min = 50, max = 800 }
-        output_tokens = { dist = "lognormal", mean = 150, std = 100, max = 600 }
-        think_time_sec = { dist = "exponential", mean = 1.5 }
-        "#,
+        "Sessions",
+        toml! {
+            session_rate = 4.0
+            total_sessions = 25
+            turns = { dist = "uniform", min = 1, max = 6 }
+            input_tokens = { dist = "uniform", min = 50, max = 800 }
+            output_tokens = { dist = "lognormal", mean = 150, std = 100, max = 600 }
+            think_time_sec = { dist = "exponential", mean = 1.5 }
+        },
     );
     let first = conversations(&all[0]);
     assert_eq!(first.len(), 25);
@@ -158,22 +149,32 @@ fn sessions_are_the_same_conversations_on_any_platform() {
 
 #[test]
 fn changing_the_output_lengths_leaves_arrivals_and_prompts_alone() {
-    for stage in [
-        "type = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = 20.0\ntotal_requests = 80\nprompt_size = { dist = \"uniform\", min = 100, max = 3000 }\n",
-        "type = \"RAGWorkload\"\n[workload.stages.workload_params]\nrequest_rate = 20.0\ntotal_requests = 80\nnum_documents = 40\ndocs_per_request = 3\ndoc_popularity_zipf = 1.0\n",
+    for (kind, params) in [
+        (
+            "ExponentialReqRate",
+            toml! { request_rate = 20.0 total_requests = 80 prompt_size = { dist = "uniform", min = 100, max = 3000 } },
+        ),
+        (
+            "RAGWorkload",
+            toml! {
+                request_rate = 20.0
+                total_requests = 80
+                num_documents = 40
+                docs_per_request = 3
+                doc_popularity_zipf = 1.0
+            },
+        ),
     ] {
-        let with = |output: &str| {
-            let text = format!(
-                "[model.model_params]\nname = \"llama-3.1-8b\"\n[[workload.stages]]\n{stage}output_tokens = {output}\n"
-            );
-            run(&scenario(&text)).requests
+        let with = |output: toml::Table| {
+            let spec = Spec::llama8b().stage(kind, params.clone());
+            spec.set("workload.stages.0.workload_params.output_tokens", output).run().requests
         };
-        let a = with("{ dist = \"uniform\", min = 10, max = 50 }");
-        let b = with("{ dist = \"lognormal\", mean = 300, std = 200, max = 2000 }");
+        let a = with(toml! { dist = "uniform" min = 10 max = 50 });
+        let b = with(toml! { dist = "lognormal" mean = 300 std = 200 max = 2000 });
         let arrivals_and_prompts = |rs: &[RequestRecord]| -> Vec<_> {
             rs.iter().map(|r| (r.arrival_s.to_bits(), r.prompt_hash, r.prompt_tokens)).collect()
         };
-        assert_eq!(arrivals_and_prompts(&a), arrivals_and_prompts(&b), "{stage}");
+        assert_eq!(arrivals_and_prompts(&a), arrivals_and_prompts(&b), "{kind} {params}");
         assert_ne!(
             a.iter().map(|r| r.output_tokens).collect::<Vec<_>>(),
             b.iter().map(|r| r.output_tokens).collect::<Vec<_>>()

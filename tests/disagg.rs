@@ -2,9 +2,10 @@
 //! prefill and a decode worker, transfers sharing a link, a decode worker
 //! out of blocks, conditional disaggregation, and the TPOT it buys.
 
-use crate::{run, scenario};
+use crate::fixtures::Spec;
 use opal::metrics::RequestRecord;
 use opal::time::SimDuration;
+use toml::toml;
 
 /// Seconds → ns, rounded up, as the simulator converts step times.
 fn ns(secs: f64) -> u64 {
@@ -45,37 +46,25 @@ impl Llama8bH100 {
     }
 }
 
-const POOLS: &str = r#"
-[disaggregation.prefill]
-count = 1
-[disaggregation.decode]
-count = 1
-"#;
-
 #[test]
 fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
-    let s = scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.inference_params]
-        model = "roofline"
-        [kvc]
-        kvc_tiers = []
-        [disaggregation]
-        max_local_prefill_length = 0
-        link_bandwidth_GBps = 10
-        link_latency_usec = 20
-        {POOLS}
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 1000
-        output_tokens = 4
-        "#
-    ));
-    let out = run(&s);
+    let out = Spec::llama8b()
+        .set("worker.inference_params.model", "roofline")
+        .tiers(&[])
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                link_bandwidth_GBps = 10
+                link_latency_usec = 20
+                [prefill]
+                count = 1
+                [decode]
+                count = 1
+            },
+        )
+        .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 4 })
+        .run();
     let m = Llama8bH100::new();
     let r = &out.requests[0];
     // The prefill worker: one step over the prompt yields token 1 (TTFT).
@@ -122,31 +111,24 @@ fn trace(dir: &std::path::Path, prompt: u32, output: u32, n: usize) -> String {
 #[test]
 fn two_transfers_on_one_link_share_its_bandwidth_exactly() {
     let dir = crate::temp_dir("pd-share");
-    let s = scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "RoundRobin"
-        [kvc]
-        kvc_tiers = []
-        [disaggregation]
-        max_local_prefill_length = 0
-        link_bandwidth_GBps = 10
-        link_latency_usec = 20
-        [disaggregation.prefill]
-        count = 2
-        [disaggregation.decode]
-        count = 1
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{}"
-        chunk_size = 2048
-        "#,
-        trace(&dir, 2000, 5, 2)
-    ));
-    let out = run(&s);
+    let file = trace(&dir, 2000, 5, 2);
+    let out = Spec::llama8b()
+        .set("router.router_params.policy", "RoundRobin")
+        .tiers(&[])
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                link_bandwidth_GBps = 10
+                link_latency_usec = 20
+                [prefill]
+                count = 2
+                [decode]
+                count = 1
+            },
+        )
+        .stage("Trace", toml! { trace_file = file chunk_size = 2048 })
+        .run();
     let m = Llama8bH100::new();
     // Each moves 2,000 tokens of KV; together they take twice as long as one alone.
     let bytes = 2000.0 * m.kv;
@@ -163,35 +145,26 @@ fn a_decode_worker_without_free_blocks_makes_the_transfer_wait() {
     // 17 GiB GPUs at 90 %: 17 × 2³⁰ × 0.9 − 16.06 GB of weights leaves room
     // for about 2,800 tokens of KV: one 1,500-token request, not two.
     let dir = crate::temp_dir("pd-blocks");
-    let s = scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "RoundRobin"
-        [worker.hw]
-        memory_gb = 17
-        [worker.vllm_params]
-        max_model_len = 2048
-        [kvc]
-        kvc_tiers = []
-        [disaggregation]
-        max_local_prefill_length = 0
-        link_bandwidth_GBps = 10
-        link_latency_usec = 20
-        [disaggregation.prefill]
-        count = 2
-        [disaggregation.decode]
-        count = 1
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{}"
-        chunk_size = 2048
-        "#,
-        trace(&dir, 1500, 20, 2)
-    ));
-    let out = run(&s);
+    let file = trace(&dir, 1500, 20, 2);
+    let out = Spec::llama8b()
+        .set("router.router_params.policy", "RoundRobin")
+        .set("worker.hw.memory_gb", 17)
+        .set("worker.vllm_params.max_model_len", 2048)
+        .tiers(&[])
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                link_bandwidth_GBps = 10
+                link_latency_usec = 20
+                [prefill]
+                count = 2
+                [decode]
+                count = 1
+            },
+        )
+        .stage("Trace", toml! { trace_file = file chunk_size = 2048 })
+        .run();
     let m = Llama8bH100::new();
     let alone = 20e-6 + 1500.0 * m.kv / 10e9;
     // Neither transfer shared the link: the second waited for blocks.
@@ -213,24 +186,20 @@ fn a_decode_worker_without_free_blocks_makes_the_transfer_wait() {
 #[test]
 fn conditional_disaggregation_prefills_short_prompts_on_the_decode_worker() {
     let run_with = |prompt: u32| {
-        let s = scenario(&format!(
-            r#"
-            [model.model_params]
-            name = "llama-3.1-8b"
-            [kvc]
-            kvc_tiers = []
-            [disaggregation]
-            max_local_prefill_length = 1000
-            {POOLS}
-            [[workload.stages]]
-            type = "UniformReqRate"
-            [workload.stages.workload_params]
-            total_requests = 3
-            prompt_size = {prompt}
-            output_tokens = 4
-            "#
-        ));
-        run(&s)
+        Spec::llama8b()
+            .tiers(&[])
+            .table(
+                "disaggregation",
+                toml! {
+                    max_local_prefill_length = 1000
+                    [prefill]
+                    count = 1
+                    [decode]
+                    count = 1
+                },
+            )
+            .stage("UniformReqRate", toml! { total_requests = 3 prompt_size = prompt output_tokens = 4 })
+            .run()
     };
     // 1,000 uncached tokens is not more than the threshold: local.
     let short = run_with(1000);
@@ -248,21 +217,33 @@ fn decode_steps_without_prefill_chunks_lower_tpot_against_the_same_gpus_mixed() 
     // 4,000-token prompts every 75 ms, 40 tokens out, on two GPUs: mixed
     // (round-robin, so each worker starts a prefill every 150 ms) or one
     // prefill and one decode worker.
-    let stage = r#"
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
+    let stage = toml! {
         request_rate = 13.333333333333334
         total_requests = 120
         prompt_size = 4000
         output_tokens = 40
         default_prefix_length = 0
-    "#;
-    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n[router.router_params]\npolicy = \"RoundRobin\"\n[kvc]\nkvc_tiers = []\n[worker.inference_params]\nmodel = \"roofline\"\n";
-    let mixed = run(&scenario(&format!("{base}[simulation]\nnum_workers = 2\n{stage}")));
-    let pd = run(&scenario(&format!(
-        "{base}[disaggregation]\nmax_local_prefill_length = 0\nlink_bandwidth_GBps = 200\nlink_latency_usec = 20\n{POOLS}{stage}"
-    )));
+    };
+    let base = Spec::llama8b()
+        .set("router.router_params.policy", "RoundRobin")
+        .tiers(&[])
+        .set("worker.inference_params.model", "roofline");
+    let mixed = base.clone().set("simulation.num_workers", 2).stage("UniformReqRate", stage.clone()).run();
+    let pd = base
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                link_bandwidth_GBps = 200
+                link_latency_usec = 20
+                [prefill]
+                count = 1
+                [decode]
+                count = 1
+            },
+        )
+        .stage("UniformReqRate", stage)
+        .run();
     let m = Llama8bH100::new();
     // Mixed: a request decodes for ≥ 39 × 4.95 ms ≈ 190 ms while its worker
     // starts the next prefill every 150 ms, so every request sits through at
@@ -285,12 +266,13 @@ fn decode_steps_without_prefill_chunks_lower_tpot_against_the_same_gpus_mixed() 
 
 #[test]
 fn no_prefill_workers_means_the_decode_pool_is_mixed() {
-    let stage = "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = 20.0\ntotal_requests = 200\n";
-    let base = "[model.model_params]\nname = \"llama-3.1-8b\"\n";
-    let mixed = run(&scenario(&format!("{base}[simulation]\nnum_workers = 3\n{stage}")));
-    let zero = run(&scenario(&format!(
-        "{base}[simulation]\nnum_workers = 99\n[disaggregation.prefill]\ncount = 0\n[disaggregation.decode]\ncount = 3\n{stage}"
-    )));
+    let base = Spec::llama8b().stage("ExponentialReqRate", toml! { request_rate = 20.0 total_requests = 200 });
+    let mixed = base.clone().set("simulation.num_workers", 3).run();
+    let zero = base
+        .set("simulation.num_workers", 99)
+        .set("disaggregation.prefill.count", 0)
+        .set("disaggregation.decode.count", 3)
+        .run();
     assert_eq!(zero.event_digest, mixed.event_digest, "the same run as three mixed workers");
     assert!(zero.workers.iter().all(|w| w.role == "mixed"));
     assert_eq!(zero.summary.pd.remote_prefills + zero.summary.pd.local_prefills, 0);
@@ -299,26 +281,22 @@ fn no_prefill_workers_means_the_decode_pool_is_mixed() {
 #[test]
 fn the_time_series_tells_the_prefill_pools_queue_from_the_rest() {
     let dir = crate::temp_dir("pd-queue");
-    let s = scenario(&format!(
-        r#"
-        [simulation]
-        time_series_interval_sec = 0.01
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [kvc]
-        kvc_tiers = []
-        [disaggregation]
-        max_local_prefill_length = 0
-        {POOLS}
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{}"
-        chunk_size = 2048
-        "#,
-        trace(&dir, 2000, 30, 20)
-    ));
-    let out = run(&s);
+    let file = trace(&dir, 2000, 30, 20);
+    let out = Spec::llama8b()
+        .set("simulation.time_series_interval_sec", 0.01)
+        .tiers(&[])
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                [prefill]
+                count = 1
+                [decode]
+                count = 1
+            },
+        )
+        .stage("Trace", toml! { trace_file = file chunk_size = 2048 })
+        .run();
     // 20 prompts at t = 0 on one prefill worker: at 10 ms most still wait
     // there, and nothing waits on the decode worker yet.
     let first = &out.series[0];

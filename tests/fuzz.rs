@@ -12,35 +12,14 @@
 //! on stable Rust within the test suite, and mutating real specs reaches
 //! the planner's checks that random strings never get past the parser to.
 
+#[path = "common/alloc.rs"]
+mod alloc;
+
+use crate::alloc::{LIVE, PEAK};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(p, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+use std::sync::atomic::Ordering::Relaxed;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const CASES_PER_KIND: usize = 1500;

@@ -2,8 +2,10 @@
 //! reading of the trace, the load-versus-recompute trade-off, exact write
 //! timing, and conservation of bytes and capacity.
 
-use crate::{run, scenario};
+use crate::fixtures::Spec;
+use crate::run;
 use std::collections::HashMap;
+use toml::toml;
 
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl");
 
@@ -65,25 +67,15 @@ fn trace_rows() -> Vec<(u64, Vec<u64>)> {
 /// Replays the whole shipped trace into one worker (Llama-3.1-8B, a fixed
 /// 1 ms step: the step model is irrelevant here) one request at a time —
 /// each is sent when the previous one has responded — with the extra
-/// settings `extra`; checks that every request found exactly the `expected`
-/// tokens cached at its first admission and returns the run's prefix-hit
-/// ratio and the reference's (hit tokens over prompt tokens).
-fn replay_serially(extra: &str, rows: &[(u64, Vec<u64>)], expected: &[u64]) -> (f64, f64) {
-    let out = run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 0.001
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{TRACE}"
-        max_outstanding_requests = 1
-        {extra}
-        "#
-    )));
+/// settings `extra` adds; checks that every request found exactly the
+/// `expected` tokens cached at its first admission and returns the run's
+/// prefix-hit ratio and the reference's (hit tokens over prompt tokens).
+fn replay_serially(extra: impl FnOnce(Spec) -> Spec, rows: &[(u64, Vec<u64>)], expected: &[u64]) -> (f64, f64) {
+    let spec = Spec::llama8b()
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.001)
+        .stage("Trace", toml! { trace_file = TRACE max_outstanding_requests = 1 });
+    let out = extra(spec).run();
     assert_eq!(out.requests.len(), rows.len());
     let got: Vec<u64> = out.requests.iter().map(|r| r.hit_tokens.iter().sum()).collect();
     let first_diff = got.iter().zip(expected).position(|(a, b)| a != b);
@@ -102,43 +94,40 @@ fn replay_serially(extra: &str, rows: &[(u64, Vec<u64>)], expected: &[u64]) -> (
 fn trace_replay_into_one_unbounded_gpu_hits_exactly_what_the_hash_ids_predict() {
     let rows = trace_rows();
     // A GPU that holds the whole trace, no tier below it.
-    let extra = "[worker.hw]\nmemory_gb = 20000\n[kvc]\nkvc_tiers = []";
+    let extra = |s: Spec| s.set("worker.hw.memory_gb", 20000).tiers(&[]);
     let (got, want) = replay_serially(extra, &rows, &sequential_hits(&rows, 512, 16));
     assert_eq!(got, want);
     assert!(want > 0.3, "the conversation trace reuses a lot of context ({want})");
 }
 
 /// 40 requests, one every 2 s, of 2,100 tokens sharing a 2,048-token prefix;
-/// prefix caching off so every hit comes from the tier below the GPU.
-fn dfs_run(tier: &str) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.vllm_params]
-        enable_prefix_caching = false
-        {tier}
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 0.5
-        total_requests = 40
-        prompt_size_min = 2100
-        prompt_size_max = 2100
-        default_prefix_length = 2048
-        output_tokens_min = 8
-        output_tokens_max = 8
-        "#
-    )))
+/// prefix caching off so every hit comes from the tier below the GPU, whose
+/// `[kvc]` settings are `kvc`.
+fn dfs_run(kvc: toml::Table) -> opal::RunOutput {
+    Spec::llama8b()
+        .set("worker.vllm_params.enable_prefix_caching", false)
+        .table("kvc", kvc)
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = 0.5
+                total_requests = 40
+                prompt_size_min = 2100
+                prompt_size_max = 2100
+                default_prefix_length = 2048
+                output_tokens_min = 8
+                output_tokens_max = 8
+            },
+        )
+        .run()
 }
 
 #[test]
 fn a_slow_dfs_loses_to_recompute_and_a_fast_one_wins() {
-    let dfs =
-        |gbps: f64| format!("[kvc]\nkvc_tiers = [\"DistributedFS\"]\n[kvc.DistributedFS]\nbandwidth_GBps = {gbps}\n");
-    let none = dfs_run("[kvc]\nkvc_tiers = []");
-    let slow = dfs_run(&dfs(1.0));
-    let fast = dfs_run(&dfs(100.0));
+    let dfs = |gbps: f64| toml! { kvc_tiers = ["DistributedFS"] [DistributedFS] bandwidth_GBps = gbps };
+    let none = dfs_run(toml! { kvc_tiers = [] });
+    let slow = dfs_run(dfs(1.0));
+    let fast = dfs_run(dfs(100.0));
     // 2,048 prefix tokens are 256 MiB of KV: 268 ms at 1 GB/s, 2.7 ms at 100 GB/s,
     // against about 29 ms to recompute them.
     let ttft = |o: &opal::RunOutput| o.summary.ttft_ms.mean;
@@ -153,23 +142,20 @@ fn a_slow_dfs_loses_to_recompute_and_a_fast_one_wins() {
 }
 
 fn one_request(mode: &str) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [kvc]
-        kvc_tiers = ["CPUMemory"]
-        write_mode = "{mode}"
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size_min = 512
-        prompt_size_max = 512
-        output_tokens_min = 1
-        output_tokens_max = 1
-        "#
-    )))
+    Spec::llama8b()
+        .tiers(&["CPUMemory"])
+        .set("kvc.write_mode", mode)
+        .stage(
+            "UniformReqRate",
+            toml! {
+                total_requests = 1
+                prompt_size_min = 512
+                prompt_size_max = 512
+                output_tokens_min = 1
+                output_tokens_max = 1
+            },
+        )
+        .run()
 }
 
 #[test]
@@ -190,26 +176,14 @@ fn bytes_hits_and_capacity_are_conserved_with_a_small_cpu_tier() {
     // 2,580 blocks (41,000 tokens), so earlier turns are evicted and reloaded
     // from a 64 GiB CPU tier (2,048 chunks of 32 MiB) or the shared DFS. Requests
     // longer than 32,768 tokens are rejected, as vLLM would.
-    let out = run(&scenario(&format!(
-        r#"
-        [simulation]
-        num_workers = 2
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.vllm_params]
-        gpu_memory_utilization = 0.25
-        max_model_len = 32768
-        [kvc]
-        kvc_tiers = ["CPUMemory", "DistributedFS"]
-        [kvc.CPUMemory]
-        capacity_GB = 64
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{TRACE}"
-        total_requests = 800
-        "#
-    )));
+    let out = Spec::llama8b()
+        .set("simulation.num_workers", 2)
+        .set("worker.vllm_params.gpu_memory_utilization", 0.25)
+        .set("worker.vllm_params.max_model_len", 32768)
+        .tiers(&["CPUMemory", "DistributedFS"])
+        .set("kvc.CPUMemory.capacity_GB", 64)
+        .stage("Trace", toml! { trace_file = TRACE total_requests = 800 })
+        .run();
     let s = &out.summary;
     assert_eq!(s.requests_completed + s.requests_rejected, 800, "every request completes or is rejected");
     let too_long = std::fs::read_to_string(TRACE)
@@ -250,27 +224,23 @@ fn bytes_hits_and_capacity_are_conserved_with_a_small_cpu_tier() {
 #[test]
 fn spill_moves_what_the_first_tier_evicts_down_instead_of_writing_everything_twice() {
     let run_with = |policy: &str| {
-        run(&scenario(&format!(
-            r#"
-            [model.model_params]
-            name = "llama-3.1-8b"
-            [kvc]
-            kvc_tiers = ["CPUMemory", "LocalNVMe"]
-            write_policy = "{policy}"
-            [kvc.CPUMemory]
-            capacity_GB = 1
-            [[workload.stages]]
-            type = "UniformReqRate"
-            [workload.stages.workload_params]
-            request_rate = 1.0
-            total_requests = 60
-            prompt_size_min = 2000
-            prompt_size_max = 4000
-            default_prefix_length = 0
-            output_tokens_min = 4
-            output_tokens_max = 4
-            "#
-        )))
+        Spec::llama8b()
+            .tiers(&["CPUMemory", "LocalNVMe"])
+            .set("kvc.write_policy", policy)
+            .set("kvc.CPUMemory.capacity_GB", 1)
+            .stage(
+                "UniformReqRate",
+                toml! {
+                    request_rate = 1.0
+                    total_requests = 60
+                    prompt_size_min = 2000
+                    prompt_size_max = 4000
+                    default_prefix_length = 0
+                    output_tokens_min = 4
+                    output_tokens_max = 4
+                },
+            )
+            .run()
     };
     let (through, spill) = (run_with("write_through"), run_with("spill"));
     let w = |o: &opal::RunOutput, t: usize| o.summary.tiers.bytes_written[t];
@@ -286,46 +256,40 @@ fn spill_moves_what_the_first_tier_evicts_down_instead_of_writing_everything_twi
 
 /// Requests that each bring a new 1,600-token context to one worker whose GPU
 /// holds about 2,580 blocks, so earlier contexts are evicted from the GPU.
-fn churn(extra: &str) -> opal::Scenario {
-    scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.vllm_params]
-        gpu_memory_utilization = 0.25
-        max_model_len = 32768
-        [kvc]
-        kvc_tiers = ["CPUMemory"]
-        {extra}
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 2.0
-        total_requests = 100
-        prompt_size_min = 1600
-        prompt_size_max = 1600
-        default_prefix_length = 0
-        output_tokens_min = 2
-        output_tokens_max = 2
-        "#
-    ))
+fn churn() -> Spec {
+    Spec::llama8b()
+        .set("worker.vllm_params.gpu_memory_utilization", 0.25)
+        .set("worker.vllm_params.max_model_len", 32768)
+        .tiers(&["CPUMemory"])
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = 2.0
+                total_requests = 100
+                prompt_size_min = 1600
+                prompt_size_max = 1600
+                default_prefix_length = 0
+                output_tokens_min = 2
+                output_tokens_max = 2
+            },
+        )
 }
 
 #[test]
 fn gpu_evictions_are_written_back_to_the_first_tier_when_asked() {
-    let written = |extra: &str| run(&churn(extra)).summary.tiers.bytes_written[1];
+    let written = |spec: Spec| spec.run().summary.tiers.bytes_written[1];
     // A CPU tier big enough to keep every chunk already holds what the GPU evicts:
     // writing it back adds nothing.
-    let big = "[kvc.CPUMemory]\ncapacity_GB = 1000";
-    assert_eq!(written(&format!("store_on_gpu_eviction = true\n{big}")), written(big));
+    let big = churn().set("kvc.CPUMemory.capacity_GB", 1000);
+    assert_eq!(written(big.clone().set("kvc.store_on_gpu_eviction", true)), written(big));
     // An 8 GiB tier has dropped many of them by then: they are written again.
-    assert!(written("store_on_gpu_eviction = true") > written(""));
+    assert!(written(churn().set("kvc.store_on_gpu_eviction", true)) > written(churn()));
 }
 
 #[test]
 fn kv_events_are_coalesced_per_worker_window() {
     let with = |coalesce_s: u64| {
-        let mut s = churn("");
+        let mut s = churn().scenario();
         s.kvc.publish_events = true;
         s.worker.publish_events = true;
         s.kvc.event_coalesce = opal::time::SimDuration::from_secs(coalesce_s);
@@ -352,32 +316,27 @@ fn kv_events_are_coalesced_per_worker_window() {
 /// tiers; stage 1 sends 400 Poisson requests at 12 req/s whose prompts (32 –
 /// 16,384 tokens) are all prefixes of that sequence, as the Python Opal's are.
 fn one_sequence(util: f64) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.vllm_params]
-        enable_prefix_caching = false
-        gpu_memory_utilization = {util}
-        max_model_len = 16512
-        [kvc]
-        kvc_tiers = ["CPUMemory", "DistributedFS"]
-        write_mode = "sync"
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 16384
-        output_tokens = 1
-        prompt_content = "single_sequence"
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 12.0
-        total_requests = 400
-        prompt_content = "single_sequence"
-        "#
-    )))
+    Spec::llama8b()
+        .table(
+            "worker.vllm_params",
+            toml! { enable_prefix_caching = false gpu_memory_utilization = util max_model_len = 16512 },
+        )
+        .tiers(&["CPUMemory", "DistributedFS"])
+        .set("kvc.write_mode", "sync")
+        .stage(
+            "UniformReqRate",
+            toml! {
+                total_requests = 1
+                prompt_size = 16384
+                output_tokens = 1
+                prompt_content = "single_sequence"
+            },
+        )
+        .stage(
+            "ExponentialReqRate",
+            toml! { request_rate = 12.0 total_requests = 400 prompt_content = "single_sequence" },
+        )
+        .run()
 }
 
 #[test]
@@ -412,21 +371,11 @@ fn with_tight_gpu_memory_no_request_recomputes_a_prefix_a_tier_holds() {
 }
 
 fn one_request_stored(save_decode_cache: bool) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [kvc]
-        kvc_tiers = ["CPUMemory"]
-        save_decode_cache = {save_decode_cache}
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 1000
-        output_tokens = 100
-        "#
-    )))
+    Spec::llama8b()
+        .tiers(&["CPUMemory"])
+        .set("kvc.save_decode_cache", save_decode_cache)
+        .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 100 })
+        .run()
 }
 
 #[test]
@@ -470,7 +419,13 @@ fn serial_trace_replay_from_a_cpu_tier_hits_what_the_hash_ids_predict() {
     // GPU prefix caching off, a CPU tier that never evicts, chunks of 512
     // tokens (the trace's), and responses that wait for their KV to be
     // written (sync), so every request sees every earlier one's chunks.
-    let extra = "[worker.vllm_params]\nenable_prefix_caching = false\n[kvc]\nkvc_tiers = [\"CPUMemory\"]\nchunk_size = 512\nwrite_mode = \"sync\"\n[kvc.CPUMemory]\ncapacity_GB = 1000000";
+    let extra = |s: Spec| {
+        s.set("worker.vllm_params.enable_prefix_caching", false)
+            .tiers(&["CPUMemory"])
+            .set("kvc.chunk_size", 512)
+            .set("kvc.write_mode", "sync")
+            .set("kvc.CPUMemory.capacity_GB", 1000000)
+    };
     let (got, want) = replay_serially(extra, &rows, &serial_tier_hits(&rows, 512));
     assert!((got - want).abs() < 0.0005, "hit ratio {got} vs {want}");
     assert!(want > 0.3, "the conversation trace reuses a lot of context ({want})");

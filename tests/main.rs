@@ -1,10 +1,12 @@
 //! Integration tests: behaviour seen from outside the library and the CLI.
 
+mod architecture;
 mod bad_inputs;
 mod calibration;
 mod cli;
 mod crn;
 mod disagg;
+mod fixtures;
 mod golden;
 mod kvcache;
 mod performance;

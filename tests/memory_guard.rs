@@ -4,35 +4,13 @@
 //! the heap stays small. A test binary of its own, so that its counting
 //! allocator sees only these tests (run one at a time).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+#[path = "common/alloc.rs"]
+mod alloc;
+
+use crate::alloc::{LIVE, PEAK};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-/// The system allocator, counting live bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(p, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// One test at a time: the peak is process-wide.
 static SERIAL: Mutex<()> = Mutex::new(());

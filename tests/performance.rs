@@ -2,7 +2,8 @@
 //! request on the shipped trace, and the request arena's high-water mark
 //! on a long run.
 
-use crate::scenario;
+use crate::fixtures::Spec;
+use toml::toml;
 
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl");
 
@@ -11,25 +12,14 @@ fn the_conversation_trace_on_16_workers_takes_fewer_than_50_events_per_request()
     // The core benchmark's `trace` row: decode steps run in batches of
     // sub-steps, so events do not grow with output length (one event per
     // decode step was 274 per request).
-    let s = scenario(&format!(
-        r#"
-        [simulation]
-        seed = 1
-        num_workers = 16
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "MaxPrefix"
-        [worker.vllm_params]
-        max_model_len = 131072
-        [kvc]
-        kvc_tiers = ["CPUMemory", "LocalNVMe", "DistributedFS"]
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{TRACE}"
-        "#
-    ));
+    let s = Spec::llama8b()
+        .set("simulation.seed", 1)
+        .set("simulation.num_workers", 16)
+        .set("router.router_params.policy", "MaxPrefix")
+        .set("worker.vllm_params.max_model_len", 131072)
+        .tiers(&["CPUMemory", "LocalNVMe", "DistributedFS"])
+        .stage("Trace", toml! { trace_file = TRACE })
+        .scenario();
     let out =
         opal::simulate_with(&s, &opal::RunOptions { request_records: false, ..opal::RunOptions::default() }).unwrap();
     let s = &out.summary;
@@ -54,26 +44,22 @@ fn the_conversation_trace_on_16_workers_takes_fewer_than_50_events_per_request()
 /// lengths, CPU tier) with `requests` requests; prompts and outputs are
 /// short so that a million requests run quickly in a debug build.
 fn reference_family(requests: u64) -> opal::RunOutput {
-    let s = scenario(&format!(
-        r#"
-        [simulation]
-        seed = 1
-        num_workers = 16
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "LeastLoaded"
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 2000.0
-        total_requests = {requests}
-        prompt_size_min = 16
-        prompt_size_max = 64
-        output_tokens_min = 1
-        output_tokens_max = 8
-        "#
-    ));
+    let s = Spec::llama8b()
+        .set("simulation.seed", 1)
+        .set("simulation.num_workers", 16)
+        .set("router.router_params.policy", "LeastLoaded")
+        .stage(
+            "ExponentialReqRate",
+            toml! {
+                request_rate = 2000.0
+                total_requests = requests
+                prompt_size_min = 16
+                prompt_size_max = 64
+                output_tokens_min = 1
+                output_tokens_max = 8
+            },
+        )
+        .scenario();
     opal::simulate_with(&s, &opal::RunOptions { request_records: false, ..opal::RunOptions::default() }).unwrap()
 }
 

@@ -1,34 +1,31 @@
 //! Agreement with queueing theory.
 
-use crate::scenario;
+use crate::fixtures::Spec;
+use toml::toml;
 
 /// One worker, one sequence at a time, each request one fixed 10 ms step
 /// (prompt 16, one output token): an M/D/1 queue with D = 10 ms.
 fn md1(rho: f64, requests: u64, seed: u64) -> opal::RunOutput {
     let rate = rho / 0.010;
-    crate::run(&scenario(&format!(
-        r#"
-        [simulation]
-        seed = {seed}
-        [worker.vllm_params]
-        max_num_seqs = 1
-        [kvc]
-        kvc_tiers = []
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 0.010
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = {rate}
-        jitter = 1.0
-        total_requests = {requests}
-        prompt_size_min = 16
-        prompt_size_max = 16
-        output_tokens_min = 1
-        output_tokens_max = 1
-        "#
-    )))
+    Spec::empty()
+        .set("simulation.seed", seed as i64)
+        .set("worker.vllm_params.max_num_seqs", 1)
+        .tiers(&[])
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.010)
+        .stage(
+            "ExponentialReqRate",
+            toml! {
+                request_rate = rate
+                jitter = 1.0
+                total_requests = requests
+                prompt_size_min = 16
+                prompt_size_max = 16
+                output_tokens_min = 1
+                output_tokens_max = 1
+            },
+        )
+        .run()
 }
 
 /// The sample mean of M/D/1 waits is strongly autocorrelated near saturation;

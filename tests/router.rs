@@ -1,30 +1,23 @@
 //! KV-aware routing seen from outside: staleness, policy trade-offs, autoscaling.
 
-use crate::{run, scenario};
+use crate::fixtures::Spec;
+use toml::toml;
 
 const TRACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl");
 
 /// The first 1,500 conversation requests on 4 workers, GPU prefix cache only,
-/// so a follow-up turn hits only where its conversation ran before.
-fn conversation(policy: &str, extra: &str) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [simulation]
-        num_workers = 4
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "{policy}"
-        {extra}
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{TRACE}"
-        total_requests = 1500
-        "#
-    )))
+/// so a follow-up turn hits only where its conversation ran before. The
+/// router collects KV events every `delay` s, and the workers send them in
+/// windows of `delay` s.
+fn conversation(policy: &str, delay: i32) -> opal::RunOutput {
+    Spec::llama8b()
+        .set("simulation.num_workers", 4)
+        .set("router.router_params.policy", policy)
+        .set("router.router_params.periodic_infra_update_collection_time", delay)
+        .set("worker.worker_params.kvcevent_coalesce_time", delay)
+        .tiers(&[])
+        .stage("Trace", toml! { trace_file = TRACE total_requests = 1500 })
+        .run()
 }
 
 fn hit(o: &opal::RunOutput) -> f64 {
@@ -33,14 +26,8 @@ fn hit(o: &opal::RunOutput) -> f64 {
 
 #[test]
 fn fresh_kv_events_route_follow_ups_to_their_cache_better_than_stale_ones() {
-    let fresh = conversation(
-        "MaxPrefix",
-        "periodic_infra_update_collection_time = 0\n[worker.worker_params]\nkvcevent_coalesce_time = 0",
-    );
-    let stale = conversation(
-        "MaxPrefix",
-        "periodic_infra_update_collection_time = 30\n[worker.worker_params]\nkvcevent_coalesce_time = 30",
-    );
+    let fresh = conversation("MaxPrefix", 0);
+    let stale = conversation("MaxPrefix", 30);
     assert_eq!(fresh.summary.requests_completed + fresh.summary.requests_rejected, 1500);
     assert_eq!(stale.summary.requests_completed + stale.summary.requests_rejected, 1500);
     assert!(hit(&fresh) > hit(&stale), "fresh {} vs stale {}", hit(&fresh), hit(&stale));
@@ -52,7 +39,7 @@ fn fresh_kv_events_route_follow_ups_to_their_cache_better_than_stale_ones() {
 
 #[test]
 fn max_prefix_finds_more_cached_context_than_load_based_policies() {
-    let fresh = "periodic_infra_update_collection_time = 0\n[worker.worker_params]\nkvcevent_coalesce_time = 0";
+    let fresh = 0;
     let max = conversation("MaxPrefix", fresh);
     let rr = conversation("RoundRobin", fresh);
     let ll = conversation("LeastLoaded", fresh);
@@ -83,26 +70,14 @@ fn hot_prefix(policy: &str) -> opal::RunOutput {
     }
     let trace = dir.join("hot.jsonl");
     std::fs::write(&trace, lines.join("\n")).unwrap();
-    run(&scenario(&format!(
-        r#"
-        [simulation]
-        num_workers = 4
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "{policy}"
-        periodic_infra_update_collection_time = 0
-        [worker.worker_params]
-        kvcevent_coalesce_time = 0
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{}"
-        "#,
-        trace.display()
-    )))
+    Spec::llama8b()
+        .set("simulation.num_workers", 4)
+        .set("router.router_params.policy", policy)
+        .set("router.router_params.periodic_infra_update_collection_time", 0)
+        .set("worker.worker_params.kvcevent_coalesce_time", 0)
+        .tiers(&[])
+        .stage("Trace", toml! { trace_file = (trace.display().to_string()) })
+        .run()
 }
 
 #[test]
@@ -125,29 +100,30 @@ fn balanced_keeps_the_hit_ratio_of_max_prefix_and_cuts_its_queueing_on_a_hot_pre
 
 #[test]
 fn autoscaling_adds_workers_exactly_scale_latency_after_deciding_and_stops_at_the_cap() {
-    let out = run(&scenario(
-        r#"
-        [simulation]
-        num_workers = 1
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "LeastLoaded"
-        enable_scaling = true
-        max_queue_threshold = 4
-        scale_latency = 10
-        max_workers = 3
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 50.0
-        total_requests = 3000
-        prompt_size_min = 2000
-        prompt_size_max = 2000
-        output_tokens_min = 100
-        output_tokens_max = 100
-        "#,
-    ));
+    let out = Spec::llama8b()
+        .set("simulation.num_workers", 1)
+        .table(
+            "router.router_params",
+            toml! {
+                policy = "LeastLoaded"
+                enable_scaling = true
+                max_queue_threshold = 4
+                scale_latency = 10
+                max_workers = 3
+            },
+        )
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = 50.0
+                total_requests = 3000
+                prompt_size_min = 2000
+                prompt_size_max = 2000
+                output_tokens_min = 100
+                output_tokens_max = 100
+            },
+        )
+        .run();
     // The first check (t = 1 s) finds a long queue: the worker joins at 1 + 10 = 11 s;
     // the next check is at 12 s and the next worker joins at 22 s; then the cap holds.
     let started: Vec<f64> = out.workers.iter().map(|w| w.started_s).collect();

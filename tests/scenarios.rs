@@ -1,7 +1,8 @@
 //! Whole-scenario behaviour with exact expectations.
 
-use crate::scenario;
+use crate::fixtures::Spec;
 use opal::time::SimDuration;
+use toml::toml;
 
 /// Seconds → ns, rounded up, as the simulator converts step times.
 fn ns(secs: f64) -> u64 {
@@ -10,23 +11,19 @@ fn ns(secs: f64) -> u64 {
 
 #[test]
 fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2e() {
-    let s = scenario(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.inference_params]
-        model = "roofline"
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size_min = 1000
-        prompt_size_max = 1000
-        output_tokens_min = 4
-        output_tokens_max = 4
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = Spec::llama8b()
+        .set("worker.inference_params.model", "roofline")
+        .stage(
+            "UniformReqRate",
+            toml! {
+                total_requests = 1
+                prompt_size_min = 1000
+                prompt_size_max = 1000
+                output_tokens_min = 4
+                output_tokens_max = 4
+            },
+        )
+        .run();
     let r = &out.requests[0];
     // Llama-3.1-8B: L = 32, d = 4096, 8,030,261,248 parameters × 2 B, 131,072 KV B/token.
     // H100 (datasheet): 989.5 TFLOP/s dense BF16, 3.35 TB/s. Opal's a = 4, b = 24.
@@ -48,54 +45,37 @@ fn one_request_through_an_idle_worker_has_the_hand_computed_roofline_ttft_and_e2
 
 #[test]
 fn same_scenario_and_seed_give_identical_summaries_and_event_digests() {
-    let text = r#"
-        [simulation]
-        num_workers = 3
-        seed = 7
-        [model.model_params]
-        name = "qwen2.5-7b"
-        [router.router_params]
-        policy = "Random"
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 30.0
-        total_requests = 600
-        prompt_size_min = 100
-        prompt_size_max = 6000
-    "#;
-    let a = crate::run(&scenario(text));
-    let b = crate::run(&scenario(text));
+    let spec = Spec::empty()
+        .set("simulation.num_workers", 3)
+        .set("simulation.seed", 7)
+        .set("model.model_params.name", "qwen2.5-7b")
+        .set("router.router_params.policy", "Random")
+        .stage(
+            "ExponentialReqRate",
+            toml! {
+                request_rate = 30.0
+                total_requests = 600
+                prompt_size_min = 100
+                prompt_size_max = 6000
+            },
+        );
+    let a = spec.run();
+    let b = spec.run();
     assert_eq!(a.event_digest, b.event_digest);
     assert_eq!(serde_json::to_string(&a.summary).unwrap(), serde_json::to_string(&b.summary).unwrap());
     assert_eq!(a.requests, b.requests);
-    let other = crate::run(&scenario(&text.replace("seed = 7", "seed = 8")));
+    let other = spec.set("simulation.seed", 8).run();
     assert_ne!(a.event_digest, other.event_digest, "a different seed must change the run");
 }
 
 #[test]
 fn every_generated_request_completes_and_tokens_are_conserved() {
-    let s = scenario(
-        r#"
-        [simulation]
-        num_workers = 2
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.vllm_params]
-        max_num_batched_tokens = 2048
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 8.0
-        total_requests = 300
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 4.0
-        total_requests = 50
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = Spec::llama8b()
+        .set("simulation.num_workers", 2)
+        .set("worker.vllm_params.max_num_batched_tokens", 2048)
+        .stage("ExponentialReqRate", toml! { request_rate = 8.0 total_requests = 300 })
+        .stage("UniformReqRate", toml! { request_rate = 4.0 total_requests = 50 })
+        .run();
     assert_eq!(out.summary.requests_generated, 350);
     assert_eq!(out.summary.requests_completed, 350);
     assert!(out.requests.iter().all(|r| r.completed));
@@ -125,18 +105,10 @@ fn every_generated_request_completes_and_tokens_are_conserved() {
 
 #[test]
 fn simulation_time_stops_the_run_and_reports_unfinished_requests() {
-    let s = scenario(
-        r#"
-        [simulation]
-        simulation_time = 5.0
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 50.0
-        total_requests = -1
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = Spec::empty()
+        .set("simulation.simulation_time", 5.0)
+        .stage("UniformReqRate", toml! { request_rate = 50.0 total_requests = -1 })
+        .run();
     assert_eq!(out.summary.sim_time_s, 5.0);
     // The run covers [0, 5 s): arrivals at 0, 0.02, …, 4.98 — 250 requests.
     assert_eq!(out.summary.requests_generated, 250);
@@ -147,24 +119,13 @@ fn simulation_time_stops_the_run_and_reports_unfinished_requests() {
 
 #[test]
 fn a_mixture_of_experts_computes_its_active_experts_and_reads_the_experts_it_touches() {
-    let s = scenario(
-        r#"
-        [model.model_params]
-        name = "mixtral-8x7b"
-        [worker.inference_params]
-        model = "roofline"
-        [worker.hw]
-        gpu = "H100"
-        tp = 2
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 1000
-        output_tokens = 3
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = Spec::empty()
+        .set("model.model_params.name", "mixtral-8x7b")
+        .set("worker.inference_params.model", "roofline")
+        .set("worker.hw.gpu", "H100")
+        .set("worker.hw.tp", 2)
+        .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 3 })
+        .run();
     let r = &out.requests[0];
     // Mixtral-8x7B: 32 layers, d = 4096, 32 heads of 128, 8 experts of 3·4096·14336 weights, top-2.
     let (attn, expert) = (41_943_040.0, 176_160_768.0);
@@ -188,28 +149,21 @@ fn a_mixture_of_experts_computes_its_active_experts_and_reads_the_experts_it_tou
     assert_eq!(out.summary.model_params, total as u64);
 }
 
+/// The next two tests' scenario: one request of 1,000 prompt tokens and one
+/// output token on one H100 with a synthetic 1 s step, GPU cache only.
+fn one_step() -> Spec {
+    Spec::llama8b()
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 1.0)
+        .tiers(&[])
+        .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 1 })
+}
+
 #[test]
 fn busy_time_and_the_share_of_peak_compute_differ_as_hand_computed_for_one_step() {
     // One request of 1,000 prompt tokens and one output token on one H100
     // with a synthetic 1 s step: one prefill step, busy all of its second.
-    let s = crate::scenario(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 1.0
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 1000
-        output_tokens = 1
-        "#,
-    );
-    let out = crate::run(&s).summary;
+    let out = one_step().run().summary;
     // Llama-3.1-8B: 32 layers, attention width 32 × 128 = 4,096, d = 4,096.
     // Attention: 4·d per causal pair per layer, 1000·1001/2 pairs.
     let attention = 4.0 * 4096.0 * 32.0 * (1000.0 * 1001.0 / 2.0);
@@ -240,31 +194,19 @@ fn energy_and_dollars_follow_the_board_power_model_by_hand() {
     // 600 W GPU that idles at 100 W, draws 200 W while a step runs plus
     // 800 W × its share of peak FLOP/s and 400 W × its share of peak HBM
     // bandwidth, at $3 per GPU-hour.
-    let s = crate::scenario(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [worker.hw]
-        max_watts = 600
-        idle_watts = 100
-        active_watts = 200
-        compute_watts = 800
-        memory_watts = 400
-        usd_per_gpu_hour = 3.0
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 1.0
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 1
-        prompt_size = 1000
-        output_tokens = 1
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = one_step()
+        .table(
+            "worker.hw",
+            toml! {
+                max_watts = 600
+                idle_watts = 100
+                active_watts = 200
+                compute_watts = 800
+                memory_watts = 400
+                usd_per_gpu_hour = 3.0
+            },
+        )
+        .run();
     let sum = &out.summary;
     // The step's FLOPs at the peak (the busy test's 13.3 ms of the 1 s
     // step) and its bytes (16 GB of weights + KV at 3.35 TB/s ≈ 4.8 ms).
@@ -296,45 +238,39 @@ fn energy_and_dollars_follow_the_board_power_model_by_hand() {
     assert!((cols["usd_per_m_input_tokens"] - 3.0 * t / 3600.0 / 1000.0 * 1e6).abs() < 1e-6);
     assert_eq!(out.workers[0].cost, sum.cost, "one worker: its row is the run's");
     // Without a price there are no dollars (null in the tables).
-    let free = crate::scenario(&s_without_price());
-    assert!(crate::run(&free).summary.cost.usd.is_nan());
-}
-
-fn s_without_price() -> String {
-    "[model.model_params]\nname = \"llama-3.1-8b\"\n[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\ntotal_requests = 1\n".into()
+    let free = Spec::llama8b().stage("UniformReqRate", toml! { total_requests = 1 });
+    assert!(free.run().summary.cost.usd.is_nan());
 }
 
 #[test]
 fn each_stage_row_equals_what_its_requests_say() {
     // Two stages back to back: a busy one and a light one.
-    let s = scenario(
-        r#"
-        [simulation]
-        num_workers = 2
-        seed = 3
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [[workload.stages]]
-        type = "ExponentialReqRate"
-        [workload.stages.workload_params]
-        request_rate = 40.0
-        total_requests = 300
-        prompt_size_min = 200
-        prompt_size_max = 2000
-        output_tokens_min = 10
-        output_tokens_max = 80
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = 2.0
-        total_requests = 20
-        prompt_size_min = 100
-        prompt_size_max = 4000
-        output_tokens_min = 20
-        output_tokens_max = 20
-        "#,
-    );
-    let out = crate::run(&s);
+    let out = Spec::llama8b()
+        .set("simulation.num_workers", 2)
+        .set("simulation.seed", 3)
+        .stage(
+            "ExponentialReqRate",
+            toml! {
+                request_rate = 40.0
+                total_requests = 300
+                prompt_size_min = 200
+                prompt_size_max = 2000
+                output_tokens_min = 10
+                output_tokens_max = 80
+            },
+        )
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = 2.0
+                total_requests = 20
+                prompt_size_min = 100
+                prompt_size_max = 4000
+                output_tokens_min = 20
+                output_tokens_max = 20
+            },
+        )
+        .run();
     assert_eq!(out.stages.len(), 2);
     assert_eq!((out.stages[0].kind, out.stages[1].kind), ("ExponentialReqRate", "UniformReqRate"));
     for (i, row) in out.stages.iter().enumerate() {
@@ -384,29 +320,27 @@ fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
 
 #[test]
 fn the_steps_table_holds_every_step_with_its_work_and_how_its_time_divides() {
-    let run = |inference: &str| {
-        let s = scenario(&format!(
-            r#"
-            [model.model_params]
-            name = "llama-3.1-8b"
-            {inference}
-            [kvc]
-            kvc_tiers = []
-            [[workload.stages]]
-            type = "UniformReqRate"
-            [workload.stages.workload_params]
-            request_rate = inf
-            total_requests = 2
-            prompt_size = 300
-            output_tokens = 3
-            default_prefix_length = 0
-            "#
-        ));
+    let run = |spec: Spec| {
+        let s = spec
+            .tiers(&[])
+            .stage(
+                "UniformReqRate",
+                toml! {
+                    request_rate = inf
+                    total_requests = 2
+                    prompt_size = 300
+                    output_tokens = 3
+                    default_prefix_length = 0
+                },
+            )
+            .scenario();
         opal::simulate_with(&s, &opal::RunOptions { step_records: true, ..Default::default() }).unwrap()
     };
     // Synthetic 10 ms steps: both prompts prefill in the first step (their first tokens),
     // then two decode steps over 300 and 301 cached tokens each.
-    let out = run("[worker.inference_params]\nmodel = \"synthetic\"\nmean_latency_secs = 0.01");
+    let out = run(Spec::llama8b()
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.01));
     let rows: Vec<_> = out
         .steps
         .iter()
@@ -424,7 +358,7 @@ fn the_steps_table_holds_every_step_with_its_work_and_how_its_time_divides() {
     );
     assert!(out.steps.iter().all(|s| s.cpu_s.is_none()), "only the operators model divides its time");
     // The operators model: each step's duration is the longer of its GPU parts' sum and its CPU part.
-    let out = run("");
+    let out = run(Spec::llama8b());
     assert_eq!(out.steps.len(), 3);
     for s in &out.steps {
         let gpu = s.gpu_compute_s.unwrap() + s.gpu_memory_s.unwrap() + s.gpu_comm_s.unwrap();
@@ -433,5 +367,5 @@ fn the_steps_table_holds_every_step_with_its_work_and_how_its_time_divides() {
     let busy: f64 = out.steps.iter().map(|s| s.duration_s).sum();
     assert!((busy - out.workers[0].busy_s).abs() < 1e-9);
     // Without asking, no rows.
-    assert!(crate::run(&scenario("[[workload.stages]]\ntype = \"UniformReqRate\"\n")).steps.is_empty());
+    assert!(Spec::empty().stage("UniformReqRate", toml::Table::new()).run().steps.is_empty());
 }

@@ -3,35 +3,13 @@
 //! A test binary of its own, so that its counting allocator sees only this
 //! test's allocations.
 
+#[path = "common/alloc.rs"]
+mod alloc;
+
+use crate::alloc::{LIVE, PEAK};
 use opal::workload::{TraceReader, TraceStage};
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
-/// The system allocator, counting live bytes and their peak.
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Relaxed) + layout.size();
-            PEAK.fetch_max(live, Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(p, layout) };
-        LIVE.fetch_sub(layout.size(), Relaxed);
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
+use std::sync::atomic::Ordering::Relaxed;
 
 /// Writes a Mooncake-style trace of `lines` requests, 1 to 40 hash ids each.
 fn write_trace(path: &std::path::Path, lines: u64) {

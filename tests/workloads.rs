@@ -1,8 +1,10 @@
 //! The workload generators end to end: SC25 cold/warm, RAG, multi-turn
 //! sessions, length distributions.
 
-use crate::{run, scenario};
+use crate::fixtures::Spec;
+use crate::run;
 use opal::workload::Label;
+use toml::toml;
 
 /// Tokens a request with a fully cached prompt of `p` tokens must still
 /// compute when the GPU holds it: a prefix hit covers at most ⌊(p − 1)/16⌋
@@ -20,26 +22,21 @@ fn recomputed_with_tier(p: u64) -> u64 {
     if p.is_multiple_of(16) { 1 } else { p % 16 }
 }
 
-fn sc25(extra: &str) -> opal::RunOutput {
-    run(&scenario(&format!(
-        r#"
-        [model.model_params]
-        name = "llama-3.1-8b"
-        [router.router_params]
-        policy = "RoundRobin"
-        [[workload.stages]]
-        type = "SC25Workload"
-        {extra}
-        "#
-    )))
+/// Llama-3.1-8B behind a round-robin router, first an SC25 stage with `params`.
+fn sc25(params: toml::Table) -> Spec {
+    Spec::llama8b().set("router.router_params.policy", "RoundRobin").stage("SC25Workload", params)
 }
 
 #[test]
 fn sc25_warm_requests_beat_cold_ones_at_every_size_and_recompute_only_the_tail() {
     // Served from the GPU (a B200 holds all ten prompts) and from a CPU tier
     // (an H100 does not; chunks of one block so every full block is a hit).
-    let gpu = sc25("[worker.hw]\ngpu = \"B200\"\n[kvc]\nkvc_tiers = []");
-    let cpu = sc25("[kvc]\nkvc_tiers = [\"CPUMemory\"]\nchunk_size = 16\n[kvc.CPUMemory]\ncapacity_GB = 200");
+    let gpu = sc25(toml::Table::new()).set("worker.hw.gpu", "B200").tiers(&[]).run();
+    let cpu = sc25(toml::Table::new())
+        .tiers(&["CPUMemory"])
+        .set("kvc.chunk_size", 16)
+        .set("kvc.CPUMemory.capacity_GB", 200)
+        .run();
     for (name, out) in [("gpu", &gpu), ("cpu", &cpu)] {
         assert_eq!(out.summary.requests_completed, 20, "{name}: ten cold, ten warm");
         let sizes: Vec<u32> = out.sc25.iter().map(|r| r.prompt_tokens).collect();
@@ -71,24 +68,23 @@ fn sc25_warm_requests_beat_cold_ones_at_every_size_and_recompute_only_the_tail()
 
 #[test]
 fn rag_requests_share_the_system_prompt_and_repeat_document_sets() {
-    let out = run(&scenario(
-        r#"
-        [[workload.stages]]
-        type = "RAGWorkload"
-        [workload.stages.workload_params]
-        total_requests = 40
-        request_rate = 0.5
-        system_prompt_size = 1000
-        num_documents = 3
-        docs_per_request = 2
-        document_size = 400
-        query_size = 50
-        output_tokens = 8
-        max_outstanding_requests = 1
-        [kvc]
-        kvc_tiers = []
-        "#,
-    ));
+    let out = Spec::empty()
+        .stage(
+            "RAGWorkload",
+            toml! {
+                total_requests = 40
+                request_rate = 0.5
+                system_prompt_size = 1000
+                num_documents = 3
+                docs_per_request = 2
+                document_size = 400
+                query_size = 50
+                output_tokens = 8
+                max_outstanding_requests = 1
+            },
+        )
+        .tiers(&[])
+        .run();
     assert_eq!(out.summary.requests_completed, 40);
     let r = &out.requests;
     assert!(r.iter().all(|q| q.prompt_tokens == 1000 + 2 * 400 + 50));
@@ -107,29 +103,25 @@ fn rag_requests_share_the_system_prompt_and_repeat_document_sets() {
 
 #[test]
 fn a_sessions_next_turn_goes_to_the_worker_that_holds_its_conversation_and_hits_all_of_it() {
-    let out = run(&scenario(
-        r#"
-        [simulation]
-        num_workers = 4
-        [router.router_params]
-        policy = "MaxPrefix"
-        periodic_infra_update_collection_time = 0
-        [worker.worker_params]
-        kvcevent_coalesce_time = 0
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "Sessions"
-        [workload.stages.workload_params]
-        total_sessions = 30
-        session_rate = 2.0
-        turns = 4
-        system_prompt_size = 500
-        input_tokens = { dist = "uniform", min = 50, max = 300 }
-        output_tokens = { dist = "lognormal", mean = 120, std = 60, max = 400 }
-        think_time_sec = { dist = "exponential", mean = 2 }
-        "#,
-    ));
+    let out = Spec::empty()
+        .set("simulation.num_workers", 4)
+        .set("router.router_params.policy", "MaxPrefix")
+        .set("router.router_params.periodic_infra_update_collection_time", 0)
+        .set("worker.worker_params.kvcevent_coalesce_time", 0)
+        .tiers(&[])
+        .stage(
+            "Sessions",
+            toml! {
+                total_sessions = 30
+                session_rate = 2.0
+                turns = 4
+                system_prompt_size = 500
+                input_tokens = { dist = "uniform", min = 50, max = 300 }
+                output_tokens = { dist = "lognormal", mean = 120, std = 60, max = 400 }
+                think_time_sec = { dist = "exponential", mean = 2 }
+            },
+        )
+        .run();
     assert_eq!(out.summary.requests_completed, 120, "30 sessions of 4 turns");
     let mut turns = std::collections::HashMap::new();
     for r in &out.requests {
@@ -153,19 +145,18 @@ fn a_sessions_next_turn_goes_to_the_worker_that_holds_its_conversation_and_hits_
 
 #[test]
 fn rate_stage_lengths_follow_the_configured_distribution() {
-    let out = run(&scenario(
-        r#"
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 4000
-        request_rate = 1000
-        prompt_size = { dist = "normal", mean = 600, std = 100, min = 300, max = 900 }
-        output_tokens = 5
-        [kvc]
-        kvc_tiers = []
-        "#,
-    ));
+    let out = Spec::empty()
+        .stage(
+            "UniformReqRate",
+            toml! {
+                total_requests = 4000
+                request_rate = 1000
+                prompt_size = { dist = "normal", mean = 600, std = 100, min = 300, max = 900 }
+                output_tokens = 5
+            },
+        )
+        .tiers(&[])
+        .run();
     let p: Vec<f64> = out.requests.iter().map(|r| f64::from(r.prompt_tokens)).collect();
     let mean = p.iter().sum::<f64>() / p.len() as f64;
     let sd = (p.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (p.len() - 1) as f64).sqrt();
@@ -234,17 +225,10 @@ fn trace_tokens_beyond_the_hash_ids_are_unique_to_each_request() {
     let dir = crate::temp_dir("trace-unique-tail");
     let row = |t: u32| format!(r#"{{"timestamp": {t}, "input_length": 600, "output_length": 4, "hash_ids": [7]}}"#);
     std::fs::write(dir.join("t.jsonl"), format!("{}\n{}\n", row(0), row(5000))).unwrap();
-    let out = run(&scenario(&format!(
-        r#"
-        [kvc]
-        kvc_tiers = []
-        [[workload.stages]]
-        type = "Trace"
-        [workload.stages.workload_params]
-        trace_file = "{}"
-        "#,
-        dir.join("t.jsonl").display()
-    )));
+    let out = Spec::empty()
+        .tiers(&[])
+        .stage("Trace", toml! { trace_file = (dir.join("t.jsonl").display().to_string()) })
+        .run();
     assert_eq!(out.requests.len(), 2);
     assert_eq!(out.requests[0].hit_tokens[0], 0);
     assert_eq!(out.requests[1].hit_tokens[0], 512);
@@ -252,23 +236,19 @@ fn trace_tokens_beyond_the_hash_ids_are_unique_to_each_request() {
 
 #[test]
 fn a_closed_loop_stage_stops_at_its_time_limit_and_the_next_stage_follows_its_last_request() {
-    let out = run(&scenario(
-        r#"
-        [[workload.stages]]
-        type = "Sessions"
-        [workload.stages.workload_params]
-        total_sessions = 1000
-        session_rate = 4.0
-        turns = 20
-        think_time_sec = { dist = "fixed", value = 0.5 }
-        time_duration_sec = 5.0
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        total_requests = 10
-        request_rate = 10.0
-        "#,
-    ));
+    let out = Spec::empty()
+        .stage(
+            "Sessions",
+            toml! {
+                total_sessions = 1000
+                session_rate = 4.0
+                turns = 20
+                think_time_sec = { dist = "fixed", value = 0.5 }
+                time_duration_sec = 5.0
+            },
+        )
+        .stage("UniformReqRate", toml! { total_requests = 10 request_rate = 10.0 })
+        .run();
     let first: Vec<_> = out.requests.iter().filter(|r| r.stage == 0).collect();
     let second: Vec<_> = out.requests.iter().filter(|r| r.stage == 1).collect();
     assert!(first.len() > 20, "sessions ran: {}", first.len());
@@ -302,18 +282,9 @@ fn a_token_distribution_may_have_a_standard_deviation_below_one_token() {
 fn sc25_rows_pair_cold_and_warm_within_each_stage_even_when_one_is_cut_short() {
     // Stage 0 is cut at 3 s: both cold requests (2 s apart) go out, then the
     // first warm one; the second warm one is never sent. Stage 1 runs whole.
-    let out = sc25(
-        r#"
-        [workload.stages.workload_params]
-        prompt_sizes = [4092, 8184]
-        gap_sec = 1.0
-        time_duration_sec = 3.0
-        [[workload.stages]]
-        type = "SC25Workload"
-        [workload.stages.workload_params]
-        prompt_sizes = [16368]
-        "#,
-    );
+    let out = sc25(toml! { prompt_sizes = [4092, 8184] gap_sec = 1.0 time_duration_sec = 3.0 })
+        .stage("SC25Workload", toml! { prompt_sizes = [16368] })
+        .run();
     let rows: Vec<(u32, bool)> = out.sc25.iter().map(|r| (r.prompt_tokens, r.warm_ttft_ms.is_some())).collect();
     assert_eq!(rows, [(4092, true), (8184, false), (16368, true)]);
     for r in out.sc25.iter().filter(|r| r.warm_ttft_ms.is_some()) {
@@ -326,19 +297,19 @@ fn sessions_that_outgrow_max_context_tokens_end_early_and_are_counted() {
     // Turn k's prompt = 100 (system) + k·100 (inputs) + (k − 1)·100 (answers);
     // with its 100-token answer it needs 200k + 100 tokens: turns 1 and 2 fit
     // in 650, turn 3 (700) does not, so each of the 5 sessions stops after 2.
-    let out = run(&scenario(
-        r#"
-        [[workload.stages]]
-        type = "Sessions"
-        [workload.stages.workload_params]
-        total_sessions = 5
-        turns = 10
-        system_prompt_size = 100
-        input_tokens = 100
-        output_tokens = 100
-        max_context_tokens = 650
-        "#,
-    ));
+    let out = Spec::empty()
+        .stage(
+            "Sessions",
+            toml! {
+                total_sessions = 5
+                turns = 10
+                system_prompt_size = 100
+                input_tokens = 100
+                output_tokens = 100
+                max_context_tokens = 650
+            },
+        )
+        .run();
     assert_eq!(out.summary.requests_completed, 10);
     assert_eq!(out.summary.sessions_truncated, 5);
     let col = out.summary.columns().into_iter().find(|(n, _)| n == "sessions_truncated");
@@ -383,44 +354,27 @@ fn a_burst_arrives_at_once_and_is_prefilled_in_one_step() {
     // request_rate = inf: four 300-token prompts at t = 0, one output token
     // each; one worker, synthetic 10 ms steps. All four fit the 8,192-token
     // budget, so the first step prefills them together: every TTFT is one step.
-    let out = run(&scenario(
-        r#"
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 0.01
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = inf
-        total_requests = 4
-        prompt_size_min = 300
-        prompt_size_max = 300
-        output_tokens_min = 1
-        output_tokens_max = 1
-        "#,
-    ));
+    let burst = Spec::empty()
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.01)
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = inf
+                total_requests = 4
+                prompt_size_min = 300
+                prompt_size_max = 300
+                output_tokens_min = 1
+                output_tokens_max = 1
+            },
+        );
+    let out = burst.run();
     assert_eq!(out.requests.len(), 4);
     for r in &out.requests {
         assert_eq!((r.arrival_s, r.ttft_s), (0.0, Some(0.01)), "{r:?}");
     }
     // With a cap of two in flight, the burst goes out two at a time.
-    let capped = run(&scenario(
-        r#"
-        [worker.inference_params]
-        model = "synthetic"
-        mean_latency_secs = 0.01
-        [[workload.stages]]
-        type = "UniformReqRate"
-        [workload.stages.workload_params]
-        request_rate = inf
-        total_requests = 4
-        max_outstanding_requests = 2
-        prompt_size_min = 300
-        prompt_size_max = 300
-        output_tokens_min = 1
-        output_tokens_max = 1
-        "#,
-    ));
+    let capped = burst.set("workload.stages.0.workload_params.max_outstanding_requests", 2).run();
     let mut arrivals: Vec<f64> = capped.requests.iter().map(|r| r.arrival_s).collect();
     arrivals.sort_by(f64::total_cmp);
     assert_eq!(arrivals, [0.0, 0.0, 0.01, 0.01]);

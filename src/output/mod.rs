@@ -296,10 +296,10 @@ pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
 }
 
 /// Reads an HDR histogram from its V2 (or V2 deflate) encoding.
-pub fn deserialize_hdr(bytes: &[u8]) -> Result<hdrhistogram::Histogram<u64>, String> {
-    hdrhistogram::serialization::Deserializer::new()
-        .deserialize(&mut &bytes[..])
-        .map_err(|e| format!("bad HDR histogram: {e:?}"))
+pub fn deserialize_hdr(
+    bytes: &[u8],
+) -> Result<hdrhistogram::Histogram<u64>, hdrhistogram::serialization::DeserializeError> {
+    hdrhistogram::serialization::Deserializer::new().deserialize(&mut &bytes[..])
 }
 
 /// An I/O or format problem with result files.

@@ -474,7 +474,8 @@ fn read_histograms(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<Mer
         else {
             continue;
         };
-        let h = deserialize_hdr(hdr.value(i)).map_err(|e| rerr(path, format!("run {}: {e}", runs[i])))?;
+        let h = deserialize_hdr(hdr.value(i))
+            .map_err(|e| rerr(path, format!("run {}: bad HDR histogram: {e:?}", runs[i])))?;
         merge_into(acc.entry(point).or_insert_with(empty_histogram), &h)
             .map_err(|e| rerr(path, format!("run {}: cannot merge: {e}", runs[i])))?;
     }
@@ -489,8 +490,8 @@ fn empty_histogram() -> Histogram<u64> {
 }
 
 /// Adds `h` to `acc` (exact: bucket counts add).
-fn merge_into(acc: &mut Histogram<u64>, h: &Histogram<u64>) -> Result<(), String> {
-    acc.add(h).map_err(|e| format!("{e:?}"))
+fn merge_into(acc: &mut Histogram<u64>, h: &Histogram<u64>) -> Result<(), hdrhistogram::AdditionError> {
+    acc.add(h)
 }
 
 fn read_series(path: &Path, point_of_run: &BTreeMap<u32, u32>) -> Result<BTreeMap<u32, Vec<Interval>>, ReportError> {

@@ -13,7 +13,7 @@
 use super::runner::Shard;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Locks held on an output directory; released when dropped.
 #[derive(Debug)]
@@ -46,9 +46,8 @@ impl DirLock {
     /// Takes the locks a run of `shard` (or of the whole sweep) or a merge
     /// needs on `dir` (created if missing). Fails at once, naming the holder,
     /// if another process holds a conflicting one.
-    pub fn acquire(dir: &Path, shard: Option<Shard>, purpose: Purpose) -> Result<DirLock, String> {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| format!("{}: cannot create the output directory: {e}", dir.display()))?;
+    pub fn acquire(dir: &Path, shard: Option<Shard>, purpose: Purpose) -> Result<DirLock, LockError> {
+        std::fs::create_dir_all(dir).map_err(|e| LockError::io(dir, "cannot create the output directory", e))?;
         let main = dir.join(".lock");
         match shard.filter(|s| s.count > 1) {
             None => Ok(DirLock { shared: None, exclusive: exclusive(&main, dir, purpose)? }),
@@ -64,18 +63,70 @@ impl DirLock {
     }
 }
 
-fn open(path: &Path) -> Result<File, String> {
+/// Why a directory could not be locked.
+#[derive(Debug)]
+pub enum LockError {
+    /// Another opal-sweep holds a conflicting lock on `dir` (its lock file `lock`).
+    Busy {
+        /// The output directory.
+        dir: PathBuf,
+        /// The lock file held.
+        lock: PathBuf,
+        /// Who holds it, as recorded in the lock file (empty for shards, which hold it shared).
+        holder: String,
+    },
+    /// The directory or a lock file could not be created, opened or locked.
+    Io {
+        /// The directory or file.
+        path: PathBuf,
+        /// What was being done.
+        what: &'static str,
+        /// The system's error.
+        cause: std::io::Error,
+    },
+}
+
+impl LockError {
+    fn io(path: &Path, what: &'static str, cause: std::io::Error) -> LockError {
+        LockError::Io { path: path.to_path_buf(), what, cause }
+    }
+}
+
+impl std::fmt::Display for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockError::Busy { dir, lock, holder } => {
+                let who = if holder.is_empty() {
+                    "shards of a sweep (opal-sweep --shard) hold it".to_string()
+                } else {
+                    format!("held by {holder}")
+                };
+                write!(
+                    f,
+                    "{} is in use by another opal-sweep: {} is locked ({who})\n  fix: wait for it to finish, or write elsewhere with -o",
+                    dir.display(),
+                    lock.display()
+                )
+            }
+            LockError::Io { path, what, cause } => write!(f, "{}: {what}: {cause}", path.display()),
+        }
+    }
+}
+
+impl std::error::Error for LockError {}
+
+fn open(path: &Path) -> Result<File, LockError> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| format!("{}: cannot open the lock file: {e}", path.display()))
+        .map_err(|e| LockError::io(path, "cannot open the lock file", e))
 }
 
 /// Locks `path` exclusively and records this process as its holder.
-fn exclusive(path: &Path, dir: &Path, purpose: Purpose) -> Result<File, String> {
+fn exclusive(path: &Path, dir: &Path, purpose: Purpose) -> Result<File, LockError> {
     let mut f = open(path)?;
     if let Err(e) = f.try_lock() {
         return Err(busy(path, dir, e, holder(&f)));
@@ -103,21 +154,10 @@ fn holder(f: &File) -> String {
     text.trim().to_string()
 }
 
-fn busy(path: &Path, dir: &Path, e: TryLockError, holder: String) -> String {
+fn busy(path: &Path, dir: &Path, e: TryLockError, holder: String) -> LockError {
     match e {
-        TryLockError::WouldBlock => {
-            let who = if holder.is_empty() {
-                "shards of a sweep (opal-sweep --shard) hold it".to_string()
-            } else {
-                format!("held by {holder}")
-            };
-            format!(
-                "{} is in use by another opal-sweep: {} is locked ({who})\n  fix: wait for it to finish, or write elsewhere with -o",
-                dir.display(),
-                path.display()
-            )
-        }
-        TryLockError::Error(e) => format!("{}: cannot lock: {e}", path.display()),
+        TryLockError::WouldBlock => LockError::Busy { dir: dir.to_path_buf(), lock: path.to_path_buf(), holder },
+        TryLockError::Error(e) => LockError::io(path, "cannot lock", e),
     }
 }
 
@@ -146,7 +186,7 @@ mod tests {
     fn a_second_run_is_refused_naming_the_holder_and_may_go_once_the_first_is_done() {
         let d = dir("run");
         let first = DirLock::acquire(&d, None, Purpose::Run).unwrap();
-        let e = DirLock::acquire(&d, None, Purpose::Merge).unwrap_err();
+        let e = DirLock::acquire(&d, None, Purpose::Merge).unwrap_err().to_string();
         assert!(e.contains(&format!("pid {}", std::process::id())) && e.contains("running since"), "{e}");
         assert!(e.contains("fix:"), "{e}");
         drop(first);
@@ -161,9 +201,9 @@ mod tests {
         let s = |i| Some(Shard { index: i, count: 2 });
         let a = DirLock::acquire(&d, s(0), Purpose::Run).unwrap();
         let b = DirLock::acquire(&d, s(1), Purpose::Run).unwrap();
-        let again = DirLock::acquire(&d, s(1), Purpose::Run).unwrap_err();
+        let again = DirLock::acquire(&d, s(1), Purpose::Run).unwrap_err().to_string();
         assert!(again.contains(".lock-shard-1-of-2") && again.contains("pid"), "{again}");
-        let whole = DirLock::acquire(&d, None, Purpose::Merge).unwrap_err();
+        let whole = DirLock::acquire(&d, None, Purpose::Merge).unwrap_err().to_string();
         assert!(whole.contains("shards of a sweep"), "{whole}");
         drop((a, b));
         let whole = DirLock::acquire(&d, None, Purpose::Merge).unwrap();

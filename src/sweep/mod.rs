@@ -17,8 +17,11 @@
 //! negative rate) makes only that point's runs fail.
 
 pub mod lock;
+mod path;
 pub mod runner;
 pub mod search;
+
+pub use path::set_path;
 
 use crate::config::{ConfigError, ErrorKind, Scenario, Spec, closest, resolve, spec_from_table};
 use crate::engine::Fnv64;
@@ -154,41 +157,6 @@ impl SweepPlan {
 }
 
 const SWEEP_KEYS: [&str; 4] = ["sweep", "grid", "zip", "search"];
-
-/// Sets `path` (dotted; numeric segments index lists) in `table` to
-/// `value`, creating missing tables on the way.
-pub fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> Result<(), String> {
-    let segs: Vec<&str> = path.split('.').collect();
-    if segs.iter().any(|s| s.is_empty()) {
-        return Err("a path is dot-separated keys, such as router.router_params.policy".into());
-    }
-    let (first, rest) = segs.split_first().expect("split always yields one segment");
-    let slot = table.entry(first.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-    set_in(slot, rest, value, first)
-}
-
-fn set_in(cur: &mut toml::Value, rest: &[&str], value: toml::Value, at: &str) -> Result<(), String> {
-    let Some((seg, tail)) = rest.split_first() else {
-        *cur = value;
-        return Ok(());
-    };
-    let here = format!("{at}.{seg}");
-    match cur {
-        toml::Value::Table(t) => {
-            let slot = t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-            set_in(slot, tail, value, &here)
-        }
-        toml::Value::Array(items) => {
-            let len = items.len();
-            let idx: usize =
-                seg.parse().map_err(|_| format!("`{at}` is a list; `{seg}` must be an index (0, 1, …)"))?;
-            let item =
-                items.get_mut(idx).ok_or_else(|| format!("`{at}` has {len} entries; index {idx} is out of range"))?;
-            set_in(item, tail, value, &here)
-        }
-        _ => Err(format!("`{at}` is a value, not a table")),
-    }
-}
 
 fn axis_type(path: &str, values: &[toml::Value], source: &str) -> Result<ColType, ConfigError> {
     use toml::Value as V;
@@ -590,14 +558,14 @@ pub fn default_config() -> Result<String, ConfigError> {
 }
 
 /// The scenario of one run: its point's scenario with the replicate's seed.
-pub fn run_scenario(run: &RunPlan<'_>) -> Result<Scenario, String> {
+pub fn run_scenario(run: &RunPlan<'_>) -> Result<Scenario, ConfigError> {
     match &run.point.scenario {
         Ok(s) => {
             let mut s = Scenario::clone(s);
             s.seed = run.meta.seed;
             Ok(s)
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e.clone()),
     }
 }
 

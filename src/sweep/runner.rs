@@ -32,10 +32,32 @@ pub struct Shard {
     pub count: u32,
 }
 
+/// A `--shard` value or Slurm array variables that name no shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardError(pub String);
+
+impl std::fmt::Display for ShardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+/// A run that panicked (a broken invariant), with the panic's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Panic(pub String);
+
+impl std::fmt::Display for Panic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "panic: {}", self.0)
+    }
+}
+
 impl Shard {
     /// Parses `i/N`.
-    pub fn parse(s: &str) -> Result<Shard, String> {
-        let err = || format!("--shard takes i/N with 0 ≤ i < N (e.g. 0/4), got {s:?}");
+    pub fn parse(s: &str) -> Result<Shard, ShardError> {
+        let err = || ShardError(format!("--shard takes i/N with 0 ≤ i < N (e.g. 0/4), got {s:?}"));
         let (i, n) = s.split_once('/').ok_or_else(err)?;
         let (index, count) = (i.trim().parse().map_err(|_| err())?, n.trim().parse().map_err(|_| err())?);
         if count == 0 || index >= count {
@@ -46,18 +68,21 @@ impl Shard {
 
     /// The shard of a Slurm array task (`SLURM_ARRAY_TASK_ID − SLURM_ARRAY_TASK_MIN`
     /// of `SLURM_ARRAY_TASK_COUNT`), if those variables are set.
-    pub fn from_slurm_env() -> Option<Result<Shard, String>> {
+    pub fn from_slurm_env() -> Option<Result<Shard, ShardError>> {
         let var = |k: &str| std::env::var(k).ok();
         let (id, count) = (var("SLURM_ARRAY_TASK_ID")?, var("SLURM_ARRAY_TASK_COUNT")?);
         let min = var("SLURM_ARRAY_TASK_MIN").unwrap_or_else(|| "0".into());
-        let parse = |v: &str, k: &str| v.trim().parse::<u32>().map_err(|_| format!("{k}={v:?} is not a number"));
+        let parse =
+            |v: &str, k: &str| v.trim().parse::<u32>().map_err(|_| ShardError(format!("{k}={v:?} is not a number")));
         Some((|| {
             let (id, count, min) = (
                 parse(&id, "SLURM_ARRAY_TASK_ID")?,
                 parse(&count, "SLURM_ARRAY_TASK_COUNT")?,
                 parse(&min, "SLURM_ARRAY_TASK_MIN")?,
             );
-            let index = id.checked_sub(min).ok_or("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN")?;
+            let index = id
+                .checked_sub(min)
+                .ok_or_else(|| ShardError("SLURM_ARRAY_TASK_ID is below SLURM_ARRAY_TASK_MIN".into()))?;
             Shard::parse(&format!("{index}/{count}"))
         })())
     }
@@ -172,23 +197,23 @@ impl From<OutputError> for SweepError {
     }
 }
 
-/// Runs `f`, turning a panic into an error message.
-pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+/// Runs `f`, turning a panic into an error.
+pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
         let msg = payload
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| payload.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "unknown panic".into());
-        format!("panic: {msg}")
+        Panic(msg)
     })
 }
 
 pub(crate) fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
     let started = Instant::now();
     let outcome = run_scenario(&run)
-        .map_err(RunError::Failed)
-        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(RunError::Failed).and_then(|r| r));
+        .map_err(|e| RunError::Failed(e.to_string()))
+        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(|p| RunError::Failed(p.to_string()))?);
     RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64())
 }
 
@@ -938,8 +963,8 @@ mod tests {
 
     #[test]
     fn a_panic_becomes_a_failed_outcome_with_its_message() {
-        let r: Result<(), String> = isolate(|| panic!("broken invariant 42"));
-        assert_eq!(r, Err("panic: broken invariant 42".to_string()));
+        let r: Result<(), Panic> = isolate(|| panic!("broken invariant 42"));
+        assert_eq!(r.unwrap_err().to_string(), "panic: broken invariant 42");
         assert_eq!(isolate(|| 7), Ok(7));
     }
 }
