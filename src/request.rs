@@ -157,8 +157,8 @@ pub struct SeqState {
     pub admit_seq: u64,
     /// Whether it holds one of the worker's I/O slots.
     pub holds_io_slot: bool,
-    /// Whether a KV load for it is in flight (vLLM's `WAITING_FOR_REMOTE_KVS`).
-    pub fetching: bool,
+    /// Where it is in its worker's scheduler.
+    pub status: RequestStatus,
     /// What the current admission attempt starts with, per tier: the GPU
     /// prefix it holds and the tokens it loads (or loaded) from each tier.
     /// Credited as hits when it is admitted.
@@ -167,6 +167,28 @@ pub struct SeqState {
     pub last_token_at: SimTime,
     /// Decode-group bookkeeping; valid while it is decoding.
     pub decode: DecodeSlot,
+}
+
+/// Where a request is in its worker's scheduler, after vLLM's
+/// `RequestStatus` (`vllm/v1/request.py`): waiting, waiting for its KV to
+/// arrive from an external store (`WAITING_FOR_REMOTE_KVS`), running
+/// (prefilling or decoding), finished. A preempted request is `Waiting`
+/// again (vLLM's `PREEMPTED` re-enters the waiting queue the same way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RequestStatus {
+    /// In the waiting queue, holding no KV (new, or preempted).
+    #[default]
+    Waiting,
+    /// In the waiting queue while its KV loads from the tiers or over the P/D link.
+    WaitingForRemoteKvs,
+    /// In the waiting queue holding the KV its load brought, until admitted.
+    Loaded,
+    /// In the running batch, prefilling its prompt (or recomputing) chunk by chunk.
+    Prefilling,
+    /// In the running batch, in the worker's decode group.
+    Decoding,
+    /// Its last token is out (its KV may still be saving).
+    Finished,
 }
 
 /// A decoding request's position in its worker's decode group.

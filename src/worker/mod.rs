@@ -63,16 +63,22 @@
 //! load finishes, output blocks when the request finishes; a finished or
 //! preempted request's blocks stay cached and evictable (tail first).
 
+mod accounting;
+mod decode_run;
 pub mod model;
 pub mod perf;
 pub mod power;
 pub mod presets;
+mod scheduler;
+
+use accounting::StepLog;
+pub use decode_run::DecodeGroup;
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
 use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tier};
 use crate::metrics::{PeakSeconds, StepRecord, StepRow};
-use crate::request::{PdPhase, Request};
+use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
 use power::PowerModel;
@@ -256,17 +262,6 @@ pub struct Worker {
     log: Option<StepLog>,
 }
 
-/// The rows of a worker's steps (see [`Worker::log_steps`]).
-#[derive(Debug, Default)]
-struct StepLog {
-    /// Steps done.
-    rows: Vec<StepRow>,
-    /// The step (or sub-step) in flight; its start and duration are set when it ends.
-    current: Option<StepRow>,
-    /// The later sub-steps of the run in flight.
-    pending: VecDeque<StepRow>,
-}
-
 /// Which part of the waiting-queue walk a pass runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pass {
@@ -429,160 +424,6 @@ impl Worker {
         next
     }
 
-    /// Brings a run of decode steps up to `until`: the sub-steps that ended
-    /// by then (at `until` too if `inclusive`) happen — their tokens, their
-    /// blocks for the next sub-step — as separate steps would have. Their
-    /// `(end, duration, decodes)` wait in [`Self::take_substeps`].
-    ///
-    /// A run is planned only when nothing but decoding can happen until its
-    /// end — the waiting queue is empty, no member finishes or crosses the
-    /// sliding window before the last sub-step, and the blocks the sub-steps
-    /// need can be had without preemption (and without evictions others
-    /// would be told about) — so doing its sub-steps late, when someone
-    /// looks, changes nothing: callers materialise before they read the
-    /// worker's state, and a new request [`cut`](Self::cut)s the run.
-    pub fn materialize(&mut self, until: SimTime, inclusive: bool) {
-        while let Some(&t) = self.run.front() {
-            if t > until || (t == until && !inclusive) {
-                break;
-            }
-            self.run.pop_front();
-            let step = self.step.as_mut().expect("a run is a step in flight");
-            let d = t - step.start;
-            step.start = t;
-            self.busy += d;
-            self.steps += 1;
-            self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
-            self.log_end(t, d);
-            self.peak_total += self.step_peak;
-            self.step_j += self.power.step_joules(d.as_secs_f64(), self.step_peak);
-            self.run_sub += 1.0;
-            let (p0, dp) = self.run_peak;
-            self.step_peak = PeakSeconds {
-                compute: p0.compute + self.run_sub * dp.compute,
-                memory: p0.memory + self.run_sub * dp.memory,
-            };
-            self.decode.advance();
-            self.step_index += 1;
-            let need = self.decode.blocks_needed(self.step_index);
-            debug_assert!(self.cache.can_allocate(need, t, false), "a run's blocks were counted when it was planned");
-            self.cache.allocate(need, t, false);
-        }
-    }
-
-    /// Whether a run of decode steps is in flight with sub-steps to come.
-    pub fn in_run(&self) -> bool {
-        !self.run.is_empty()
-    }
-
-    /// What the steps done so far asked of the GPU.
-    pub fn peak_total(&self) -> PeakSeconds {
-        self.peak_total
-    }
-
-    /// Joules per GPU of the steps done so far.
-    pub fn step_joules(&self) -> f64 {
-        self.step_j
-    }
-
-    /// Keeps a row per step from now on ([`Self::take_step_rows`]).
-    pub fn log_steps(&mut self) {
-        self.log.get_or_insert_with(StepLog::default);
-    }
-
-    /// The rows of the steps done so far (empty unless [`Self::log_steps`]).
-    pub fn take_step_rows(&mut self) -> Vec<StepRow> {
-        self.log.as_mut().map(|l| std::mem::take(&mut l.rows)).unwrap_or_default()
-    }
-
-    /// The row of a step doing `work` (its times are set when it ends).
-    fn row_of(worker: WorkerId, work: &StepWork<'_>, cfg: &WorkerConfig) -> StepRow {
-        let split = match &cfg.perf {
-            StepModel::Operators(o) => {
-                let c = o.curves.cost(work);
-                let k = &o.constants;
-                let (_, cpu) = c.parts(k);
-                Some([c.compute * k.compute_scale, c.memory * k.memory_scale, c.comm * k.comm_scale, cpu])
-            }
-            _ => None,
-        };
-        StepRow {
-            worker: worker.0,
-            start_s: 0.0,
-            duration_s: 0.0,
-            prefill_chunks: work.prefill.len() as u32,
-            prefill_tokens: work.prefill.iter().map(|c| c.end - c.cached).sum(),
-            prefill_cached_tokens: work.prefill.iter().map(|c| c.cached).sum(),
-            decodes: work.decodes,
-            decode_context_tokens: work.decode_context_tokens,
-            gpu_compute_s: split.map(|s| s[0]),
-            gpu_memory_s: split.map(|s| s[1]),
-            gpu_comm_s: split.map(|s| s[2]),
-            cpu_s: split.map(|s| s[3]),
-        }
-    }
-
-    /// The step in flight ended at `end` after `duration`: its row is done,
-    /// and the run's next sub-step (if any) is in flight.
-    fn log_end(&mut self, end: SimTime, duration: SimDuration) {
-        if let Some(log) = &mut self.log
-            && let Some(mut row) = log.current.take()
-        {
-            row.start_s = (end - duration).as_secs_f64();
-            row.duration_s = duration.as_secs_f64();
-            log.rows.push(row);
-            log.current = log.pending.pop_front();
-        }
-    }
-
-    /// Moves the sub-steps materialised so far to `out`.
-    pub fn take_substeps(&mut self, out: &mut Vec<StepRecord>) {
-        out.append(&mut self.substeps);
-    }
-
-    /// Ends the run in flight at the end of its current sub-step (after
-    /// [`Self::materialize`]); returns the new end and stamp.
-    fn cut(&mut self) -> Option<(SimTime, u32)> {
-        let end = self.run.pop_front()?;
-        self.run.clear();
-        if let Some(log) = &mut self.log {
-            // The sub-step in flight is the run's last now.
-            log.pending.clear();
-        }
-        self.run_limit = FIRST_RUN;
-        self.in_planned_run = false;
-        self.step.as_mut().expect("a run is a step in flight").end = end;
-        Some((end, self.version.bump()))
-    }
-
-    /// The request's KV load finished: the loaded blocks join the prefix
-    /// cache (still held by the request, which stays in the waiting queue
-    /// until admitted); in pipelined mode it returns its I/O slot.
-    pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
-        reqs[id.index()].seq.fetching = false;
-        self.loading -= 1;
-        self.register_blocks(id, now, reqs, cfg);
-        if cfg.slot_mode == SlotMode::Pipelined {
-            self.release_io_slot(id, reqs);
-        }
-    }
-
-    fn take_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
-        let seq = &mut reqs[id.index()].seq;
-        if !seq.holds_io_slot {
-            seq.holds_io_slot = true;
-            self.io_in_use += 1;
-        }
-    }
-
-    fn release_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
-        let seq = &mut reqs[id.index()].seq;
-        if seq.holds_io_slot {
-            seq.holds_io_slot = false;
-            self.io_in_use -= 1;
-        }
-    }
-
     /// Ends the step stamped `version` at `now` and fills `out` with what it
     /// produced. The worker is then idle: the caller saves the completed
     /// requests' KV and then has it plan the next step ([`Self::poll`]).
@@ -656,10 +497,7 @@ impl Worker {
                 self.decode.join(id, s + 1, reqs);
             }
         }
-        self.prefilling.retain(|id| {
-            let r = &reqs[id.index()];
-            !r.seq.decode.active && r.finished.is_none()
-        });
+        self.prefilling.retain(|id| reqs[id.index()].seq.status == RequestStatus::Prefilling);
         chunks.clear();
         self.chunks = chunks;
         self.step_index += 1;
@@ -696,7 +534,9 @@ impl Worker {
         cfg: &WorkerConfig,
         out: &mut StepOutcome,
     ) {
-        reqs[id.index()].finished = Some(now);
+        let r = &mut reqs[id.index()];
+        r.finished = Some(now);
+        r.seq.status = RequestStatus::Finished;
         self.register_blocks(id, now, reqs, cfg);
         self.release_blocks(id, now, reqs, cfg);
         self.release_io_slot(id, reqs);
@@ -810,521 +650,11 @@ impl Worker {
         self.step = Some(Step { start: now, end, decodes });
         Some((end, self.version.bump()))
     }
-
-    /// Extends a decode-only step ending at `first_end` into a run of
-    /// sub-steps (see [`Self::materialize`]); returns the run's end.
-    fn plan_run(&mut self, first_end: SimTime, decodes: u64, context: u64, window: u64, cfg: &WorkerConfig) -> SimTime {
-        let s = self.step_index;
-        // The last sub-step may see members finish or cross the window; none before.
-        let last = self.decode.next_finish().min(self.decode.next_cross().saturating_sub(1)).max(s);
-        let steps = (last - s).saturating_add(1).min(self.run_limit);
-        // Blocks for the later sub-steps, without preemption; evictions only
-        // where nobody is told about them.
-        let mut allowance = self.cache.free();
-        if !(cfg.publish_events || cfg.report_evictions) {
-            allowance += self.cache.evictable();
-        }
-        let below = self.decode.below();
-        let next = StepWork {
-            prefill: &[],
-            decodes,
-            decode_context_tokens: context + decodes,
-            decode_window_tokens: window + below,
-            samples: decodes,
-        };
-        let p1 = cfg.usage.peak_seconds(&next);
-        let p0 = self.step_peak;
-        self.run_peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
-        self.run_sub = 0.0;
-        let mut end = first_end;
-        for j in 1..steps {
-            let need = self.decode.blocks_needed(s + j);
-            if need > allowance {
-                break;
-            }
-            allowance -= need;
-            self.run.push_back(end);
-            let work = StepWork {
-                prefill: &[],
-                decodes,
-                decode_context_tokens: context + j * decodes,
-                decode_window_tokens: window + j * below,
-                samples: decodes,
-            };
-            end += cfg.perf.step_time(&work);
-            if let Some(log) = &mut self.log {
-                log.pending.push_back(Self::row_of(self.id, &work, cfg));
-            }
-        }
-        self.in_planned_run = !self.run.is_empty();
-        end
-    }
-
-    fn has_room(&self, budget: u64, cfg: &WorkerConfig) -> bool {
-        self.running() < cfg.max_running as usize && budget > 0
-    }
-
-    /// Walks the waiting queue in FIFO order (see the module docs): admits
-    /// (with [`Pass::Admit`]) and starts loads. Returns true if it stopped
-    /// before the end of the queue because nothing behind could move.
-    #[allow(clippy::too_many_arguments)]
-    fn schedule_waiting(
-        &mut self,
-        now: SimTime,
-        pass: Pass,
-        budget: &mut u64,
-        reqs: &mut [Request],
-        cfg: &WorkerConfig,
-        conn: &mut KvConnector,
-        out: &mut ConnectorOutput,
-    ) -> bool {
-        let idle = self.running() == 0;
-        let window = cfg.io_slots as usize;
-        let mut blocked = false;
-        // Requests holding KV not yet passed (they may go ahead of a blocked head).
-        let mut holders = self.kv_waiting;
-        let mut pos = 0;
-        while pos < self.ready.len() {
-            // A new request can load only within the window, and be admitted only with room.
-            let new_may_move = !blocked && (pos < window || (pass == Pass::Admit && self.has_room(*budget, cfg)));
-            if !new_may_move && holders == 0 {
-                return true;
-            }
-            let id = self.ready[pos];
-            let (seq, seq_serial) = (reqs[id.index()].seq, reqs[id.index()].serial);
-            if seq.fetching {
-                holders -= 1;
-                pos += 1;
-                continue;
-            }
-            if seq.computed > 0 {
-                holders -= 1;
-                if pass == Pass::Admit
-                    && self.has_room(*budget, cfg)
-                    && self.admit(now, pos, 0, budget, reqs, cfg, idle)
-                {
-                    continue;
-                }
-                pos += 1;
-                continue;
-            }
-            if !new_may_move {
-                pos += 1;
-                continue;
-            }
-            let memo = (seq_serial, self.cache.epoch(), self.io_in_use, self.kv_waiting);
-            if self.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
-                blocked = true;
-                pos += 1;
-                continue;
-            }
-            // What it already has: the GPU prefix, then what the tiers hold beyond it.
-            let r = &reqs[id.index()];
-            let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
-            let local = self.cache.lookup(&r.blocks[..max]);
-            let external = conn.lookup(self.id, id, &r.blocks, r.seq.num_tokens, local as u64);
-            if external.tokens > 0 {
-                // At most io_slots waiting requests hold KV, and only the first
-                // io_slots places of the queue load.
-                if pos < window && self.kv_waiting < cfg.io_slots {
-                    if self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
-                        pos += 1;
-                        continue;
-                    }
-                    self.blocked = Some(memo);
-                }
-            } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
-                if self.admit(now, pos, local, budget, reqs, cfg, idle) {
-                    continue;
-                }
-            } else {
-                // It waits for room in the batch, not for memory: later
-                // requests may still start their loads.
-                pos += 1;
-                continue;
-            }
-            // It stays waiting, and every new request behind it waits too.
-            blocked = true;
-            pos += 1;
-        }
-        false
-    }
-
-    /// Starts loading the `external` tokens the tiers hold for new request
-    /// `id` beyond its `local` GPU-prefix blocks, if it can have an I/O slot
-    /// and the GPU blocks for them; false (and nothing held) if not.
-    #[allow(clippy::too_many_arguments)]
-    fn start_load(
-        &mut self,
-        now: SimTime,
-        id: RequestId,
-        local: usize,
-        external: ExternalHit,
-        reqs: &mut [Request],
-        cfg: &WorkerConfig,
-        conn: &mut KvConnector,
-        out: &mut ConnectorOutput,
-        idle: bool,
-    ) -> bool {
-        let r = &mut reqs[id.index()];
-        if !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
-            return false;
-        }
-        let g = local as u64;
-        let computed = g * cfg.block_size + external.tokens;
-        let need = cfg.blocks_for(computed) - g;
-        if !self.cache.can_allocate(need, now, idle) {
-            return false;
-        }
-        // Taking the GPU prefix can only shrink what is allocatable.
-        let path = self.cache.acquire(&r.blocks, local, now);
-        if !self.cache.can_allocate(need, now, idle) {
-            self.cache.release(path, now);
-            return false;
-        }
-        self.cache.allocate(need, now, idle);
-        let loaded = conn.load(now, self.id, id, &r.blocks, r.seq.num_tokens, g, out);
-        debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
-        let seq = &mut r.seq;
-        seq.path = path;
-        seq.registered = g;
-        seq.computed = computed;
-        seq.fetching = true;
-        seq.hit = external.per_tier;
-        seq.hit[Tier::Gpu.index()] = g * cfg.block_size;
-        self.take_io_slot(id, reqs);
-        self.kv_waiting += 1;
-        self.loading += 1;
-        debug_assert!(
-            self.kv_waiting <= cfg.io_slots,
-            "KV-holding waiting requests are within the first io_slots places"
-        );
-        true
-    }
-
-    /// Admits the waiting request at `pos` into the running batch with its
-    /// first prefill chunk, if the chunk fits: a loaded request brings what
-    /// it loaded, a new one takes its `local` GPU-prefix blocks. Its hits are
-    /// credited (first admission and total). False (and nothing changed) if
-    /// it does not fit.
-    #[allow(clippy::too_many_arguments)]
-    fn admit(
-        &mut self,
-        now: SimTime,
-        pos: usize,
-        local: usize,
-        budget: &mut u64,
-        reqs: &mut [Request],
-        cfg: &WorkerConfig,
-        idle: bool,
-    ) -> bool {
-        let id = self.ready[pos];
-        let r = &mut reqs[id.index()];
-        if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
-            return false;
-        }
-        let holding = r.seq.computed > 0;
-        let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
-        let remaining = r.seq.num_tokens - c;
-        let chunk = remaining.min(*budget);
-        let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
-        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need, now, idle) {
-            return false;
-        }
-        if !holding {
-            // Taking the hit blocks can only shrink what is allocatable.
-            r.seq.path = self.cache.acquire(&r.blocks, local, now);
-            r.seq.registered = local as u64;
-            r.seq.computed = c;
-            if !self.cache.can_allocate(need, now, idle) {
-                self.release_blocks(id, now, reqs, cfg);
-                reqs[id.index()].seq.computed = 0;
-                return false;
-            }
-            let seq = &mut reqs[id.index()].seq;
-            seq.hit = [0; 4];
-            seq.hit[Tier::Gpu.index()] = c;
-        }
-        self.ready.remove(pos);
-        self.cache.allocate(need, now, idle);
-        if holding {
-            self.kv_waiting -= 1;
-        } else if cfg.slot_mode == SlotMode::SingleStage {
-            self.take_io_slot(id, reqs);
-        }
-        let r = &mut reqs[id.index()];
-        r.seq.admit_seq = self.admit_counter;
-        self.admit_counter += 1;
-        if r.first_scheduled.is_none() {
-            r.first_scheduled = Some(now);
-            r.hit_tokens = r.seq.hit;
-        }
-        r.hit_tokens_total += r.seq.hit.iter().sum::<u64>();
-        self.prefilling.push(id);
-        self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
-        *budget -= chunk;
-        true
-    }
-
-    /// A waiting request holding loaded KV gives its blocks (and slot) up;
-    /// it keeps its place and will look its prefix up again.
-    fn drop_loaded(&mut self, now: SimTime, id: RequestId, reqs: &mut [Request], cfg: &WorkerConfig) {
-        self.release_blocks(id, now, reqs, cfg);
-        self.release_io_slot(id, reqs);
-        let r = &mut reqs[id.index()];
-        r.seq.computed = 0;
-        r.seq.hit = [0; 4];
-        r.preemptions += 1;
-        self.kv_waiting -= 1;
-        self.preemptions += 1;
-    }
-
-    /// The running request with the least work done (fewest computed tokens;
-    /// ties: the latest admitted) among the prefilling requests from position
-    /// `from` on and, if `with_decoders`, every decoding request.
-    fn least_work_victim(&self, from: usize, s: u64, reqs: &[Request], with_decoders: bool) -> Option<RequestId> {
-        let key = |id: RequestId, computed: u64| (computed, Reverse(reqs[id.index()].seq.admit_seq));
-        let prefill = self.prefilling[from..].iter().map(|&id| (key(id, reqs[id.index()].seq.computed), id));
-        let decoders = self
-            .decode
-            .members
-            .iter()
-            .filter(|_| with_decoders)
-            .map(|&id| (key(id, self.decode.computed(id, s, reqs)), id));
-        prefill.chain(decoders).min_by_key(|&(k, _)| k).map(|(_, id)| id)
-    }
-
-    /// Preempts `id` by recompute before step `s`: it frees its blocks and
-    /// goes back to the front of the waiting queue, where it will look its
-    /// prefix up again (GPU, then tiers).
-    fn preempt(&mut self, now: SimTime, id: RequestId, s: u64, reqs: &mut [Request], cfg: &WorkerConfig) {
-        if reqs[id.index()].seq.decode.active {
-            let (computed, generated) = self.decode.leave(id, s, reqs);
-            let seq = &mut reqs[id.index()].seq;
-            seq.computed = computed;
-            seq.generated = generated;
-            seq.num_tokens = computed + 1;
-            seq.last_token_at = now;
-        } else {
-            let pos = self.prefilling.iter().position(|&p| p == id).expect("victim is running");
-            self.prefilling.remove(pos);
-        }
-        self.release_blocks(id, now, reqs, cfg);
-        let r = &mut reqs[id.index()];
-        r.seq.computed = 0;
-        r.seq.hit = [0; 4];
-        r.preemptions += 1;
-        self.preemptions += 1;
-        self.ready.push_front(id);
-    }
 }
 
 /// Returned by [`Worker::finish_step`] for a step event superseded by a re-plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StaleStep;
-
-/// The decoding sequences of one worker, advanced arithmetically.
-///
-/// A member that joined at step `j` with `c` computed and `g` generated
-/// tokens has, before step `s ≥ j`, `c + (s − j)` computed and `g + (s − j)`
-/// generated tokens; it writes KV position `c + (s − j)` in step `s` and so
-/// needs a new block exactly when `s ≡ j − c (mod block_size)` — the group
-/// keeps one counter per residue class. It finishes after step
-/// `j + (output − g) − 1`, kept in a min-heap.
-///
-/// With a sliding window `W`, `Σ min(context, W)` is kept the same way: the
-/// members still below the window (and the sum of their contexts) grow by
-/// one token per step, and a member crosses the window at step `j + W − c`
-/// (another min-heap).
-#[derive(Debug)]
-pub struct DecodeGroup {
-    block_size: u64,
-    members: Vec<RequestId>,
-    /// Σ computed tokens of the members before the next step.
-    context: u64,
-    residue: Vec<u32>,
-    finish: BinaryHeap<Reverse<(u64, u64, RequestId, u32)>>,
-    /// The sliding window (`u64::MAX`: none, and nothing below is kept).
-    window: u64,
-    /// Members whose context is below the window, and the sum of their contexts.
-    below: u64,
-    below_context: u64,
-    /// `(step at which the context reaches the window, member, epoch)`.
-    cross: BinaryHeap<Reverse<(u64, RequestId, u32)>>,
-    /// Joins so far (the next member's epoch).
-    joins: u32,
-}
-
-impl DecodeGroup {
-    fn new(block_size: u64, window: Option<u64>) -> DecodeGroup {
-        DecodeGroup {
-            block_size,
-            members: Vec::new(),
-            context: 0,
-            residue: vec![0; block_size as usize],
-            finish: BinaryHeap::new(),
-            window: window.unwrap_or(u64::MAX),
-            below: 0,
-            below_context: 0,
-            cross: BinaryHeap::new(),
-            joins: 0,
-        }
-    }
-
-    fn windowed(&self) -> bool {
-        self.window != u64::MAX
-    }
-
-    /// Before step `s`: members that have reached the window leave the below set.
-    fn settle_window(&mut self, s: u64, reqs: &[Request]) {
-        while let Some(&Reverse((step, id, epoch))) = self.cross.peek() {
-            if step > s {
-                break;
-            }
-            self.cross.pop();
-            let d = reqs[id.index()].seq.decode;
-            if d.active && d.epoch == epoch {
-                self.below -= 1;
-                self.below_context -= d.computed_at_join + (s - d.join_step);
-            }
-        }
-    }
-
-    /// The earliest step a member finishes in (`u64::MAX` without members).
-    fn next_finish(&self) -> u64 {
-        self.finish.peek().map_or(u64::MAX, |Reverse((step, ..))| *step)
-    }
-
-    /// The earliest step a member's context reaches the window.
-    fn next_cross(&self) -> u64 {
-        self.cross.peek().map_or(u64::MAX, |Reverse((step, ..))| *step)
-    }
-
-    /// Members whose context is below the window (each adds a token to the windowed sum per step).
-    fn below(&self) -> u64 {
-        if self.windowed() { self.below } else { self.members.len() as u64 }
-    }
-
-    /// Σ over members of `min(context, window)` before step `s`.
-    pub fn window_tokens(&mut self, s: u64, reqs: &[Request]) -> u64 {
-        if !self.windowed() {
-            return self.context;
-        }
-        self.settle_window(s, reqs);
-        self.below_context + self.window * (self.members.len() as u64 - self.below)
-    }
-
-    /// Members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// True with no members.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// Σ over members of tokens already in their KV cache.
-    pub fn context_tokens(&self) -> u64 {
-        self.context
-    }
-
-    fn residue_of(&self, join: u64, computed: u64) -> usize {
-        ((join % self.block_size + self.block_size - computed % self.block_size) % self.block_size) as usize
-    }
-
-    /// New blocks the members need to run step `s`.
-    pub fn blocks_needed(&self, s: u64) -> u64 {
-        u64::from(self.residue[(s % self.block_size) as usize])
-    }
-
-    /// Computed tokens of member `id` before step `s`.
-    fn computed(&self, id: RequestId, s: u64, reqs: &[Request]) -> u64 {
-        let d = reqs[id.index()].seq.decode;
-        d.computed_at_join + (s - d.join_step)
-    }
-
-    /// Adds `id` (whose `seq` is current) to decode from step `join` on.
-    fn join(&mut self, id: RequestId, join: u64, reqs: &mut [Request]) {
-        let r = &mut reqs[id.index()];
-        let (computed, generated) = (r.seq.computed, r.seq.generated);
-        let d = &mut r.seq.decode;
-        d.join_step = join;
-        d.computed_at_join = computed;
-        d.generated_at_join = generated;
-        d.pos = self.members.len() as u32;
-        // Unique over the group's life: a stale heap entry never matches a
-        // later member, even one in a reused request slot.
-        self.joins += 1;
-        d.epoch = self.joins;
-        d.active = true;
-        let finish_step = join + (u64::from(r.output_tokens) - generated) - 1;
-        self.finish.push(Reverse((finish_step, r.seq.admit_seq, id, d.epoch)));
-        if self.windowed() && computed < self.window {
-            self.below += 1;
-            self.below_context += computed;
-            self.cross.push(Reverse((join + (self.window - computed), id, d.epoch)));
-        }
-        self.members.push(id);
-        self.context += computed;
-        let res = self.residue_of(join, computed);
-        self.residue[res] += 1;
-    }
-
-    /// Removes `id` before step `s`; returns its (computed, generated) tokens then.
-    fn leave(&mut self, id: RequestId, s: u64, reqs: &mut [Request]) -> (u64, u64) {
-        if self.windowed() {
-            self.settle_window(s, reqs);
-        }
-        let d = reqs[id.index()].seq.decode;
-        let computed = d.computed_at_join + (s - d.join_step);
-        if self.windowed() && computed < self.window {
-            self.below -= 1;
-            self.below_context -= computed;
-        }
-        let generated = d.generated_at_join + (s - d.join_step);
-        let res = self.residue_of(d.join_step, d.computed_at_join);
-        self.residue[res] -= 1;
-        self.context -= computed;
-        let pos = d.pos as usize;
-        self.members.swap_remove(pos);
-        if let Some(&moved) = self.members.get(pos) {
-            reqs[moved.index()].seq.decode.pos = pos as u32;
-        }
-        reqs[id.index()].seq.decode.active = false;
-        (computed, generated)
-    }
-
-    /// Every member produced one token (end of a step).
-    fn advance(&mut self) {
-        self.context += self.members.len() as u64;
-        self.below_context += self.below;
-    }
-
-    /// After [`Self::advance`] for step `s`: the next member that finished in
-    /// it, removed from the group with its `seq` brought up to date.
-    fn pop_finished(&mut self, s: u64, reqs: &mut [Request]) -> Option<RequestId> {
-        while let Some(&Reverse((step, _, id, epoch))) = self.finish.peek() {
-            if step > s {
-                return None;
-            }
-            self.finish.pop();
-            let d = reqs[id.index()].seq.decode;
-            if !d.active || d.epoch != epoch {
-                continue; // preempted since this entry was pushed
-            }
-            debug_assert_eq!(step, s, "a decoder outlived its finish step");
-            // `leave` at s + 1 gives the counts after step s.
-            let (computed, generated) = self.leave(id, s + 1, reqs);
-            let seq = &mut reqs[id.index()].seq;
-            seq.computed = computed;
-            seq.generated = generated;
-            seq.num_tokens = computed + 1;
-            return Some(id);
-        }
-        None
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -1440,6 +770,8 @@ mod tests {
         out: ConnectorOutput,
         events: BTreeMap<(SimTime, u64), Ev>,
         seq: u64,
+        /// Each request's statuses after each event, repeats left out.
+        trail: BTreeMap<u32, Vec<RequestStatus>>,
     }
 
     #[derive(Clone, Copy, Debug)]
@@ -1457,7 +789,16 @@ mod tests {
             let mut conn = KvConnector::new(&kvc, cfg.block_size);
             conn.add_worker();
             let w = Worker::new(WorkerId(0), &cfg);
-            Harness { cfg, w, conn, reqs, out: ConnectorOutput::default(), events: BTreeMap::new(), seq: 0 }
+            Harness {
+                cfg,
+                w,
+                conn,
+                reqs,
+                out: ConnectorOutput::default(),
+                events: BTreeMap::new(),
+                seq: 0,
+                trail: BTreeMap::new(),
+            }
         }
 
         fn at(&mut self, t: SimTime, e: Ev) {
@@ -1493,6 +834,13 @@ mod tests {
                     Ev::Device(i, timer) => self.conn.on_timer(t, i, timer, &mut self.out),
                 }
                 self.apply(t);
+                for &(_, id) in arrivals {
+                    let trail = self.trail.entry(id).or_default();
+                    let now = self.reqs[id as usize].seq.status;
+                    if trail.last() != Some(&now) {
+                        trail.push(now);
+                    }
+                }
             }
         }
 
@@ -1549,6 +897,22 @@ mod tests {
     }
 
     #[test]
+    fn a_requests_status_follows_vllms_from_waiting_through_its_load_to_finished() {
+        use RequestStatus::*;
+        // The tier holds 32 tokens of content 7; the request (48 tokens of it, 3 out) loads them.
+        let reqs = arena_keyed(&[(32, 1), (48, 3)], |_| 7);
+        let mut h = Harness::new(toy(100, 8), 1, reqs);
+        h.seed(0);
+        h.run(&[(SimTime(MS), 1)]);
+        // (Its load ends and it is admitted at the same instant: `Loaded` lasts no time here.)
+        assert_eq!(h.trail[&1], [Waiting, WaitingForRemoteKvs, Prefilling, Decoding, Finished]);
+        // A one-token answer never decodes.
+        let mut h = Harness::new(toy(100, 8), 1, arena(&[(40, 1)]));
+        h.run(&[(SimTime(MS), 0)]);
+        assert_eq!(h.trail[&0], [Prefilling, Finished], "admitted as it arrives");
+    }
+
+    #[test]
     fn a_preempted_request_loads_its_prefix_again_and_those_hits_count() {
         // 10 blocks, GPU prefix caching off. The tier holds 32 tokens of content
         // 7. X (unique, 64 + 40) runs first; A (48 tokens of content 7, + 60)
@@ -1567,6 +931,14 @@ mod tests {
         assert_eq!(a.hit_tokens, [0, 32, 0, 0], "first admission");
         assert_eq!(a.hit_tokens_total, 32 * admissions, "every admission loaded the 32 tokens");
         assert_eq!(a.read_bytes[1], 2 * 160 * admissions);
+        // Preempted while running, it waits again and loads again.
+        use RequestStatus::*;
+        let trail = &h.trail[&2];
+        assert_eq!(trail[..2], [Waiting, WaitingForRemoteKvs]);
+        assert_eq!(trail.last(), Some(&Finished));
+        let back =
+            trail.windows(2).filter(|w| matches!(w, [Prefilling | Decoding, Waiting | WaitingForRemoteKvs])).count();
+        assert_eq!(back as u32, a.preemptions, "{trail:?}");
     }
 
     #[test]

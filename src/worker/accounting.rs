@@ -1,0 +1,77 @@
+//! What a worker's steps add up to: the share of peak compute and memory
+//! bandwidth asked, energy, and the rows of the `steps` table.
+
+use super::*;
+
+/// The rows of a worker's steps (see [`Worker::log_steps`]).
+#[derive(Debug, Default)]
+pub(super) struct StepLog {
+    /// Steps done.
+    pub(super) rows: Vec<StepRow>,
+    /// The step (or sub-step) in flight; its start and duration are set when it ends.
+    pub(super) current: Option<StepRow>,
+    /// The later sub-steps of the run in flight.
+    pub(super) pending: VecDeque<StepRow>,
+}
+
+impl Worker {
+    /// What the steps done so far asked of the GPU.
+    pub fn peak_total(&self) -> PeakSeconds {
+        self.peak_total
+    }
+
+    /// Joules per GPU of the steps done so far.
+    pub fn step_joules(&self) -> f64 {
+        self.step_j
+    }
+
+    /// Keeps a row per step from now on ([`Self::take_step_rows`]).
+    pub fn log_steps(&mut self) {
+        self.log.get_or_insert_with(StepLog::default);
+    }
+
+    /// The rows of the steps done so far (empty unless [`Self::log_steps`]).
+    pub fn take_step_rows(&mut self) -> Vec<StepRow> {
+        self.log.as_mut().map(|l| std::mem::take(&mut l.rows)).unwrap_or_default()
+    }
+
+    /// The row of a step doing `work` (its times are set when it ends).
+    pub(super) fn row_of(worker: WorkerId, work: &StepWork<'_>, cfg: &WorkerConfig) -> StepRow {
+        let split = match &cfg.perf {
+            StepModel::Operators(o) => {
+                let c = o.curves.cost(work);
+                let k = &o.constants;
+                let (_, cpu) = c.parts(k);
+                Some([c.compute * k.compute_scale, c.memory * k.memory_scale, c.comm * k.comm_scale, cpu])
+            }
+            _ => None,
+        };
+        StepRow {
+            worker: worker.0,
+            start_s: 0.0,
+            duration_s: 0.0,
+            prefill_chunks: work.prefill.len() as u32,
+            prefill_tokens: work.prefill.iter().map(|c| c.end - c.cached).sum(),
+            prefill_cached_tokens: work.prefill.iter().map(|c| c.cached).sum(),
+            decodes: work.decodes,
+            decode_context_tokens: work.decode_context_tokens,
+            gpu_compute_s: split.map(|s| s[0]),
+            gpu_memory_s: split.map(|s| s[1]),
+            gpu_comm_s: split.map(|s| s[2]),
+            cpu_s: split.map(|s| s[3]),
+        }
+    }
+
+    /// The step in flight ended at `end` after `duration`: its row is done,
+    /// and the run's next sub-step (if any) is in flight.
+    pub(super) fn log_end(&mut self, end: SimTime, duration: SimDuration) {
+        if let Some(log) = &mut self.log
+            && let Some(mut row) = log.current.take()
+        {
+            row.start_s = (end - duration).as_secs_f64();
+            row.duration_s = duration.as_secs_f64();
+            log.rows.push(row);
+            log.current = log.pending.pop_front();
+        }
+    }
+}

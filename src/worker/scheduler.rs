@@ -1,0 +1,302 @@
+//! The worker's scheduler proper: the waiting queue as vLLM walks it with a
+//! KV connector (lookups, loads and their I/O slots, admission), and
+//! preemption by recompute (see the module above for the rules).
+
+use super::*;
+
+impl Worker {
+    /// The request's KV load finished: the loaded blocks join the prefix
+    /// cache (still held by the request, which stays in the waiting queue
+    /// until admitted); in pipelined mode it returns its I/O slot.
+    pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        reqs[id.index()].seq.status = RequestStatus::Loaded;
+        self.loading -= 1;
+        self.register_blocks(id, now, reqs, cfg);
+        if cfg.slot_mode == SlotMode::Pipelined {
+            self.release_io_slot(id, reqs);
+        }
+    }
+
+    pub(super) fn take_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let seq = &mut reqs[id.index()].seq;
+        if !seq.holds_io_slot {
+            seq.holds_io_slot = true;
+            self.io_in_use += 1;
+        }
+    }
+
+    pub(super) fn release_io_slot(&mut self, id: RequestId, reqs: &mut [Request]) {
+        let seq = &mut reqs[id.index()].seq;
+        if seq.holds_io_slot {
+            seq.holds_io_slot = false;
+            self.io_in_use -= 1;
+        }
+    }
+
+    pub(super) fn has_room(&self, budget: u64, cfg: &WorkerConfig) -> bool {
+        self.running() < cfg.max_running as usize && budget > 0
+    }
+
+    /// Walks the waiting queue in FIFO order (see the module docs): admits
+    /// (with [`Pass::Admit`]) and starts loads. Returns true if it stopped
+    /// before the end of the queue because nothing behind could move.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn schedule_waiting(
+        &mut self,
+        now: SimTime,
+        pass: Pass,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> bool {
+        let idle = self.running() == 0;
+        let window = cfg.io_slots as usize;
+        let mut blocked = false;
+        // Requests holding KV not yet passed (they may go ahead of a blocked head).
+        let mut holders = self.kv_waiting;
+        let mut pos = 0;
+        while pos < self.ready.len() {
+            // A new request can load only within the window, and be admitted only with room.
+            let new_may_move = !blocked && (pos < window || (pass == Pass::Admit && self.has_room(*budget, cfg)));
+            if !new_may_move && holders == 0 {
+                return true;
+            }
+            let id = self.ready[pos];
+            let (seq, seq_serial) = (reqs[id.index()].seq, reqs[id.index()].serial);
+            if seq.status == RequestStatus::WaitingForRemoteKvs {
+                holders -= 1;
+                pos += 1;
+                continue;
+            }
+            if seq.computed > 0 {
+                holders -= 1;
+                if pass == Pass::Admit
+                    && self.has_room(*budget, cfg)
+                    && self.admit(now, pos, 0, budget, reqs, cfg, idle)
+                {
+                    continue;
+                }
+                pos += 1;
+                continue;
+            }
+            if !new_may_move {
+                pos += 1;
+                continue;
+            }
+            let memo = (seq_serial, self.cache.epoch(), self.io_in_use, self.kv_waiting);
+            if self.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
+                blocked = true;
+                pos += 1;
+                continue;
+            }
+            // What it already has: the GPU prefix, then what the tiers hold beyond it.
+            let r = &reqs[id.index()];
+            let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
+            let local = self.cache.lookup(&r.blocks[..max]);
+            let external = conn.lookup(self.id, id, &r.blocks, r.seq.num_tokens, local as u64);
+            if external.tokens > 0 {
+                // At most io_slots waiting requests hold KV, and only the first
+                // io_slots places of the queue load.
+                if pos < window && self.kv_waiting < cfg.io_slots {
+                    if self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
+                        pos += 1;
+                        continue;
+                    }
+                    self.blocked = Some(memo);
+                }
+            } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
+                if self.admit(now, pos, local, budget, reqs, cfg, idle) {
+                    continue;
+                }
+            } else {
+                // It waits for room in the batch, not for memory: later
+                // requests may still start their loads.
+                pos += 1;
+                continue;
+            }
+            // It stays waiting, and every new request behind it waits too.
+            blocked = true;
+            pos += 1;
+        }
+        false
+    }
+
+    /// Starts loading the `external` tokens the tiers hold for new request
+    /// `id` beyond its `local` GPU-prefix blocks, if it can have an I/O slot
+    /// and the GPU blocks for them; false (and nothing held) if not.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_load(
+        &mut self,
+        now: SimTime,
+        id: RequestId,
+        local: usize,
+        external: ExternalHit,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+        idle: bool,
+    ) -> bool {
+        let r = &mut reqs[id.index()];
+        if !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+            return false;
+        }
+        let g = local as u64;
+        let computed = g * cfg.block_size + external.tokens;
+        let need = cfg.blocks_for(computed) - g;
+        if !self.cache.can_allocate(need, now, idle) {
+            return false;
+        }
+        // Taking the GPU prefix can only shrink what is allocatable.
+        let path = self.cache.acquire(&r.blocks, local, now);
+        if !self.cache.can_allocate(need, now, idle) {
+            self.cache.release(path, now);
+            return false;
+        }
+        self.cache.allocate(need, now, idle);
+        let loaded = conn.load(now, self.id, id, &r.blocks, r.seq.num_tokens, g, out);
+        debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
+        let seq = &mut r.seq;
+        seq.path = path;
+        seq.registered = g;
+        seq.computed = computed;
+        seq.status = RequestStatus::WaitingForRemoteKvs;
+        seq.hit = external.per_tier;
+        seq.hit[Tier::Gpu.index()] = g * cfg.block_size;
+        self.take_io_slot(id, reqs);
+        self.kv_waiting += 1;
+        self.loading += 1;
+        debug_assert!(
+            self.kv_waiting <= cfg.io_slots,
+            "KV-holding waiting requests are within the first io_slots places"
+        );
+        true
+    }
+
+    /// Admits the waiting request at `pos` into the running batch with its
+    /// first prefill chunk, if the chunk fits: a loaded request brings what
+    /// it loaded, a new one takes its `local` GPU-prefix blocks. Its hits are
+    /// credited (first admission and total). False (and nothing changed) if
+    /// it does not fit.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn admit(
+        &mut self,
+        now: SimTime,
+        pos: usize,
+        local: usize,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        idle: bool,
+    ) -> bool {
+        let id = self.ready[pos];
+        let r = &mut reqs[id.index()];
+        if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+            return false;
+        }
+        let holding = r.seq.computed > 0;
+        let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
+        let remaining = r.seq.num_tokens - c;
+        let chunk = remaining.min(*budget);
+        let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
+        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need, now, idle) {
+            return false;
+        }
+        if !holding {
+            // Taking the hit blocks can only shrink what is allocatable.
+            r.seq.path = self.cache.acquire(&r.blocks, local, now);
+            r.seq.registered = local as u64;
+            r.seq.computed = c;
+            if !self.cache.can_allocate(need, now, idle) {
+                self.release_blocks(id, now, reqs, cfg);
+                reqs[id.index()].seq.computed = 0;
+                return false;
+            }
+            let seq = &mut reqs[id.index()].seq;
+            seq.hit = [0; 4];
+            seq.hit[Tier::Gpu.index()] = c;
+        }
+        self.ready.remove(pos);
+        self.cache.allocate(need, now, idle);
+        if holding {
+            self.kv_waiting -= 1;
+        } else if cfg.slot_mode == SlotMode::SingleStage {
+            self.take_io_slot(id, reqs);
+        }
+        let r = &mut reqs[id.index()];
+        r.seq.status = RequestStatus::Prefilling;
+        r.seq.admit_seq = self.admit_counter;
+        self.admit_counter += 1;
+        if r.first_scheduled.is_none() {
+            r.first_scheduled = Some(now);
+            r.hit_tokens = r.seq.hit;
+        }
+        r.hit_tokens_total += r.seq.hit.iter().sum::<u64>();
+        self.prefilling.push(id);
+        self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
+        *budget -= chunk;
+        true
+    }
+
+    /// A waiting request holding loaded KV gives its blocks (and slot) up;
+    /// it keeps its place and will look its prefix up again.
+    pub(super) fn drop_loaded(&mut self, now: SimTime, id: RequestId, reqs: &mut [Request], cfg: &WorkerConfig) {
+        self.release_blocks(id, now, reqs, cfg);
+        self.release_io_slot(id, reqs);
+        let r = &mut reqs[id.index()];
+        r.seq.computed = 0;
+        r.seq.hit = [0; 4];
+        r.seq.status = RequestStatus::Waiting;
+        r.preemptions += 1;
+        self.kv_waiting -= 1;
+        self.preemptions += 1;
+    }
+
+    /// The running request with the least work done (fewest computed tokens;
+    /// ties: the latest admitted) among the prefilling requests from position
+    /// `from` on and, if `with_decoders`, every decoding request.
+    pub(super) fn least_work_victim(
+        &self,
+        from: usize,
+        s: u64,
+        reqs: &[Request],
+        with_decoders: bool,
+    ) -> Option<RequestId> {
+        let key = |id: RequestId, computed: u64| (computed, Reverse(reqs[id.index()].seq.admit_seq));
+        let prefill = self.prefilling[from..].iter().map(|&id| (key(id, reqs[id.index()].seq.computed), id));
+        let decoders = self
+            .decode
+            .members()
+            .iter()
+            .filter(|_| with_decoders)
+            .map(|&id| (key(id, self.decode.computed(id, s, reqs)), id));
+        prefill.chain(decoders).min_by_key(|&(k, _)| k).map(|(_, id)| id)
+    }
+
+    /// Preempts `id` by recompute before step `s`: it frees its blocks and
+    /// goes back to the front of the waiting queue, where it will look its
+    /// prefix up again (GPU, then tiers).
+    pub(super) fn preempt(&mut self, now: SimTime, id: RequestId, s: u64, reqs: &mut [Request], cfg: &WorkerConfig) {
+        if reqs[id.index()].seq.status == RequestStatus::Decoding {
+            let (computed, generated) = self.decode.leave(id, s, reqs);
+            let seq = &mut reqs[id.index()].seq;
+            seq.computed = computed;
+            seq.generated = generated;
+            seq.num_tokens = computed + 1;
+            seq.last_token_at = now;
+        } else {
+            let pos = self.prefilling.iter().position(|&p| p == id).expect("victim is running");
+            self.prefilling.remove(pos);
+        }
+        self.release_blocks(id, now, reqs, cfg);
+        let r = &mut reqs[id.index()];
+        r.seq.computed = 0;
+        r.seq.hit = [0; 4];
+        r.seq.status = RequestStatus::Waiting;
+        r.preemptions += 1;
+        self.preemptions += 1;
+        self.ready.push_front(id);
+    }
+}
