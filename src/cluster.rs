@@ -66,11 +66,7 @@ pub enum Event {
 /// Refuses an event beyond the time a run may reach, naming the likely causes.
 fn beyond_horizon<T>(next: Option<(T, SimTime)>) -> Result<Option<(T, SimTime)>, RunError> {
     match next {
-        Some((_, t)) if t > crate::time::HORIZON => Err(RunError::Failed(format!(
-            "the next arrival is at {:.3e} simulated seconds, beyond the {:.0e} s a run may reach\n  fix: check the request rates (a rate near 0 spaces arrivals by ages) and the trace timestamps (epoch times need shift_to_first = true, and Mooncake's milliseconds multiplier_to_sec = 0.001)",
-            t.as_secs_f64(),
-            crate::time::HORIZON.as_secs_f64()
-        ))),
+        Some((_, t)) if t > crate::time::HORIZON => Err(RunError::Horizon { at_s: t.as_secs_f64() }),
         next => Ok(next),
     }
 }
@@ -205,7 +201,7 @@ impl<'a> Cluster<'a> {
     }
 
     fn schedule_arrival(&mut self, step: crate::workload::Step, sched: &mut Scheduler<'_, Event>) {
-        match step.map_err(RunError::Failed).and_then(beyond_horizon) {
+        match step.map_err(RunError::Workload).and_then(beyond_horizon) {
             Ok(Some((s, t))) => sched.at(t, Event::Arrival(s)),
             Ok(None) => {}
             Err(e) => self.fail(e),
@@ -473,7 +469,7 @@ impl<'a> Cluster<'a> {
         if self.autoscaler.is_some() {
             queue.push(Autoscaler::first_check(), Event::ScaleCheck);
         }
-        let first = self.workload.start(SimTime::ZERO).map_err(RunError::Failed).and_then(beyond_horizon)?;
+        let first = self.workload.start(SimTime::ZERO).map_err(RunError::Workload).and_then(beyond_horizon)?;
         if let Some((s, t)) = first {
             queue.push(t, Event::Arrival(s));
         }
@@ -583,13 +579,7 @@ impl Model for Cluster<'_> {
         }
         let series = self.recorder.series();
         if !series.can_reach(now) {
-            let e = RunError::Failed(format!(
-                "the run reached {:.0} simulated seconds: at simulation.time_series_interval_sec = {} the time series would need more than {} intervals\n  fix: raise time_series_interval_sec (in [simulation] or [sweep]) to at least {:.3}, or set simulation.simulation_time",
-                now.as_secs_f64(),
-                series.width().as_secs_f64(),
-                crate::metrics::MAX_INTERVALS,
-                now.as_secs_f64() / crate::metrics::MAX_INTERVALS as f64
-            ));
+            let e = RunError::TimeSeries { at_s: now.as_secs_f64(), interval_s: series.width().as_secs_f64() };
             self.fail(e);
             return;
         }

@@ -77,8 +77,24 @@ impl Default for RunOptions<'_> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum RunError {
     /// Input met during the run was unusable (a malformed trace line, a
-    /// size beyond a guard), as a message naming it.
-    Failed(String),
+    /// size beyond a guard), as the workload's message naming it.
+    Workload(String),
+    /// The next arrival would come after the latest time a run may reach.
+    Horizon {
+        /// When it would come, simulated seconds.
+        at_s: f64,
+    },
+    /// The run went on so long that its time series would hold too many intervals.
+    TimeSeries {
+        /// Simulated time reached, seconds.
+        at_s: f64,
+        /// The interval width, seconds.
+        interval_s: f64,
+    },
+    /// The run's grid point has an invalid scenario.
+    Config(config::ConfigError),
+    /// The simulation broke an invariant (a bug), with the panic's message.
+    Panic(String),
     /// [`RunOptions::stop`] was raised; the run had simulated this many seconds.
     Interrupted {
         /// Simulated time reached, seconds.
@@ -89,11 +105,31 @@ pub enum RunError {
 impl std::fmt::Display for RunError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RunError::Failed(m) => f.write_str(m),
+            RunError::Panic(m) => write!(f, "panic: {m}"),
+            RunError::Workload(m) => f.write_str(m),
+            RunError::Horizon { at_s } => write!(
+                f,
+                "the next arrival is at {at_s:.3e} simulated seconds, beyond the {:.0e} s a run may reach\n  fix: check the request rates (a rate near 0 spaces arrivals by ages) and the trace timestamps (epoch times need shift_to_first = true, and Mooncake's milliseconds multiplier_to_sec = 0.001)",
+                time::HORIZON.as_secs_f64()
+            ),
+            RunError::TimeSeries { at_s, interval_s } => write!(
+                f,
+                "the run reached {at_s:.0} simulated seconds: at simulation.time_series_interval_sec = {interval_s} the time series would need more than {} intervals\n  fix: raise time_series_interval_sec (in [simulation] or [sweep]) to at least {:.3}, or set simulation.simulation_time",
+                metrics::MAX_INTERVALS,
+                at_s / metrics::MAX_INTERVALS as f64
+            ),
+            RunError::Config(e) => write!(f, "{e}"),
             RunError::Interrupted { sim_time_s } => {
                 write!(f, "interrupted by a signal after {sim_time_s:.3} simulated seconds")
             }
         }
+    }
+}
+
+impl RunError {
+    /// Whether the run failed (rather than being interrupted).
+    pub fn is_failure(&self) -> bool {
+        !matches!(self, RunError::Interrupted { .. })
     }
 }
 

@@ -304,18 +304,37 @@ pub fn deserialize_hdr(
 
 /// An I/O or format problem with result files.
 #[derive(Debug)]
-pub struct OutputError(pub String);
+pub enum OutputError {
+    /// A file of the results, and what is wrong with it or what failed on it.
+    File {
+        /// The file (or directory).
+        path: PathBuf,
+        /// What is wrong, with the fix where there is one.
+        problem: String,
+    },
+    /// Arrow could not assemble a batch from tables that should fit together.
+    Arrow(arrow_schema::ArrowError),
+}
+
+impl OutputError {
+    fn file(path: &Path, problem: impl Into<String>) -> OutputError {
+        OutputError::File { path: path.to_path_buf(), problem: problem.into() }
+    }
+}
 
 impl std::fmt::Display for OutputError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            OutputError::File { path, problem } => write!(f, "{}: {problem}", path.display()),
+            OutputError::Arrow(e) => write!(f, "{e}"),
+        }
     }
 }
 
 impl std::error::Error for OutputError {}
 
 fn oerr(path: &Path, what: &str, e: impl std::fmt::Display) -> OutputError {
-    OutputError(format!("{}: {what}: {e}", path.display()))
+    OutputError::file(path, format!("{what}: {e}"))
 }
 
 /// Final tables are zstd-compressed; part files are temporary and written
@@ -516,7 +535,7 @@ fn run_ids(batch: &RecordBatch, path: &Path) -> Result<UInt32Array, OutputError>
         .as_any()
         .downcast_ref::<UInt32Array>()
         .cloned()
-        .ok_or_else(|| OutputError(format!("{}: the first column is not a u32 run_id", path.display())))
+        .ok_or_else(|| OutputError::file(path, "the first column is not a u32 run_id"))
 }
 
 /// Run ids present in the runs table and runs parts of `layout`.
@@ -536,7 +555,7 @@ pub fn completed_runs(layout: &Layout) -> Result<BTreeSet<u32>, OutputError> {
             let statuses = batch
                 .column_by_name("status")
                 .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
-                .ok_or_else(|| OutputError(format!("{}: its status column is not text", path.display())))?;
+                .ok_or_else(|| OutputError::file(&path, "its status column is not text"))?;
             let run_ids = run_ids(&batch, &path)?;
             ids.extend(
                 run_ids
@@ -580,7 +599,7 @@ pub fn stored_runs(layout: &Layout) -> Result<Vec<StoredRun>, OutputError> {
             let keys = column("run_key").and_then(|c| c.as_any().downcast_ref::<arrow_array::UInt64Array>().cloned());
             let status = column("status").and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>().cloned());
             let (Some(points), Some(status)) = (points, status) else {
-                return Err(OutputError(format!("{}: not a runs table of opal-sweep", path.display())));
+                return Err(OutputError::file(&path, "not a runs table of opal-sweep"));
             };
             for i in 0..batch.num_rows() {
                 out.push(StoredRun {
@@ -667,7 +686,7 @@ pub fn rebase(
 fn with_run_id(rows: &RecordBatch, id: u32) -> Result<RecordBatch, OutputError> {
     let mut columns = rows.columns().to_vec();
     columns[0] = std::sync::Arc::new(UInt32Array::from(vec![id; rows.num_rows()]));
-    RecordBatch::try_new(rows.schema(), columns).map_err(|e| OutputError(e.to_string()))
+    RecordBatch::try_new(rows.schema(), columns).map_err(OutputError::Arrow)
 }
 
 /// One run's runs-table row with its new identity and axis columns, in the
@@ -702,18 +721,17 @@ fn restamp_runs(
     let mut columns = stamped.columns()[..n_fixed].to_vec();
     for (name, _) in &cols[n_fixed..] {
         let c = rows.column_by_name(name).ok_or_else(|| {
-            OutputError(format!(
-                "{}: has no column `{name}` — written by another version of opal-sweep?\n  fix: rerun with --overwrite",
-                path.display()
-            ))
+            OutputError::file(
+                path,
+                format!(
+                    "has no column `{name}` — written by another version of opal-sweep?\n  fix: rerun with --overwrite"
+                ),
+            )
         })?;
         columns.push(c.clone());
     }
     RecordBatch::try_new(stamped.schema(), columns).map_err(|e| {
-        OutputError(format!(
-            "{}: its columns do not match this version's ({e})\n  fix: rerun with --overwrite",
-            path.display()
-        ))
+        OutputError::file(path, format!("its columns do not match this version's ({e})\n  fix: rerun with --overwrite"))
     })
 }
 
@@ -723,8 +741,8 @@ fn restamp_runs(
 pub fn status_of(outcome: &Result<RunOutput, RunError>) -> &'static str {
     match outcome {
         Ok(_) => STATUS_OK,
-        Err(RunError::Failed(_)) => "failed",
         Err(RunError::Interrupted { .. }) => STATUS_INTERRUPTED,
+        Err(_) => "failed",
     }
 }
 
@@ -830,11 +848,10 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
             continue;
         }
         if !tables.contains(&kind) {
-            return Err(OutputError(format!(
-                "{}: parts of the {} table exist but the spec does not ask for it",
-                layout.parts_dir().display(),
-                kind.name()
-            )));
+            return Err(OutputError::file(
+                &layout.parts_dir(),
+                format!("parts of the {} table exist but the spec does not ask for it", kind.name()),
+            ));
         }
         let mut inputs = Vec::new();
         if final_path.exists() {
@@ -845,11 +862,13 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
         }
         let schema = inputs[0].schema();
         if let Some(other) = inputs.iter().find(|s| s.schema().fields() != schema.fields()) {
-            return Err(OutputError(format!(
-                "{}: its columns differ from {} — were these results written by different specs?",
-                other.path.display(),
-                inputs[0].path.display()
-            )));
+            return Err(OutputError::file(
+                &other.path,
+                format!(
+                    "its columns differ from {} — were these results written by different specs?",
+                    inputs[0].path.display()
+                ),
+            ));
         }
         // A k-way merge: a heap of each input's next run id, so a merge costs
         // O(rows + runs · log inputs); runs go out in batches of ≥ 8,192 rows.
@@ -899,10 +918,7 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                 if slices.is_empty() {
                     return Ok(None);
                 }
-                Ok(Some(
-                    arrow_select::concat::concat_batches(&out_schema, &slices)
-                        .map_err(|e| OutputError(e.to_string()))?,
-                ))
+                Ok(Some(arrow_select::concat::concat_batches(&out_schema, &slices).map_err(OutputError::Arrow)?))
             })();
             step.transpose()
         });

@@ -181,11 +181,54 @@ impl PointTally {
 
 /// A problem that stops a sweep (not a failed run).
 #[derive(Debug)]
-pub struct SweepError(pub String);
+pub enum SweepError {
+    /// Reading or writing the result tables.
+    Output(OutputError),
+    /// A file or directory of the sweep could not be read, written or created.
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// What was being done (empty: the system's error says it).
+        what: &'static str,
+        /// The system's error.
+        cause: std::io::Error,
+    },
+    /// A manifest that is not one opal-sweep wrote.
+    Manifest {
+        /// The manifest.
+        path: PathBuf,
+        /// Why it cannot be read.
+        problem: String,
+    },
+    /// The output directory holds results this invocation must not mix with,
+    /// overwrite or merge as they are; the message says which and the fix.
+    Directory(String),
+    /// A search round's plan is invalid.
+    Plan(crate::config::ConfigError),
+    /// Arrow could not assemble the search table.
+    Arrow(arrow_schema::ArrowError),
+    /// The thread pool could not start.
+    Threads(rayon::ThreadPoolBuildError),
+}
+
+impl SweepError {
+    pub(crate) fn io(path: &Path, what: &'static str, cause: std::io::Error) -> SweepError {
+        SweepError::Io { path: path.to_path_buf(), what, cause }
+    }
+}
 
 impl std::fmt::Display for SweepError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        match self {
+            SweepError::Output(e) => write!(f, "{e}"),
+            SweepError::Io { path, what: "", cause } => write!(f, "{}: {cause}", path.display()),
+            SweepError::Io { path, what, cause } => write!(f, "{}: {what}: {cause}", path.display()),
+            SweepError::Manifest { path, problem } => write!(f, "{}: {problem}", path.display()),
+            SweepError::Directory(message) => f.write_str(message),
+            SweepError::Plan(e) => write!(f, "{e}"),
+            SweepError::Arrow(e) => write!(f, "{e}"),
+            SweepError::Threads(e) => write!(f, "cannot start the thread pool: {e}"),
+        }
     }
 }
 
@@ -193,7 +236,7 @@ impl std::error::Error for SweepError {}
 
 impl From<OutputError> for SweepError {
     fn from(e: OutputError) -> Self {
-        SweepError(e.0)
+        SweepError::Output(e)
     }
 }
 
@@ -212,8 +255,8 @@ pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
 pub(crate) fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
     let started = Instant::now();
     let outcome = run_scenario(&run)
-        .map_err(|e| RunError::Failed(e.to_string()))
-        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(|p| RunError::Failed(p.to_string()))?);
+        .map_err(RunError::Config)
+        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(|p| RunError::Panic(p.0))?);
     RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64())
 }
 
@@ -260,7 +303,7 @@ fn write_json_atomic(path: &Path, value: &serde_json::Value) -> Result<(), Sweep
     let text = serde_json::to_string_pretty(value).expect("JSON values serialize");
     std::fs::write(&tmp, text)
         .and_then(|_| std::fs::rename(&tmp, path))
-        .map_err(|e| SweepError(format!("{}: cannot write: {e}", path.display())))
+        .map_err(|e| SweepError::io(path, "cannot write", e))
 }
 
 /// True when the sweep in `dir` asked for the HTML report (`[sweep] report
@@ -288,11 +331,13 @@ pub fn manifests(dir: &Path) -> Result<Vec<(PathBuf, serde_json::Value)>, SweepE
         match std::fs::read_to_string(&p) {
             Ok(text) => out.push((
                 p.clone(),
-                serde_json::from_str(&text)
-                    .map_err(|e| SweepError(format!("{}: not a valid manifest: {e}", p.display())))?,
+                serde_json::from_str(&text).map_err(|e| SweepError::Manifest {
+                    path: p.clone(),
+                    problem: format!("not a valid manifest: {e}"),
+                })?,
             )),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(SweepError(format!("{}: cannot read: {e}", p.display()))),
+            Err(e) => return Err(SweepError::io(&p, "cannot read", e)),
         }
     }
     Ok(out)
@@ -306,8 +351,7 @@ fn prepare_dir(
     layout: &Layout,
 ) -> Result<Option<serde_json::Value>, SweepError> {
     let dir = &layout.dir;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| SweepError(format!("{}: cannot create the output directory: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(|e| SweepError::io(dir, "cannot create the output directory", e))?;
     if opts.overwrite {
         for k in TableKind::WRITE_ORDER {
             let _ = std::fs::remove_file(layout.table(k));
@@ -329,7 +373,7 @@ fn prepare_dir(
             } else {
                 "fix: pass --resume to keep the runs the spec still contains and run the rest, choose another output with -o, or pass --overwrite to delete them"
             };
-            return Err(SweepError(format!(
+            return Err(SweepError::Directory(format!(
                 "{} holds results of a different spec ({}); refusing to mix them\n  {fix}",
                 dir.display(),
                 path.display()
@@ -348,7 +392,7 @@ fn prepare_dir(
 fn rebase_changed_spec(plan: &SweepPlan, layout: &Layout, old: &serde_json::Value) -> Result<Vec<String>, SweepError> {
     let stored = stored_runs(layout)?;
     if stored.iter().any(|r| r.run_key.is_none()) {
-        return Err(SweepError(format!(
+        return Err(SweepError::Directory(format!(
             "{}: these results predate run identities, so runs of a changed spec cannot be matched\n  fix: pass --overwrite to start over, or choose another output with -o",
             layout.dir.display()
         )));
@@ -389,8 +433,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     let sharded = opts.shard.is_some_and(|s| s.count > 1);
     match opts.shard.filter(|_| sharded) {
         Some(s) => {
-            std::fs::create_dir_all(layout.parts_dir())
-                .map_err(|e| SweepError(format!("{}: {e}", layout.parts_dir().display())))?;
+            std::fs::create_dir_all(layout.parts_dir()).map_err(|e| SweepError::io(&layout.parts_dir(), "", e))?;
             write_json_atomic(
                 &layout.parts_dir().join(format!("manifest.shard-{}-of-{}.json", s.index, s.count)),
                 &manifest(plan, Some(s)),
@@ -413,7 +456,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         }
     }
     if report.skipped > 0 && report.skipped < report.selected && !opts.resume {
-        return Err(SweepError(format!(
+        return Err(SweepError::Directory(format!(
             "{} already holds {} of the runs this invocation would do\n  fix: pass --resume to run only the missing runs, or --overwrite to start over",
             layout.dir.display(),
             report.skipped
@@ -439,10 +482,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
     } else {
         Vec::new()
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(SweepError::Threads)?;
     let (tx, rx) = mpsc::channel::<RunResult>();
     let mut buffer = PartBuffer::new(plan.tables.clone());
     let mut seq = 0u32;
@@ -560,7 +600,7 @@ impl SearchWriter {
             RunnerOptions { overwrite: opts.overwrite || (opts.resume && !sharded), resume: false, ..opts.clone() };
         prepare_dir(base, &over, &layout)?;
         if !over.overwrite && !sharded && layout.table(TableKind::Runs).exists() {
-            return Err(SweepError(format!(
+            return Err(SweepError::Directory(format!(
                 "{} already holds results\n  fix: pass --overwrite to search again, or choose another output with -o",
                 layout.dir.display()
             )));
@@ -586,8 +626,7 @@ impl SearchWriter {
         m["search"] = search;
         match opts.shard.filter(|_| sharded) {
             Some(s) => {
-                std::fs::create_dir_all(layout.parts_dir())
-                    .map_err(|e| SweepError(format!("{}: {e}", layout.parts_dir().display())))?;
+                std::fs::create_dir_all(layout.parts_dir()).map_err(|e| SweepError::io(&layout.parts_dir(), "", e))?;
                 write_json_atomic(
                     &layout.parts_dir().join(format!("manifest.shard-{}-of-{}.json", s.index, s.count)),
                     &m,
@@ -596,10 +635,7 @@ impl SearchWriter {
             None => write_json_atomic(&layout.dir.join("manifest.json"), &m)?,
         }
         let threads = threads_for(opts.jobs, usize::MAX);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| SweepError(format!("cannot start the thread pool: {e}")))?;
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().map_err(SweepError::Threads)?;
         Ok(SearchWriter {
             layout,
             buffer: PartBuffer::new(tables.clone()),
@@ -686,12 +722,12 @@ fn merge_search_parts(layout: &Layout) -> Result<(), SweepError> {
         batches.extend(crate::output::read_table(p)?);
     }
     let schema = batches[0].schema();
-    let all = arrow_select::concat::concat_batches(&schema, &batches).map_err(|e| SweepError(e.to_string()))?;
+    let all = arrow_select::concat::concat_batches(&schema, &batches).map_err(SweepError::Arrow)?;
     let ids = crate::output::f64_column(&all, "point_id").unwrap_or_default();
     let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
     order.sort_by(|&a, &b| ids[a as usize].partial_cmp(&ids[b as usize]).unwrap_or(std::cmp::Ordering::Equal));
     let sorted = arrow_select::take::take_record_batch(&all, &arrow_array::UInt32Array::from(order))
-        .map_err(|e| SweepError(e.to_string()))?;
+        .map_err(SweepError::Arrow)?;
     crate::output::write_batch(&layout.dir.join("search.parquet"), sorted)?;
     for p in &parts {
         let _ = std::fs::remove_file(p);
@@ -704,14 +740,14 @@ fn merge_search_parts(layout: &Layout) -> Result<(), SweepError> {
 pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
     let found = manifests(dir)?;
     let (_, first) = found.first().ok_or_else(|| {
-        SweepError(format!(
+        SweepError::Directory(format!(
             "{} has no manifest.json or shard manifests: is it a sweep output directory?",
             dir.display()
         ))
     })?;
     let digest = first["spec_digest"].clone();
     if let Some((p, _)) = found.iter().find(|(_, m)| m["spec_digest"] != digest) {
-        return Err(SweepError(format!(
+        return Err(SweepError::Directory(format!(
             "{} comes from a different spec than the other manifests; refusing to merge",
             p.display()
         )));
@@ -719,7 +755,10 @@ pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
     let tables = first["tables"]
         .as_array()
         .map(|a| a.iter().filter_map(|t| t.as_str().and_then(TableKind::from_name)).collect())
-        .ok_or_else(|| SweepError(format!("{}: manifest lacks its table list", dir.display())))?;
+        .ok_or_else(|| SweepError::Manifest {
+            path: dir.to_path_buf(),
+            problem: "manifest lacks its table list".into(),
+        })?;
     let layout = Layout { dir: dir.to_path_buf() };
     let report = merge(&layout, &tables)?;
     merge_search_parts(&layout)?;
@@ -746,7 +785,7 @@ pub fn merge_dir(dir: &Path) -> Result<MergeReport, SweepError> {
         } else {
             format!(" (shards {})", shards.into_iter().collect::<Vec<_>>().join(", "))
         };
-        return Err(SweepError(format!(
+        return Err(SweepError::Directory(format!(
             "merged {} of {expected} runs into {}; missing run ids {}{shards}\n  fix: rerun those shards (tasks run with --resume), then merge again",
             report.runs,
             dir.display(),
@@ -799,7 +838,9 @@ impl Progress {
     fn finished(&self, r: &RunResult) {
         let mut st = self.state.borrow_mut();
         st.0 += 1;
-        if let Err(e @ RunError::Failed(_)) = &r.outcome {
+        if let Err(e) = &r.outcome
+            && e.is_failure()
+        {
             st.1 += 1;
             if self.total > 0 {
                 let line = format!("run {} failed: {e}", r.meta.run_id);

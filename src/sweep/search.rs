@@ -337,7 +337,7 @@ pub fn run_search(
             break;
         }
         let round = round_spec(spec, base, s, &probes.iter().map(|&(p, v, _, _)| (p, v)).collect::<Vec<_>>());
-        let round_plan = plan(&round).map_err(|e| runner::SweepError(e.to_string()))?;
+        let round_plan = plan(&round).map_err(runner::SweepError::Plan)?;
         let runs: Vec<(RunPlan<'_>, Vec<AxisValue>)> = probes
             .iter()
             .enumerate()
@@ -417,12 +417,12 @@ fn write_search_table(
     let name = match opts.shard.filter(|sh| sh.count > 1) {
         Some(sh) => {
             let dir = opts.output.join("parts");
-            std::fs::create_dir_all(&dir).map_err(|e| runner::SweepError(format!("{}: {e}", dir.display())))?;
+            std::fs::create_dir_all(&dir).map_err(|e| runner::SweepError::io(&dir, "", e))?;
             dir.join(format!("search.s{}of{}.parquet", sh.index, sh.count))
         }
         None => opts.output.join("search.parquet"),
     };
-    crate::output::write_rows(&name, &columns, &rows).map_err(|e| runner::SweepError(e.to_string()))
+    crate::output::write_rows(&name, &columns, &rows).map_err(runner::SweepError::Output)
 }
 
 #[cfg(test)]
