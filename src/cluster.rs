@@ -17,7 +17,7 @@ use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
 use crate::metrics::{Recorder, RunEnd, StepRecord, gauges};
-use crate::request::{PdPhase, Request};
+use crate::request::{Arena, PdPhase};
 use crate::rng::SeedTree;
 use crate::router::pd::PdRule;
 use crate::router::{Autoscaler, RequestView, Router, autoscale::ScaleAction};
@@ -68,55 +68,6 @@ fn beyond_horizon<T>(next: Option<(T, SimTime)>) -> Result<Option<(T, SimTime)>,
     match next {
         Some((_, t)) if t > crate::time::HORIZON => Err(RunError::Horizon { at_s: t.as_secs_f64() }),
         next => Ok(next),
-    }
-}
-
-/// The requests in flight: an arena whose slots finished requests give back.
-#[derive(Default)]
-struct Arena {
-    requests: Vec<Request>,
-    /// Slots of `requests` free for reuse.
-    free_slots: Vec<u32>,
-    /// Requests generated so far (the next one's serial).
-    generated: u32,
-    /// Hashes requests' blocks (remembering a shared leading segment's).
-    hasher: crate::kvcache::BlockHasher,
-}
-
-impl Arena {
-    /// Puts a new request in a free slot (or a new one).
-    fn admit(&mut self, now: SimTime, new: NewRequest) -> RequestId {
-        let serial = self.generated;
-        self.generated += 1;
-        match self.free_slots.pop() {
-            Some(slot) => {
-                let id = RequestId(slot);
-                self.requests[id.index()] = Request::new(id, serial, now, new);
-                id
-            }
-            None => {
-                let id = RequestId(self.requests.len() as u32);
-                self.requests.push(Request::new(id, serial, now, new));
-                id
-            }
-        }
-    }
-
-    /// Gives the request's slot back; its content and hashes go now.
-    fn free(&mut self, id: RequestId) {
-        let r = &mut self.requests[id.index()];
-        r.blocks = Vec::new();
-        r.content = crate::kvcache::Content::default();
-        self.free_slots.push(id.0);
-    }
-
-    /// The requests still in the arena.
-    fn live(&self) -> impl Iterator<Item = &Request> {
-        let mut live = vec![true; self.requests.len()];
-        for &slot in &self.free_slots {
-            live[slot as usize] = false;
-        }
-        self.requests.iter().zip(live).filter(|(_, live)| *live).map(|(r, _)| r)
     }
 }
 

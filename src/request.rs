@@ -10,6 +10,56 @@ use crate::kvcache::{BlockHash, BlockHasher, Content};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
+/// The requests in flight: an arena whose slots finished requests give back.
+#[derive(Default)]
+pub struct Arena {
+    /// The requests, by slot ([`RequestId`]).
+    pub requests: Vec<Request>,
+    /// Slots of `requests` free for reuse.
+    pub free_slots: Vec<u32>,
+    /// Requests generated so far (the next one's serial).
+    pub generated: u32,
+    /// Hashes requests' blocks (remembering a shared leading segment's).
+    pub hasher: crate::kvcache::BlockHasher,
+}
+
+impl Arena {
+    /// Puts a new request in a free slot (or a new one).
+    pub fn admit(&mut self, now: SimTime, new: NewRequest) -> RequestId {
+        let serial = self.generated;
+        self.generated += 1;
+        match self.free_slots.pop() {
+            Some(slot) => {
+                let id = RequestId(slot);
+                self.requests[id.index()] = Request::new(id, serial, now, new);
+                id
+            }
+            None => {
+                let id = RequestId(self.requests.len() as u32);
+                self.requests.push(Request::new(id, serial, now, new));
+                id
+            }
+        }
+    }
+
+    /// Gives the request's slot back; its content and hashes go now.
+    pub fn free(&mut self, id: RequestId) {
+        let r = &mut self.requests[id.index()];
+        r.blocks = Vec::new();
+        r.content = crate::kvcache::Content::default();
+        self.free_slots.push(id.0);
+    }
+
+    /// The requests still in the arena.
+    pub fn live(&self) -> impl Iterator<Item = &Request> {
+        let mut live = vec![true; self.requests.len()];
+        for &slot in &self.free_slots {
+            live[slot as usize] = false;
+        }
+        self.requests.iter().zip(live).filter(|(_, live)| *live).map(|(r, _)| r)
+    }
+}
+
 /// One inference request.
 #[derive(Clone, Debug)]
 pub struct Request {
