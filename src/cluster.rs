@@ -15,7 +15,7 @@ use crate::RunError;
 use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
+use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent, SaveTiming};
 use crate::metrics::{Recorder, RunEnd, StepRecord, gauges};
 use crate::request::{Arena, PdPhase};
 use crate::rng::SeedTree;
@@ -360,6 +360,13 @@ impl<'a> Cluster<'a> {
         for &id in &out.first_tokens {
             self.recorder.on_first_token(now, &self.arena.requests[id.index()]);
         }
+        if self.scenario.kvc.save_timing == SaveTiming::OnCompute {
+            let prefilled = std::mem::take(&mut self.scratch.outcome.prefilled);
+            for &(id, computed) in &prefilled {
+                self.save_computed(now, worker, id, computed);
+            }
+            self.scratch.outcome.prefilled = prefilled;
+        }
         let done = std::mem::take(&mut self.scratch.outcome.completed);
         for &id in &done {
             let r = &self.arena.requests[id.index()];
@@ -375,13 +382,28 @@ impl<'a> Cluster<'a> {
             self.recorder.on_last_token(r);
             // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
             let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
-            let waits = self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.scratch.conn_out);
-            if !waits {
+            self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.scratch.conn_out);
+            if !self.connector.finish_saves(id) {
                 self.respond(now, id, sched);
             }
         }
         self.scratch.outcome.completed = done;
         self.kick(now, worker, sched);
+    }
+
+    /// Request `id` has `computed` tokens computed on `worker` after a step:
+    /// the prompt's chunks completed since its last save go to the tiers
+    /// (full chunks while it prefills, and the last, partial one when the
+    /// prompt is done), as LMCache saves KV during the forward pass.
+    fn save_computed(&mut self, now: SimTime, worker: WorkerId, id: RequestId, computed: u64) {
+        let r = &mut self.arena.requests[id.index()];
+        let prompt = u64::from(r.prompt_tokens);
+        let chunk = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
+        let upto = if computed >= prompt { prompt } else { computed / chunk * chunk };
+        if upto > r.seq.saved {
+            r.seq.saved = upto;
+            self.connector.save(now, worker, id, &r.blocks, upto, &mut self.scratch.conn_out);
+        }
     }
 
     /// The response leaves the platform.

@@ -209,6 +209,9 @@ pub struct SeqState {
     pub holds_io_slot: bool,
     /// Where it is in its worker's scheduler.
     pub status: RequestStatus,
+    /// Prompt tokens whose chunks were offered to this worker's tiers as
+    /// they were computed (`kvc.save_timing = "on_compute"`).
+    pub saved: u64,
     /// What the current admission attempt starts with, per tier: the GPU
     /// prefix it holds and the tokens it loads (or loaded) from each tier.
     /// Credited as hits when it is admitted.

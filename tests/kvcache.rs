@@ -385,8 +385,11 @@ fn only_prompt_kv_is_stored_unless_decode_kv_is_asked_for() {
     let block = 16 * 131_072;
     assert_eq!(one_request_stored(false).summary.tiers.bytes_written[1], 62 * block);
     // With save_decode_cache the 99 generated tokens whose KV was computed
-    // (the last one's never is) count too: 1,099 tokens, 68 full blocks.
-    assert_eq!(one_request_stored(true).summary.tiers.bytes_written[1], 68 * block);
+    // (the last one's never is) count too: 1,099 tokens, 68 full blocks. The
+    // prompt's last, partial chunk (14 blocks) was saved as the prompt was
+    // computed; the chunk that later holds those blocks and two of output is
+    // another chunk (16 blocks), and the output's last one has 4: 62 + 16 + 4.
+    assert_eq!(one_request_stored(true).summary.tiers.bytes_written[1], (62 + 16 + 4) * block);
 }
 
 /// Independent reference for a trace replayed one request at a time into a
@@ -446,4 +449,48 @@ fn an_imported_opal_study_at_12_requests_per_second_hits_its_shared_prompts() {
     // It keeps up: completions per second match the rate the requests came at.
     let offered = 3000.0 / out.requests.iter().map(|r| r.arrival_s).fold(0.0, f64::max);
     assert!((s.requests_per_s / offered - 1.0).abs() < 0.02, "{} req/s served of {offered} offered", s.requests_per_s);
+}
+
+/// Request A (4,096 tokens, prefilled in two steps of 2,048) on worker 0 and,
+/// if `b_at` is given, the same prompt as request B on worker 1 at `b_at`
+/// seconds: round robin, GPU prefix caching off, one DFS tier (100 GB/s,
+/// 100 µs), KV saved as computed.
+fn a_then_b(dir: &std::path::Path, b_at: Option<f64>) -> opal::RunOutput {
+    let ids: Vec<u32> = (0..8).collect();
+    let mut lines =
+        format!("{{\"timestamp\": 0, \"input_length\": 4096, \"output_length\": 4, \"hash_ids\": {ids:?}}}\n");
+    if let Some(t) = b_at {
+        lines +=
+            &format!("{{\"timestamp\": {t}, \"input_length\": 4096, \"output_length\": 4, \"hash_ids\": {ids:?}}}\n");
+    }
+    let trace = dir.join(format!("ab-{}.jsonl", b_at.map_or(0, f64::to_bits)));
+    std::fs::write(&trace, lines).unwrap();
+    let s = Spec::llama8b()
+        .set("simulation.num_workers", 2)
+        .set("router.router_params.policy", "RoundRobin")
+        .set("worker.vllm_params.enable_prefix_caching", false)
+        .set("worker.vllm_params.max_num_batched_tokens", 2048)
+        .tiers(&["DistributedFS"])
+        .stage("Trace", toml! { trace_file = (trace.display().to_string()) multiplier_to_sec = 1.0 })
+        .scenario();
+    let opts = opal::RunOptions { step_records: true, ..opal::RunOptions::default() };
+    opal::simulate_with(&s, &opts).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn a_chunk_saved_as_its_step_ends_is_hit_on_another_worker_once_written_and_not_before() {
+    let dir = crate::temp_dir("save-as-computed");
+    let alone = a_then_b(&dir, None);
+    // A's first step computes tokens 0..2,048 (8 chunks of 256); they are
+    // written to the DFS when it ends: 100 µs + 2,048 × 128 KiB / 100 GB/s.
+    let first = &alone.steps[0];
+    assert_eq!((first.worker, first.prefill_tokens), (0, 2048));
+    let step_end = first.start_s + first.duration_s;
+    let written = step_end + 100e-6 + 2048.0 * alone.summary.kv_bytes_per_token as f64 / 100e9;
+    let a_done = alone.requests[0].e2e_s.unwrap();
+    assert!(written + 0.001 < a_done, "A is still prefilling when its first chunks land");
+    let dfs_hit = |b_at: f64| a_then_b(&dir, Some(b_at)).requests[1].hit_tokens[3];
+    assert_eq!(dfs_hit(written + 1e-6), 2048, "B finds the 8 chunks A's first step computed");
+    assert_eq!(dfs_hit(written - 1e-6), 0, "the write is not complete: nothing to find");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,7 +6,7 @@ use super::context::Ctx;
 use super::error::{ConfigError, closest};
 use super::schema::{KvcSection, SpecFile, TierParams};
 use super::worker::{resolve_gpu, resolve_worker};
-use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
+use crate::kvcache::{EvictionPolicy, KvcConfig, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
 use crate::metrics::{MAX_INTERVALS, MIN_INTERVAL_SECS};
 use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
@@ -383,6 +383,15 @@ fn resolve_kvc(
                 .schema());
         }
     };
+    let save_timing = match k.save_timing.to_ascii_lowercase().as_str() {
+        "on_compute" => SaveTiming::OnCompute,
+        "on_finish" => SaveTiming::OnFinish,
+        other => {
+            return Err(cx
+                .err("kvc.save_timing", format!("unknown save timing {other:?}"), "use on_compute or on_finish")
+                .schema());
+        }
+    };
     let coalesce = file.worker.worker_params.kvcevent_coalesce_time;
     if !(coalesce.is_finite() && coalesce >= 0.0) {
         return Err(cx.err(
@@ -398,6 +407,7 @@ fn resolve_kvc(
         save_decode_cache: k.save_decode_cache,
         write_policy,
         write_mode,
+        save_timing,
         store_on_gpu_eviction: k.store_on_gpu_eviction,
         block_bytes: block * model.kv_bytes_per_token(),
         event_coalesce: SimDuration::from_secs_f64(coalesce),

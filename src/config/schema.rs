@@ -562,6 +562,8 @@ pub struct KvcSection {
     pub write_policy: String,
     /// `async` (completion does not wait for the writes) or `sync` (it does).
     pub write_mode: String,
+    /// `on_compute` (LMCache: each step's newly computed full chunks are written as the step ends) or `on_finish` (a request's chunks are written when it finishes).
+    pub save_timing: String,
     /// Also write a chunk to the first tier when the GPU cache evicts the block that ends it.
     pub store_on_gpu_eviction: bool,
     /// `[kvc.CPUMemory]` (defaults: 50 GB/s, 200 ns, concurrency 1,000,000, 8 GiB).
@@ -581,6 +583,7 @@ impl Default for KvcSection {
             save_decode_cache: false,
             write_policy: "write_through".into(),
             write_mode: "async".into(),
+            save_timing: "on_compute".into(),
             store_on_gpu_eviction: false,
             CPUMemory: TierParams::default(),
             LocalNVMe: TierParams::default(),

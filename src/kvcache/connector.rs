@@ -18,15 +18,19 @@
 //! schedulable with those tokens computed (vLLM's `WAITING_FOR_REMOTE_KVS`
 //! ends).
 //!
-//! Worker side: [`KvConnector::save`] writes a finished request's chunks to
-//! the tiers (write-through to every tier, or to the first with spill-down
-//! of what it evicts) — its **prompt** KV only unless `save_decode_cache` is
+//! Worker side: [`KvConnector::save`] writes a request's chunks to the
+//! tiers (write-through to every tier, or to the first with spill-down of
+//! what it evicts) — its **prompt** KV only unless `save_decode_cache` is
 //! set, as LMCache does by default. Chunks a tier already holds are
-//! refreshed, not rewritten. Simplification (DESIGN §6): the save happens
-//! when the request finishes, where LMCache saves each chunk as its prefill
-//! step computes it; so a request preempted mid-prefill does not find its
-//! own prompt chunks in the tiers, and concurrent requests see a prompt's
-//! chunks only once it is done.
+//! refreshed, not rewritten. By default (`kvc.save_timing = "on_compute"`)
+//! the cluster calls it at the end of every step that completed chunks of a
+//! prompt, as LMCache's connector saves each layer's KV during the forward
+//! pass (`save_kv_layer`) and waits for it at the end of the step
+//! (`wait_for_save`): a chunk is visible to every lookup once its write
+//! completes, while the prompt is still being computed; and again when the
+//! request finishes (the output's chunks with `save_decode_cache`).
+//! `"on_finish"` saves only then. In `sync` write mode a finished request's
+//! response waits for its writes still in flight ([`KvConnector::finish_saves`]).
 //!
 //! Eviction order: a hit refreshes, and a write inserts, the chunks of a
 //! prefix **last chunk first**, so under LRU the root of a prefix is always
@@ -175,8 +179,9 @@ pub struct KvConnector {
     free_ops: Vec<u32>,
     dev_out: DeviceOutput,
     loads: IntMap<u32, Load>,
-    /// Synchronous saves: writes still in flight per request.
-    saves: IntMap<u32, u32>,
+    /// Synchronous saves per request: writes still in flight, and whether
+    /// the request has finished (its response waits for the last of them).
+    saves: IntMap<u32, (u32, bool)>,
     found: Vec<Found>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
@@ -397,11 +402,12 @@ impl KvConnector {
         hit
     }
 
-    /// vLLM's `request_finished` with LMCache's store: writes the chunks of
-    /// the first `tokens` tokens of `request` (its prompt, or prompt and
-    /// output with `save_decode_cache`) to worker `w`'s tiers. Returns true
-    /// if the request's response must wait for the writes (synchronous
-    /// mode); its id then comes out in [`ConnectorOutput::saved`].
+    /// Writes the chunks of the first `tokens` tokens of `request`'s
+    /// sequence (whose block hashes are `blocks`) that worker `w`'s tiers do
+    /// not hold or receive yet; those they hold are refreshed, the root last.
+    /// Called as a prompt's chunks are computed and again when the request
+    /// finishes (see [`SaveTiming`](super::SaveTiming)); in `sync` write
+    /// mode the writes are counted for [`Self::finish_saves`].
     pub fn save(
         &mut self,
         now: SimTime,
@@ -410,10 +416,10 @@ impl KvConnector {
         blocks: &[BlockHash],
         tokens: u64,
         out: &mut ConnectorOutput,
-    ) -> bool {
+    ) {
         let tiers = &self.worker_tiers[w.index()];
         if tiers.is_empty() {
-            return false;
+            return;
         }
         let full = (tokens / self.block_size).min(blocks.len() as u64);
         let chunks: Vec<(BlockHash, u64)> = (0..full.div_ceil(self.kvc.chunk_blocks))
@@ -425,12 +431,27 @@ impl KvConnector {
             WritePolicy::WriteThrough => tiers.len(),
             WritePolicy::Spill => 1,
         };
-        let mut ops = 0;
         for i in 0..targets {
             let inst = self.worker_tiers[w.index()][i];
-            ops += self.write_chunks(now, w, inst, &chunks, waiter, out);
+            self.write_chunks(now, w, inst, &chunks, waiter, out);
         }
-        ops > 0 && waiter.is_some()
+    }
+
+    /// `request` has finished: whether its response must wait for its
+    /// synchronous writes still in flight (its id then comes out in
+    /// [`ConnectorOutput::saved`] when the last one completes).
+    pub fn finish_saves(&mut self, request: RequestId) -> bool {
+        match self.saves.get_mut(&request.0) {
+            Some((left, finished)) if *left > 0 => {
+                *finished = true;
+                true
+            }
+            Some(_) => {
+                self.saves.remove(&request.0);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Writes the chunks whose last blocks the GPU of worker `w` evicted
@@ -483,7 +504,7 @@ impl KvConnector {
         let mut ops = 0;
         if !keys.is_empty() {
             if let Some(id) = waiter {
-                *self.saves.entry(id.0).or_insert(0) += 1;
+                self.saves.entry(id.0).or_insert((0, false)).0 += 1;
             }
             self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiter, worker: w }, out);
             ops += 1;
@@ -588,9 +609,9 @@ impl KvConnector {
                     }
                 }
                 if let Some(id) = waiter {
-                    let left = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
+                    let (left, finished) = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
                     *left -= 1;
-                    if *left == 0 {
+                    if *left == 0 && *finished {
                         self.saves.remove(&id.0);
                         out.saved.push(id);
                     }
@@ -603,7 +624,7 @@ impl KvConnector {
 /// Settings for tests of the connector and of its users.
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::kvcache::{EvictionPolicy, KvcConfig, Tier, TierConfig, WriteMode, WritePolicy};
+    use crate::kvcache::{EvictionPolicy, KvcConfig, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
     use crate::storage::DeviceConfig;
     use crate::time::SimDuration;
 
@@ -617,6 +638,7 @@ pub(crate) mod testing {
             save_decode_cache: false,
             write_policy: WritePolicy::WriteThrough,
             write_mode: WriteMode::Async,
+            save_timing: SaveTiming::OnCompute,
             store_on_gpu_eviction: false,
             block_bytes: 160,
             event_coalesce: SimDuration::ZERO,

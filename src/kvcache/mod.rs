@@ -103,6 +103,19 @@ pub enum WriteMode {
     Sync,
 }
 
+/// When a request's prompt KV goes to the tiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveTiming {
+    /// As it is computed (LMCache): each step's newly completed full chunks
+    /// are written when the step ends, the last partial one when the prompt
+    /// is done — LMCache's connector saves each layer's KV during the
+    /// forward pass (`save_kv_layer`) and waits for it at the end of the
+    /// step (`wait_for_save`, `vllm/distributed/kv_transfer/kv_connector/v1/base.py`).
+    OnCompute,
+    /// When the request finishes (the earlier rule).
+    OnFinish,
+}
+
 /// One configured tier below the GPU.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TierConfig {
@@ -131,6 +144,8 @@ pub struct KvcConfig {
     pub write_policy: WritePolicy,
     /// Whether completion waits for writes.
     pub write_mode: WriteMode,
+    /// When prompt KV is written.
+    pub save_timing: SaveTiming,
     /// Write a chunk when the GPU evicts its last block.
     pub store_on_gpu_eviction: bool,
     /// Bytes of one engine block (block_size × KV bytes per token).

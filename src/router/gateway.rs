@@ -337,7 +337,7 @@ impl<'a> Router<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{KvEventKind, Tier, WriteMode, WritePolicy};
+    use crate::kvcache::{KvEventKind, SaveTiming, Tier, WriteMode, WritePolicy};
     use crate::router::{BalancedParams, PolicyKind};
 
     fn cfg(policy: PolicyKind, collection_ms: u64, batch: u32, batch_ms: u64) -> RouterConfig {
@@ -362,6 +362,7 @@ mod tests {
             save_decode_cache: false,
             write_policy: WritePolicy::WriteThrough,
             write_mode: WriteMode::Async,
+            save_timing: SaveTiming::OnCompute,
             store_on_gpu_eviction: false,
             block_bytes: 1 << 16,
             event_coalesce: ms(10),

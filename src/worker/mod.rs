@@ -164,6 +164,9 @@ pub struct StepOutcome {
     /// Requests that produced their last token (their blocks are released;
     /// `computed` still says how many tokens they held).
     pub completed: Vec<RequestId>,
+    /// Requests that computed a prefill chunk in this step, with the tokens
+    /// they then have computed (in step order).
+    pub prefilled: Vec<(RequestId, u64)>,
     /// Prompt tokens computed (prefill work, including recomputation).
     pub prompt_tokens: u64,
     /// Tokens generated.
@@ -180,6 +183,7 @@ impl StepOutcome {
         self.resumed_gaps.clear();
         self.first_decodes.clear();
         self.completed.clear();
+        self.prefilled.clear();
         self.prompt_tokens = 0;
         self.generated_tokens = 0;
         self.peak = PeakSeconds::default();
@@ -470,6 +474,7 @@ impl Worker {
             r.seq.computed = chunk.end;
             r.prefill_tokens_computed += n;
             out.prompt_tokens += n;
+            out.prefilled.push((id, chunk.end));
             self.register_blocks(id, now, reqs, cfg);
             let r = &mut reqs[id.index()];
             if r.seq.computed < r.seq.num_tokens {
