@@ -205,7 +205,10 @@ impl<'a> Cluster<'a> {
         let r = &mut self.arena.requests[id.index()];
         // The block hashes are the request's, needed by any worker whatever the policy.
         r.hash_blocks(self.scenario.worker.block_size as u32, &mut self.arena.hasher);
-        let view = RequestView { blocks: &r.blocks, num_tokens: r.seq.num_tokens, prompt_tokens: r.prompt_tokens };
+        let view = RequestView {
+            seq: r.chunked(r.seq.num_tokens, self.scenario.worker.block_size),
+            prompt_tokens: r.prompt_tokens,
+        };
         let workers = &self.workers;
         let routed = self.router.route(view, |w| workers[w.index()].waiting());
         r.worker = Some(routed.worker);
@@ -374,15 +377,16 @@ impl<'a> Cluster<'a> {
                 // The prefill worker's part is done: its prompt goes to the
                 // tiers as any finished request's would (LMCache on the
                 // prefill worker), and the request moves to its decode worker.
-                let tokens = u64::from(r.prompt_tokens);
-                self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.scratch.conn_out);
+                let seq = r.chunked(u64::from(r.prompt_tokens), self.scenario.worker.block_size);
+                self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
                 self.hand_over(now, id, sched);
                 continue;
             }
             self.recorder.on_last_token(r);
             // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
             let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
-            self.connector.save(now, worker, id, &r.blocks, tokens, &mut self.scratch.conn_out);
+            let seq = r.chunked(tokens, self.scenario.worker.block_size);
+            self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
             if !self.connector.finish_saves(id) {
                 self.respond(now, id, sched);
             }
@@ -402,7 +406,8 @@ impl<'a> Cluster<'a> {
         let upto = if computed >= prompt { prompt } else { computed / chunk * chunk };
         if upto > r.seq.saved {
             r.seq.saved = upto;
-            self.connector.save(now, worker, id, &r.blocks, upto, &mut self.scratch.conn_out);
+            let seq = r.chunked(upto, self.scenario.worker.block_size);
+            self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
         }
     }
 

@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, BlockHasher, Content};
+use crate::kvcache::{BlockHash, BlockHasher, ChunkedSeq, Content, exact_key};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -84,6 +84,9 @@ pub struct Request {
     /// Hashes of the full blocks of prompt + output (computed when it reaches
     /// a worker, dropped when it finishes).
     pub blocks: Vec<BlockHash>,
+    /// [`exact_key`] of its prompt, when the prompt ends inside a block
+    /// (computed with `blocks`).
+    pub prompt_tail: Option<BlockHash>,
     /// The worker the router chose.
     pub worker: Option<WorkerId>,
     /// Scheduler state on that worker.
@@ -153,6 +156,7 @@ impl Request {
             output_id,
             label,
             blocks: Vec::new(),
+            prompt_tail: None,
             worker: None,
             seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
             first_scheduled: None,
@@ -178,6 +182,18 @@ impl Request {
         self.blocks.clear();
         self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
         hasher.hash(&self.content.segments, Some(&output), block_size, &mut self.blocks);
+        self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
+    }
+
+    fn exact_key(&self, n: u64, block_size: u64) -> Option<BlockHash> {
+        let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
+        exact_key(self.content.segments.iter().chain(Some(&output)), n, block_size, &self.blocks)
+    }
+
+    /// Its first `n` tokens (prompt, then output) as the tiers see them.
+    pub fn chunked(&self, n: u64, block_size: u64) -> ChunkedSeq<'_> {
+        let tail = if n == u64::from(self.prompt_tokens) { self.prompt_tail } else { self.exact_key(n, block_size) };
+        ChunkedSeq { blocks: &self.blocks, tokens: n, tail }
     }
 }
 

@@ -380,38 +380,37 @@ fn one_request_stored(save_decode_cache: bool) -> opal::RunOutput {
 
 #[test]
 fn only_prompt_kv_is_stored_unless_decode_kv_is_asked_for() {
-    // Llama-3.1-8B: 16 tokens × 128 KiB = 2 MiB per block. The 1,000-token
-    // prompt has 62 full blocks (chunks of 16, 16, 16 and 14 blocks).
-    let block = 16 * 131_072;
-    assert_eq!(one_request_stored(false).summary.tiers.bytes_written[1], 62 * block);
+    // Llama-3.1-8B: 128 KiB per token. The 1,000-token prompt is three chunks
+    // of 256 tokens and a partial one of 232 (LMCache keys it by its exact
+    // tokens, so all of them are stored).
+    let token = 131_072;
+    assert_eq!(one_request_stored(false).summary.tiers.bytes_written[1], 1000 * token);
     // With save_decode_cache the 99 generated tokens whose KV was computed
-    // (the last one's never is) count too: 1,099 tokens, 68 full blocks. The
-    // prompt's last, partial chunk (14 blocks) was saved as the prompt was
-    // computed; the chunk that later holds those blocks and two of output is
-    // another chunk (16 blocks), and the output's last one has 4: 62 + 16 + 4.
-    assert_eq!(one_request_stored(true).summary.tiers.bytes_written[1], (62 + 16 + 4) * block);
+    // (the last one's never is) count too: 1,099 tokens. The prompt's
+    // partial chunk [768, 1000) was saved as the prompt was computed; the
+    // chunk [768, 1024) that later holds it and 24 output tokens is another
+    // chunk, and the output's last, partial one is [1024, 1099): 1,000 + 256 + 75.
+    assert_eq!(one_request_stored(true).summary.tiers.bytes_written[1], (1000 + 256 + 75) * token);
 }
 
 /// Independent reference for a trace replayed one request at a time into a
 /// tier that never evicts, GPU prefix caching off: the tier holds chunks of
 /// `chunk` tokens of every earlier prompt, each identified by its hash-id
-/// prefix and its number of full 16-token blocks (a prompt's last chunk may
-/// be short; LMCache keys it by its own prefix, so it matches only a chunk of
-/// the same length). A request finds its chunks in order until the first
-/// miss; its hit is what they cover, all but its last token at most. Chunks
-/// past the prompt's hash ids are unique to it and never match.
+/// prefix and its length in tokens (a prompt's last chunk may be short;
+/// LMCache keys it by its exact tokens, so it matches only a chunk of the
+/// same tokens to the same length). A request finds its chunks in order
+/// until the first miss; its hit is what they cover, all but its last token
+/// at most. Chunks past the prompt's hash ids are unique to it and never match.
 fn serial_tier_hits(rows: &[(u64, Vec<u64>)], chunk: u64) -> Vec<u64> {
     let mut held: std::collections::HashSet<(Vec<u64>, u64)> = std::collections::HashSet::new();
-    let per = chunk / 16;
     rows.iter()
         .map(|(input, ids)| {
-            let full = input / 16;
-            let chunks: Vec<(Vec<u64>, u64)> = (0..full.div_ceil(per).min(ids.len() as u64))
-                .map(|j| (ids[..=j as usize].to_vec(), full.min((j + 1) * per) - j * per))
+            let chunks: Vec<(Vec<u64>, u64)> = (0..input.div_ceil(chunk).min(ids.len() as u64))
+                .map(|j| (ids[..=j as usize].to_vec(), (*input).min((j + 1) * chunk) - j * chunk))
                 .collect();
             let matched: u64 = chunks.iter().take_while(|c| held.contains(c)).map(|c| c.1).sum();
             held.extend(chunks);
-            (matched * 16).min(input - 1)
+            matched.min(input - 1)
         })
         .collect()
 }

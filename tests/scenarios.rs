@@ -305,13 +305,15 @@ fn each_stage_row_equals_what_its_requests_say() {
 
 /// The digest of the shipped Opal example (`examples/opal/exponential-12rps.json`)
 /// as the a/b roofline ran it before the operator-level step model became the
-/// default, and before KV was saved as it is computed: with
-/// `kvc.save_timing = "on_finish"` an imported Opal configuration must keep
-/// running exactly so.
+/// default, before KV was saved as it is computed and before partial chunks
+/// were keyed by their exact tokens: with `kvc.save_timing = "on_finish"`
+/// and `kvc.partial_chunk_key = "blocks"` an imported Opal configuration
+/// must keep running exactly so.
 const OPAL_EXAMPLE_DIGEST_ON_FINISH: u64 = 13_893_423_385_554_236_382;
 
-/// The same with KV saved as computed (the default since issue 24).
-const OPAL_EXAMPLE_DIGEST: u64 = 4_700_942_810_189_286_412;
+/// The same with today's defaults (KV saved as computed, exact partial
+/// chunk keys: issue 24).
+const OPAL_EXAMPLE_DIGEST: u64 = 17_588_502_360_820_733_129;
 
 #[test]
 fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
@@ -323,6 +325,7 @@ fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
     let out = opal::simulate(&scenario).unwrap();
     assert_eq!(out.event_digest, OPAL_EXAMPLE_DIGEST, "{} requests", out.summary.requests_completed);
     scenario.kvc.save_timing = opal::kvcache::SaveTiming::OnFinish;
+    scenario.kvc.partial_chunks = opal::kvcache::PartialChunks::FullBlocks;
     assert_eq!(opal::simulate(&scenario).unwrap().event_digest, OPAL_EXAMPLE_DIGEST_ON_FINISH);
 }
 

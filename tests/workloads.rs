@@ -14,12 +14,12 @@ fn recomputed_tail(p: u64) -> u64 {
     p - 16 * ((p - 1) / 16)
 }
 
-/// The same when a tier below the GPU holds the prompt's last full block:
-/// the connector loads all but the last token (LMCache's full-hit rule), so
-/// only the partial last block — or, for a prompt of whole blocks, one token
-/// — is computed.
-fn recomputed_with_tier(p: u64) -> u64 {
-    if p.is_multiple_of(16) { 1 } else { p % 16 }
+/// The same when a tier below the GPU holds the prompt: its chunks are keyed
+/// by their exact tokens (LMCache), the last, partial one included, so the
+/// connector loads all but the last token (LMCache's full-hit rule) and one
+/// token is computed.
+fn recomputed_with_tier(_p: u64) -> u64 {
+    1
 }
 
 /// Llama-3.1-8B behind a round-robin router, first an SC25 stage with `params`.

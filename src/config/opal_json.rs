@@ -25,7 +25,10 @@
 //!   first 1,000 requests at 16 workers — is reached only with chunks
 //!   visible as they are computed (measured here on that workload: 96 %;
 //!   36 % with `"on_finish"`, the earlier rule, which the import does not
-//!   set).
+//!   set), and a partial chunk keyed by its exact tokens
+//!   (`kvc.partial_chunk_key = "tokens"`): the original's steady-state hit
+//!   on that workload is 98.5 %, ours 99.0 % with exact keys and 99.9 %
+//!   with `"blocks"` (a partial chunk matched at block granularity).
 //! - **Opal keys with no counterpart** ([`OPAL_ONLY_KEYS`]: progress bars,
 //!   wall-clock caps, knobs of Opal engines not modelled here) are removed
 //!   and listed by name; nothing is dropped silently. Any other unknown key

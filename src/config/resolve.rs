@@ -6,7 +6,7 @@ use super::context::Ctx;
 use super::error::{ConfigError, closest};
 use super::schema::{KvcSection, SpecFile, TierParams};
 use super::worker::{resolve_gpu, resolve_worker};
-use crate::kvcache::{EvictionPolicy, KvcConfig, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
+use crate::kvcache::{EvictionPolicy, KvcConfig, PartialChunks, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
 use crate::metrics::{MAX_INTERVALS, MIN_INTERVAL_SECS};
 use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
@@ -392,6 +392,15 @@ fn resolve_kvc(
                 .schema());
         }
     };
+    let partial_chunks = match k.partial_chunk_key.to_ascii_lowercase().as_str() {
+        "tokens" => PartialChunks::ExactTokens,
+        "blocks" => PartialChunks::FullBlocks,
+        other => {
+            return Err(cx
+                .err("kvc.partial_chunk_key", format!("unknown partial chunk key {other:?}"), "use tokens or blocks")
+                .schema());
+        }
+    };
     let coalesce = file.worker.worker_params.kvcevent_coalesce_time;
     if !(coalesce.is_finite() && coalesce >= 0.0) {
         return Err(cx.err(
@@ -404,6 +413,8 @@ fn resolve_kvc(
         tiers,
         chunk_blocks: u64::from(k.chunk_size) / block,
         save_unfull_chunk: k.save_unfull_chunk,
+        partial_chunks,
+        block_size: block,
         save_decode_cache: k.save_decode_cache,
         write_policy,
         write_mode,

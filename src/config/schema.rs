@@ -555,6 +555,8 @@ pub struct KvcSection {
     pub chunk_size: u32,
     /// Also store a request's last, partial chunk.
     pub save_unfull_chunk: bool,
+    /// What identifies a partial chunk: `tokens` (LMCache: the hash of its exact tokens, so only the identical token run hits it) or `blocks` (its full blocks: any sequence with the same full blocks there hits it).
+    pub partial_chunk_key: String,
     /// Also store the KV of generated tokens (LMCache's `save_decode_cache`; default
     /// false: only prompt KV is stored, as LMCache does by default).
     pub save_decode_cache: bool,
@@ -580,6 +582,7 @@ impl Default for KvcSection {
             kvc_tiers: vec!["CPUMemory".into()],
             chunk_size: 256,
             save_unfull_chunk: true,
+            partial_chunk_key: "tokens".into(),
             save_decode_cache: false,
             write_policy: "write_through".into(),
             write_mode: "async".into(),

@@ -52,7 +52,9 @@
 //! finished, KV events for the router, bytes moved — to a
 //! [`ConnectorOutput`] for the cluster to turn into events.
 
-use super::{BlockHash, ChunkStore, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy};
+use super::{
+    BlockHash, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy,
+};
 use crate::ids::{RequestId, WorkerId};
 use crate::storage::{Device, DeviceOutput, DeviceStats, DeviceTimer, OpId, OpKind};
 use crate::time::SimTime;
@@ -277,19 +279,19 @@ impl KvConnector {
         })
     }
 
-    /// Walks the chunks of a `num_tokens`-token sequence with block hashes
-    /// `blocks` from its GPU prefix of `local` blocks on, while worker `w`'s
-    /// tiers hold them; returns how many tokens that is and, per tier, how
-    /// many of them each tier holds, and fills `found` (if given).
+    /// Walks the chunks of sequence `seq` from its GPU prefix of `local`
+    /// blocks on, while worker `w`'s tiers hold them; returns how many tokens
+    /// that is and, per tier, how many of them each tier holds, and fills
+    /// `found` (if given; token ranges).
     fn walk(
         &self,
         w: WorkerId,
         request: RequestId,
-        blocks: &[BlockHash],
-        num_tokens: u64,
+        seq: &ChunkedSeq<'_>,
         local: u64,
         mut found: Option<&mut Vec<Found>>,
     ) -> ExternalHit {
+        let num_tokens = seq.tokens;
         let mut hit = ExternalHit::default();
         if self.remote.contains(&request.0) {
             // A remote prefill: every computed token beyond the GPU prefix
@@ -302,17 +304,15 @@ impl KvConnector {
         if tiers.is_empty() {
             return hit;
         }
-        let bs = self.block_size;
-        // Only full blocks have hashes; the last token is always computed.
-        let limit = (num_tokens / bs).min(blocks.len() as u64);
+        // The last token is always computed.
         let cap = num_tokens.saturating_sub(1);
-        let mut next = local;
+        let mut next = local * self.block_size;
         let mut j = local / self.kvc.chunk_blocks;
-        while let Some((key, _, end)) = self.kvc.chunk(blocks, j, limit) {
+        while let Some((key, _, end)) = self.kvc.chunk(seq, j) {
             let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
                 break;
             };
-            let tokens = (end * bs).min(cap).saturating_sub(next * bs);
+            let tokens = end.min(cap).saturating_sub(next);
             if tokens == 0 {
                 break;
             }
@@ -330,15 +330,8 @@ impl KvConnector {
     /// vLLM's `get_num_new_matched_tokens`: the tokens beyond the first
     /// `local` blocks (the GPU prefix hit) of a `num_tokens`-token sequence
     /// that worker `w`'s tiers hold and could load. Changes nothing.
-    pub fn lookup(
-        &self,
-        w: WorkerId,
-        request: RequestId,
-        blocks: &[BlockHash],
-        num_tokens: u64,
-        local: u64,
-    ) -> ExternalHit {
-        self.walk(w, request, blocks, num_tokens, local, None)
+    pub fn lookup(&self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> ExternalHit {
+        self.walk(w, request, seq, local, None)
     }
 
     /// Starts loading what [`Self::lookup`] found for `request` on worker `w`
@@ -346,19 +339,17 @@ impl KvConnector {
     /// (last chunk first), and each run of consecutive chunks in one tier
     /// instance is read in one device operation. A [`LoadDone`] comes out
     /// when the last read finishes. Returns what is loaded.
-    #[allow(clippy::too_many_arguments)]
     pub fn load(
         &mut self,
         now: SimTime,
         w: WorkerId,
         request: RequestId,
-        blocks: &[BlockHash],
-        num_tokens: u64,
+        seq: &ChunkedSeq<'_>,
         local: u64,
         out: &mut ConnectorOutput,
     ) -> ExternalHit {
         if self.remote.contains(&request.0) {
-            let hit = self.walk(w, request, blocks, num_tokens, local, None);
+            let hit = self.walk(w, request, seq, local, None);
             self.remote.remove(&request.0);
             let bytes = hit.tokens * self.link.expect("a remote prefill needs a link").1;
             let load = Load { worker: w, started: now, reads_left: 1, bytes: [0; 4], link_bytes: 0 };
@@ -369,7 +360,7 @@ impl KvConnector {
         }
         let mut found = std::mem::take(&mut self.found);
         found.clear();
-        let hit = self.walk(w, request, blocks, num_tokens, local, Some(&mut found));
+        let hit = self.walk(w, request, seq, local, Some(&mut found));
         if hit.tokens == 0 {
             self.found = found;
             return hit;
@@ -379,9 +370,8 @@ impl KvConnector {
         }
         // The chunks the GPU prefix covers are not read, but they are the
         // prefix's roots: refresh them after their descendants, where held.
-        let limit = (num_tokens / self.block_size).min(blocks.len() as u64);
         for j in (0..local / self.kvc.chunk_blocks).rev() {
-            if let Some((key, _, _)) = self.kvc.chunk(blocks, j, limit) {
+            if let Some((key, _, _)) = self.kvc.chunk(seq, j) {
                 for &i in &self.worker_tiers[w.index()] {
                     self.instances[i as usize].store.touch(key);
                 }
@@ -395,16 +385,15 @@ impl KvConnector {
             let keys: Vec<BlockHash> = run.iter().map(|f| f.key).collect();
             let store = &mut self.instances[instance as usize].store;
             keys.iter().for_each(|&k| store.pin(k));
-            let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.block_bytes;
+            let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.token_bytes();
             self.submit(now, instance, OpKind::Read, bytes, w, Purpose::Load { request, keys }, out);
         }
         self.found = found;
         hit
     }
 
-    /// Writes the chunks of the first `tokens` tokens of `request`'s
-    /// sequence (whose block hashes are `blocks`) that worker `w`'s tiers do
-    /// not hold or receive yet; those they hold are refreshed, the root last.
+    /// Writes the chunks of sequence `seq` (`request`'s first `seq.tokens`
+    /// tokens) that worker `w`'s tiers do not hold or receive yet; those they hold are refreshed, the root last.
     /// Called as a prompt's chunks are computed and again when the request
     /// finishes (see [`SaveTiming`](super::SaveTiming)); in `sync` write
     /// mode the writes are counted for [`Self::finish_saves`].
@@ -413,18 +402,16 @@ impl KvConnector {
         now: SimTime,
         w: WorkerId,
         request: RequestId,
-        blocks: &[BlockHash],
-        tokens: u64,
+        seq: &ChunkedSeq<'_>,
         out: &mut ConnectorOutput,
     ) {
         let tiers = &self.worker_tiers[w.index()];
         if tiers.is_empty() {
             return;
         }
-        let full = (tokens / self.block_size).min(blocks.len() as u64);
-        let chunks: Vec<(BlockHash, u64)> = (0..full.div_ceil(self.kvc.chunk_blocks))
-            .filter_map(|j| self.kvc.chunk(blocks, j, full))
-            .map(|(key, start, end)| (key, (end - start) * self.kvc.block_bytes))
+        let chunks: Vec<(BlockHash, u64)> = (0..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
+            .filter_map(|j| self.kvc.chunk(seq, j))
+            .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes()))
             .collect();
         let waiter = (self.kvc.write_mode == WriteMode::Sync).then_some(request);
         let targets = match self.kvc.write_policy {
@@ -624,7 +611,9 @@ impl KvConnector {
 /// Settings for tests of the connector and of its users.
 #[cfg(test)]
 pub(crate) mod testing {
-    use crate::kvcache::{EvictionPolicy, KvcConfig, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
+    use crate::kvcache::{
+        EvictionPolicy, KvcConfig, PartialChunks, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy,
+    };
     use crate::storage::DeviceConfig;
     use crate::time::SimDuration;
 
@@ -635,6 +624,8 @@ pub(crate) mod testing {
             tiers,
             chunk_blocks,
             save_unfull_chunk: true,
+            partial_chunks: PartialChunks::ExactTokens,
+            block_size: 16,
             save_decode_cache: false,
             write_policy: WritePolicy::WriteThrough,
             write_mode: WriteMode::Async,
@@ -665,7 +656,7 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{Content, block_hashes, content_id};
+    use crate::kvcache::{Content, PartialChunks, block_hashes, content_id};
     use crate::time::SimDuration;
 
     const W: WorkerId = WorkerId(0);
@@ -687,6 +678,12 @@ mod tests {
         out
     }
 
+    /// The first `tokens` tokens of a sequence with block hashes `b`, its
+    /// last partial chunk (if any) keyed by its full blocks.
+    fn seq(b: &[BlockHash], tokens: u64) -> ChunkedSeq<'_> {
+        ChunkedSeq { blocks: b, tokens, tail: None }
+    }
+
     /// Runs the device timers out in time order from `now`; returns the time of the last.
     fn settle(c: &mut KvConnector, mut now: SimTime, out: &mut ConnectorOutput) -> SimTime {
         while let Some(i) = (0..out.timers.len()).min_by_key(|&i| out.timers[i].0) {
@@ -701,7 +698,7 @@ mod tests {
     /// writes; returns when they finished.
     fn save(c: &mut KvConnector, now: SimTime, b: &[BlockHash], tokens: u64) -> SimTime {
         let mut out = ConnectorOutput::default();
-        c.save(now, W, RequestId(0), b, tokens, &mut out);
+        c.save(now, W, RequestId(0), &seq(b, tokens), &mut out);
         settle(c, now, &mut out)
     }
 
@@ -711,18 +708,53 @@ mod tests {
         let p = blocks(1, 100); // 6 full blocks (96 tokens) and 4 more tokens
         save(&mut c, SimTime::ZERO, &p, 100);
         // Chunks [0, 2), [2, 4), [4, 6) are held: 96 tokens, all from CPU memory.
-        let hit = c.lookup(W, RequestId(0), &p, 100, 0);
+        let hit = c.lookup(W, RequestId(0), &seq(&p, 100), 0);
         assert_eq!(hit, ExternalHit { tokens: 96, per_tier: [0, 96, 0, 0] });
         // Beyond a GPU prefix of 3 blocks: 96 − 48 = 48 tokens.
-        assert_eq!(c.lookup(W, RequestId(0), &p, 100, 3).tokens, 48);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&p, 100), 3).tokens, 48);
         // A 64-token prompt of the same content (4 whole blocks, chunks [0, 2),
         // [2, 4) held): everything but its last token, 63.
-        assert_eq!(c.lookup(W, RequestId(0), &blocks(1, 64), 64, 0).tokens, 63);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(1, 64), 64), 0).tokens, 63);
         // A 40-token prompt ends inside chunk [2, 4) (2 full blocks, then
         // [2, 2) is empty): 32 tokens.
-        assert_eq!(c.lookup(W, RequestId(0), &blocks(1, 40), 40, 0).tokens, 32);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(1, 40), 40), 0).tokens, 32);
         // Other content: nothing.
-        assert_eq!(c.lookup(W, RequestId(0), &blocks(2, 100), 100, 0), ExternalHit::default());
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(2, 100), 100), 0), ExternalHit::default());
+    }
+
+    /// `tokens` tokens of content `key` with the key of their exact run.
+    fn exact(key: u64, tokens: u32) -> (Vec<BlockHash>, Option<BlockHash>) {
+        let b = blocks(key, tokens);
+        let segs = [crate::kvcache::Segment { id: content_id("test", key), tokens }];
+        let tail = crate::kvcache::exact_key(&segs, u64::from(tokens), 16, &b);
+        (b, tail)
+    }
+
+    #[test]
+    fn a_partial_chunk_is_hit_only_by_the_identical_token_run_unless_keyed_by_its_blocks() {
+        // Chunks of 2 blocks (32 tokens). A: 56 tokens, chunk [0, 32) and the
+        // partial chunk [32, 56) (one full block and 8 tokens).
+        let (a, a_tail) = exact(1, 56);
+        for (partial, same, c_hit) in [(PartialChunks::ExactTokens, 55, 32), (PartialChunks::FullBlocks, 48, 48)] {
+            let mut kvc = testing::kvc(vec![testing::cpu_tier(1 << 20)], 2);
+            kvc.partial_chunks = partial;
+            let mut c = KvConnector::new(&kvc, 16);
+            c.add_worker();
+            let mut out = ConnectorOutput::default();
+            c.save(SimTime::ZERO, W, RequestId(0), &ChunkedSeq { blocks: &a, tokens: 56, tail: a_tail }, &mut out);
+            settle(&mut c, SimTime::ZERO, &mut out);
+            let look = |(b, tail): (Vec<BlockHash>, Option<BlockHash>), n: u64| {
+                c.lookup(W, RequestId(1), &ChunkedSeq { blocks: &b, tokens: n, tail }, 0).tokens
+            };
+            // The same 56 tokens: all but the last, or (block keys) its full blocks.
+            assert_eq!(look(exact(1, 56), 56), same, "{partial:?}");
+            // The same content, 50 tokens (the same full block 3, 2 tokens
+            // in block 4): exact keys miss the partial chunk; block keys hit
+            // its full block.
+            assert_eq!(look(exact(1, 50), 50), c_hit, "{partial:?}");
+            // Other content: nothing.
+            assert_eq!(look(exact(2, 56), 56), 0);
+        }
     }
 
     #[test]
@@ -733,7 +765,7 @@ mod tests {
         let mut out = ConnectorOutput::default();
         // GPU prefix of 1 block: blocks [1, 4) are read (480 B at 1e6 B/s = 480 µs)
         // for 63 − 16 = 47 tokens.
-        let hit = c.load(t, W, RequestId(7), &p, 64, 1, &mut out);
+        let hit = c.load(t, W, RequestId(7), &seq(&p, 64), 1, &mut out);
         assert_eq!(hit.tokens, 47);
         assert!(!c.idle());
         let end = settle(&mut c, t, &mut out);
@@ -752,10 +784,10 @@ mod tests {
         let mut out = ConnectorOutput::default();
         // The first 70 tokens: 4 full blocks (the rest of block 5 is not
         // full) in chunks [0, 2), [2, 4): 640 B.
-        c.save(SimTime::ZERO, W, RequestId(0), &p, 70, &mut out);
+        c.save(SimTime::ZERO, W, RequestId(0), &seq(&p, 70), &mut out);
         let t = settle(&mut c, SimTime::ZERO, &mut out);
         // All 100: 6 full blocks; chunks [0, 2), [2, 4) are held, [4, 6) is new: 320 B.
-        c.save(t, W, RequestId(1), &p, 100, &mut out);
+        c.save(t, W, RequestId(1), &seq(&p, 100), &mut out);
         let t = settle(&mut c, t, &mut out);
         let written: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
         assert_eq!(written, 640 + 320);
@@ -773,18 +805,18 @@ mod tests {
         // p3 and p2 go and the root stays (root first, p1 would have gone
         // and p2, p3 been unreachable).
         save(&mut c, t, &blocks(3, 32), 32);
-        assert_eq!(c.lookup(W, RequestId(0), &p, 48, 0).tokens, 16);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&p, 48), 0).tokens, 16);
 
         // A hit refreshes last chunk first too.
         let mut c = connector(640, 1);
         let t = save(&mut c, SimTime::ZERO, &p, 48);
         let t = save(&mut c, t, &blocks(2, 16), 16);
         let mut out = ConnectorOutput::default();
-        c.load(t, W, RequestId(0), &p, 48, 0, &mut out);
+        c.load(t, W, RequestId(0), &seq(&p, 48), 0, &mut out);
         let t = settle(&mut c, t, &mut out);
         // Recency is now q1 < p3 < p2 < p1: q1 and p3 go.
         save(&mut c, t, &blocks(3, 32), 32);
-        assert_eq!(c.lookup(W, RequestId(0), &p, 48, 0).tokens, 32);
-        assert_eq!(c.lookup(W, RequestId(0), &blocks(2, 16), 16, 0).tokens, 0);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&p, 48), 0).tokens, 32);
+        assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(2, 16), 16), 0).tokens, 0);
     }
 }

@@ -99,9 +99,6 @@ fn chain<'a>(
     // Each piece of a segment that falls in one block is mixed into the
     // chain as (segment id, offset in the segment, length); a block's hash
     // is the chain after its last piece.
-    let piece = |h: u64, id: u64, offset: u64, take: u64| {
-        mix(h, id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f))
-    };
     let mut filled = 0u64; // tokens in the current block so far
     let mut skip = skip;
     for seg in content {
@@ -138,6 +135,46 @@ fn chain<'a>(
             filled += take;
         }
     }
+}
+
+/// One piece of a segment inside one block, mixed into the chain.
+fn piece(h: u64, id: u64, offset: u64, take: u64) -> u64 {
+    mix(h, id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f))
+}
+
+/// The key of the exact token run `[0, n)` of `content` when `n` ends
+/// inside a block (`n % block_size != 0`): the chain after the pieces of
+/// the block `n` falls in, up to token `n`, from the hash of the last full
+/// block before it (`blocks`, the content's full-block hashes). Equal only
+/// for equal runs of equal length — LMCache's key of a last, partial chunk
+/// (the hash of its exact tokens in their prefix). `None` when `n` is a
+/// block boundary (the block's own hash is the key).
+pub fn exact_key<'a>(
+    content: impl IntoIterator<Item = &'a Segment>,
+    n: u64,
+    block_size: u64,
+    blocks: &[BlockHash],
+) -> Option<BlockHash> {
+    if n.is_multiple_of(block_size) {
+        return None;
+    }
+    let k = n / block_size;
+    let start = k * block_size;
+    let mut h = if k == 0 { CHAIN_ROOT } else { blocks[k as usize - 1].0 };
+    let mut pos = 0u64;
+    for seg in content {
+        let end = pos + u64::from(seg.tokens);
+        if end > start && pos < n {
+            let (from, to) = (start.max(pos) - pos, n.min(end) - pos);
+            h = piece(h, seg.id, from, to - from);
+        }
+        pos = end;
+        if pos >= n {
+            break;
+        }
+    }
+    // Marked, so that a run ending inside a block never takes a full block's key.
+    Some(BlockHash(mix(h, 0x7061_7274_6961_6c21)))
 }
 
 /// [`block_hashes`] with a memory: the hashes of the blocks inside the
@@ -302,6 +339,29 @@ mod tests {
             assert_eq!(ha[..shared], hb[..shared], "block size {bs}");
             assert_ne!(ha[shared], hb[shared], "block size {bs}");
         }
+    }
+
+    #[test]
+    fn an_exact_key_is_equal_only_for_the_same_tokens_to_the_same_length() {
+        let a = [Segment { id: 1, tokens: 40 }];
+        let b = [Segment { id: 1, tokens: 40 }, Segment { id: 2, tokens: 30 }];
+        let c = [Segment { id: 3, tokens: 40 }];
+        let key = |segs: &[Segment], n| {
+            let mut blocks = Vec::new();
+            block_hashes(segs, 16, usize::MAX, &mut blocks);
+            exact_key(segs, n, 16, &blocks)
+        };
+        // Tokens 0..40 of segment 1, whatever follows them.
+        assert_eq!(key(&a, 40), key(&b, 40));
+        assert!(key(&a, 40).is_some());
+        assert_ne!(key(&a, 40), key(&a, 39), "one token shorter");
+        assert_ne!(key(&a, 40), key(&c, 40), "other tokens");
+        assert_ne!(key(&b, 50), key(&b, 40));
+        assert_eq!(key(&a, 32), None, "a block boundary: the block's own hash is the key");
+        // Never a full block's hash.
+        let mut blocks = Vec::new();
+        block_hashes(&b, 16, usize::MAX, &mut blocks);
+        assert!(blocks.iter().all(|&h| Some(h) != key(&b, 40) && Some(h) != key(&b, 50)));
     }
 
     #[test]

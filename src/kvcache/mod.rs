@@ -13,7 +13,7 @@ mod prefix;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
-pub use hash::{BlockHash, BlockHasher, Content, Segment, block_hashes, content_id};
+pub use hash::{BlockHash, BlockHasher, Content, Segment, block_hashes, content_id, exact_key};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve};
 
@@ -116,6 +116,30 @@ pub enum SaveTiming {
     OnFinish,
 }
 
+/// What identifies a sequence's last, partial chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PartialChunks {
+    /// Its exact tokens in their prefix (LMCache's chunk hash): it is hit
+    /// only by a sequence with the identical token run, to the same length.
+    ExactTokens,
+    /// Its full blocks (the earlier rule): hit by any sequence with the same
+    /// full blocks there, whatever tokens follow the last of them.
+    FullBlocks,
+}
+
+/// A sequence as the tiers see it: its full blocks' hashes, its length in
+/// tokens, and the key of its exact token run when that ends inside a block
+/// ([`exact_key`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkedSeq<'a> {
+    /// Hashes of its full blocks (at least `tokens / block_size` of them, or all it has).
+    pub blocks: &'a [BlockHash],
+    /// Its length, tokens.
+    pub tokens: u64,
+    /// [`exact_key`] of its tokens, when `tokens` ends inside a block.
+    pub tail: Option<BlockHash>,
+}
+
 /// One configured tier below the GPU.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TierConfig {
@@ -138,6 +162,10 @@ pub struct KvcConfig {
     pub chunk_blocks: u64,
     /// Store a request's last, partial chunk too.
     pub save_unfull_chunk: bool,
+    /// What identifies a partial chunk.
+    pub partial_chunks: PartialChunks,
+    /// Tokens per engine block.
+    pub block_size: u64,
     /// Store the KV of generated tokens too, not only the prompt's (LMCache's `save_decode_cache`).
     pub save_decode_cache: bool,
     /// Where chunks are written.
@@ -157,19 +185,39 @@ pub struct KvcConfig {
 }
 
 impl KvcConfig {
-    /// Chunk `j` of a sequence whose first `limit` block hashes are `blocks`:
-    /// its key (the hash of its last block, which identifies the whole prefix
-    /// up to it) and its block range `[start, end)`. A chunk cut short by
-    /// `limit` exists only with `save_unfull_chunk` (LMCache keys the last,
-    /// partial chunk by its own prefix hash, so it matches only a sequence that
-    /// ends at the same block).
-    pub fn chunk(&self, blocks: &[BlockHash], j: u64, limit: u64) -> Option<(BlockHash, u64, u64)> {
-        let m = self.chunk_blocks;
-        let start = j * m;
-        let end = ((j + 1) * m).min(limit);
-        if end <= start || (end < (j + 1) * m && !self.save_unfull_chunk) {
+    /// Tokens per chunk.
+    pub fn chunk_tokens(&self) -> u64 {
+        self.chunk_blocks * self.block_size
+    }
+
+    /// Bytes of KV per token.
+    pub fn token_bytes(&self) -> u64 {
+        self.block_bytes / self.block_size
+    }
+
+    /// Chunk `j` of sequence `s` (LMCache: chunk `j` holds tokens
+    /// `[j·chunk, (j+1)·chunk)`, the last one what is left): its key and its
+    /// token range `[start, end)`. A full chunk's key is the hash of its last
+    /// block, which identifies the whole prefix up to it. A chunk cut short
+    /// by the sequence's end exists only with `save_unfull_chunk`; its key is
+    /// the sequence's exact-run key ([`PartialChunks::ExactTokens`], when
+    /// the run ends inside a block) or that of its last full block
+    /// ([`PartialChunks::FullBlocks`], and an exact run without a known key),
+    /// whose tokens it then covers.
+    pub fn chunk(&self, s: &ChunkedSeq<'_>, j: u64) -> Option<(BlockHash, u64, u64)> {
+        let (b, c) = (self.block_size, self.chunk_tokens());
+        let start = j * c;
+        let full_end = ((s.tokens / b).min(s.blocks.len() as u64)) * b;
+        let exact = self.partial_chunks == PartialChunks::ExactTokens && s.tail.is_some();
+        let end = if exact { s.tokens.min(start + c) } else { full_end.min(start + c) };
+        if end <= start || (end < start + c && !self.save_unfull_chunk) {
             return None;
         }
-        Some((blocks[end as usize - 1], start, end))
+        let key = match (end % b, s.tail) {
+            (0, _) => s.blocks[(end / b) as usize - 1],
+            (_, Some(tail)) => tail,
+            (_, None) => unreachable!("a run ending inside a block is exact only with its key"),
+        };
+        Some((key, start, end))
     }
 }

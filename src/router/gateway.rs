@@ -17,7 +17,7 @@ use super::index::{KvIndex, Match};
 use super::pd::PdRule;
 use super::{LeastLoaded, Needs, Policy, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, KvEvent, KvcConfig};
+use crate::kvcache::{BlockHash, ChunkedSeq, KvEvent, KvcConfig};
 use crate::metrics::LatencyHistogram;
 use crate::rng::StreamRng;
 use crate::time::{SimDuration, SimTime};
@@ -36,10 +36,9 @@ enum RouterMsg {
 /// What the router needs to know of a request to route it.
 #[derive(Clone, Copy, Debug)]
 pub struct RequestView<'r> {
-    /// The request's block hashes (its prompt's, and any it has computed).
-    pub blocks: &'r [BlockHash],
-    /// Tokens whose KV the request has or needs (prompt, plus output so far).
-    pub num_tokens: u64,
+    /// The tokens whose KV the request has or needs (prompt, plus output so
+    /// far), as the tiers chunk them.
+    pub seq: ChunkedSeq<'r>,
     /// Prompt tokens.
     pub prompt_tokens: u32,
 }
@@ -180,11 +179,10 @@ impl<'a> Router<'a> {
     fn choose(&mut self, r: RequestView<'_>, among: Range<usize>) -> Routed {
         let mut chunks = 0;
         if self.needs.kv_index {
-            // The chunks the connector would look up: every full block's.
-            let limit = (r.num_tokens / self.block_size).min(r.blocks.len() as u64);
+            // The chunks the connector would look up.
             self.keys.clear();
             let mut j = 0;
-            while let Some((key, _, _)) = self.kvc.chunk(r.blocks, j, limit) {
+            while let Some((key, _, _)) = self.kvc.chunk(&r.seq, j) {
                 self.keys.push(key);
                 j += 1;
             }
@@ -200,7 +198,7 @@ impl<'a> Router<'a> {
         let predicted_hit_tokens = self.needs.kv_index.then(|| {
             let matched = self.scores.get(worker.index()).map_or(0, |m| u64::from(m.chunks));
             // The last token is always computed.
-            (matched * self.chunk_tokens()).min(r.num_tokens - 1)
+            (matched * self.chunk_tokens()).min(r.seq.tokens - 1)
         });
         Routed { worker, predicted_hit_tokens, decode: None }
     }
@@ -337,7 +335,7 @@ impl<'a> Router<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{KvEventKind, SaveTiming, Tier, WriteMode, WritePolicy};
+    use crate::kvcache::{KvEventKind, PartialChunks, SaveTiming, Tier, WriteMode, WritePolicy};
     use crate::router::{BalancedParams, PolicyKind};
 
     fn cfg(policy: PolicyKind, collection_ms: u64, batch: u32, batch_ms: u64) -> RouterConfig {
@@ -359,6 +357,8 @@ mod tests {
             tiers: Vec::new(),
             chunk_blocks: 2,
             save_unfull_chunk: true,
+            partial_chunks: PartialChunks::ExactTokens,
+            block_size: 16,
             save_decode_cache: false,
             write_policy: WritePolicy::WriteThrough,
             write_mode: WriteMode::Async,
@@ -401,7 +401,7 @@ mod tests {
     ];
 
     fn view() -> RequestView<'static> {
-        RequestView { blocks: &BLOCKS, num_tokens: 128, prompt_tokens: 128 }
+        RequestView { seq: ChunkedSeq { blocks: &BLOCKS, tokens: 128, tail: None }, prompt_tokens: 128 }
     }
 
     #[test]

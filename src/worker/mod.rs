@@ -814,7 +814,8 @@ mod tests {
         /// Writes the prompt of request `id` to the tier at time zero.
         fn seed(&mut self, id: u32) {
             let r = &self.reqs[id as usize];
-            self.conn.save(SimTime::ZERO, WorkerId(0), r.id, &r.blocks, u64::from(r.prompt_tokens), &mut self.out);
+            let seq = r.chunked(u64::from(r.prompt_tokens), self.cfg.block_size);
+            self.conn.save(SimTime::ZERO, WorkerId(0), r.id, &seq, &mut self.out);
             self.apply(SimTime::ZERO);
         }
 

@@ -95,7 +95,7 @@ impl Worker {
             let r = &reqs[id.index()];
             let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
             let local = self.cache.lookup(&r.blocks[..max]);
-            let external = conn.lookup(self.id, id, &r.blocks, r.seq.num_tokens, local as u64);
+            let external = conn.lookup(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local as u64);
             if external.tokens > 0 {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.
@@ -156,7 +156,7 @@ impl Worker {
             return false;
         }
         self.cache.allocate(need, now, idle);
-        let loaded = conn.load(now, self.id, id, &r.blocks, r.seq.num_tokens, g, out);
+        let loaded = conn.load(now, self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), g, out);
         debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
         let seq = &mut r.seq;
         seq.path = path;
