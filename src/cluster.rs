@@ -216,7 +216,7 @@ impl<'a> Cluster<'a> {
             r.predicted_hit_tokens = routed.predicted_hit_tokens;
         }
         if let Some(decode) = routed.decode {
-            r.pd = PdPhase::Prefill { decode, output_tokens: r.output_tokens };
+            r.pd = PdPhase::Prefill { decode, output_tokens: r.output_tokens, pending: routed.prefill_tokens };
             // The prefill worker is asked for one token, as the P/D proxies ask vLLM (max_tokens = 1).
             r.output_tokens = 1;
         }
@@ -230,9 +230,10 @@ impl<'a> Cluster<'a> {
     /// link once it has the blocks (see [`Worker::accept_handoff`]).
     fn hand_over(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
         let r = &self.arena.requests[id.index()];
-        let PdPhase::Prefill { decode, .. } = r.pd else { unreachable!("only prefill jobs are handed over") };
+        let PdPhase::Prefill { decode, pending, .. } = r.pd else { unreachable!("only prefill jobs are handed over") };
         let prefill = r.worker.expect("routed");
         self.router.released(prefill);
+        self.router.prefilled(prefill, pending);
         self.recorder.on_handed_over(prefill, decode);
         if !self.workers[decode.index()].accept_handoff(id, &mut self.arena.requests, now) {
             // Nothing to decode: the prefill's token was the answer.
@@ -361,6 +362,14 @@ impl<'a> Cluster<'a> {
         let out = &self.scratch.outcome;
         self.recorder.on_step(now, out);
         for &id in &out.first_tokens {
+            let r = &self.arena.requests[id.index()];
+            match r.pd {
+                // The prefill worker's token; the client's comes from the decode worker.
+                PdPhase::Prefill { output_tokens, .. } if output_tokens > 1 => self.recorder.on_prefill_token(now, r),
+                _ => self.recorder.on_first_token(now, r),
+            }
+        }
+        for &(id, _) in &out.first_decodes {
             self.recorder.on_first_token(now, &self.arena.requests[id.index()]);
         }
         if self.scenario.kvc.save_timing == SaveTiming::OnCompute {

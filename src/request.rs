@@ -131,6 +131,8 @@ pub enum PdPhase {
         decode: WorkerId,
         /// The tokens it really asks for.
         output_tokens: u32,
+        /// The prefill work it added to its prefill worker's pending work, tokens.
+        pending: u64,
     },
     /// On its decode worker after the prefill, its prompt's KV pulled there.
     Decode {

@@ -46,16 +46,17 @@ impl Llama8bH100 {
     }
 }
 
-#[test]
-fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
-    let out = Spec::llama8b()
+/// One 1,000-token request with 4 output tokens through one prefill and one
+/// decode worker whose link carries `link_GBps`.
+fn one_pd_request(link_gbps: f64) -> opal::RunOutput {
+    Spec::llama8b()
         .set("worker.inference_params.model", "roofline")
         .tiers(&[])
         .table(
             "disaggregation",
             toml! {
                 max_local_prefill_length = 0
-                link_bandwidth_GBps = 10
+                link_bandwidth_GBps = link_gbps
                 link_latency_usec = 20
                 [prefill]
                 count = 1
@@ -64,23 +65,40 @@ fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
             },
         )
         .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 4 })
-        .run();
+        .run()
+}
+
+#[test]
+fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
+    let out = one_pd_request(10.0);
     let m = Llama8bH100::new();
     let r = &out.requests[0];
-    // The prefill worker: one step over the prompt yields token 1 (TTFT).
-    let ttft = ns(m.prefill(0.0, 1000.0).max(m.weights / m.bw));
-    assert_eq!(SimDuration::from_secs_f64(r.ttft_s.unwrap()).0.abs_diff(ttft), 0, "TTFT");
+    // The prefill worker: one step over the prompt yields token 1 (its own TTFT).
+    let prefill = ns(m.prefill(0.0, 1000.0).max(m.weights / m.bw));
+    let p = &out.summary.pd.ttft_prefill_ms;
+    assert!((p.max * 1e6 - prefill as f64).abs() < 2.0, "prefill worker's token {} ms vs {prefill} ns", p.max);
     // The decode worker pulls the prompt's KV: latency + bytes / bandwidth.
     let transfer = ns(20e-6 + 1000.0 * m.kv / 10e9);
     let t = &out.summary.pd.kv_transfer_ms;
     assert!((t.max - transfer as f64 / 1e6).abs() < 2e-6, "transfer {} ms vs {}", t.max, transfer as f64 / 1e6);
     // Its first step computes token 1's KV (one token over 1,000 cached:
-    // the weights dominate) and yields token 2; then tokens 3 and 4 decode
-    // over 1,001 and 1,002 tokens.
+    // the weights dominate) and yields token 2: the client's first token
+    // (vLLM's P/D proxy and Dynamo stream from the decode worker), so TTFT
+    // is prefill + transfer + that step.
     let first = ns(m.prefill(1000.0, 1001.0).max(m.weights / m.bw));
-    let e2e = ttft + transfer + first + ns(m.decode(1001.0)) + ns(m.decode(1002.0));
+    let ttft = SimDuration::from_secs_f64(r.ttft_s.unwrap()).0;
+    assert!(ttft.abs_diff(prefill + transfer + first) <= 2, "TTFT {ttft} ns vs {} ns", prefill + transfer + first);
+    // Then tokens 3 and 4 decode over 1,001 and 1,002 tokens.
+    let decodes = ns(m.decode(1001.0)) + ns(m.decode(1002.0));
+    let e2e = prefill + transfer + first + decodes;
     let got = (r.e2e_s.unwrap() * 1e9).round() as u64;
     assert!(got.abs_diff(e2e) <= 2, "E2E {got} ns vs {e2e} ns by hand");
+    // TPOT = (E2E − TTFT) / (4 − 1): the decode steps only, whatever the link.
+    let tpot = r.tpot_s.unwrap() * 1e9;
+    assert!((tpot - decodes as f64 / 3.0).abs() < 2.0, "TPOT {tpot} ns vs {} ns", decodes as f64 / 3.0);
+    let slow = one_pd_request(1.0);
+    assert!(slow.requests[0].ttft_s.unwrap() > r.ttft_s.unwrap() + 0.1, "a 10× slower link adds to TTFT");
+    assert!((slow.requests[0].tpot_s.unwrap() * 1e9 - tpot).abs() < 2.0, "and leaves TPOT alone");
     let fd = &out.summary.pd.first_decode_ms;
     assert!((fd.max * 1e6 - (transfer + first) as f64).abs() < 2.0, "time to first decode step");
     // Where it ran, and what moved.

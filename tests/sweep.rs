@@ -125,8 +125,8 @@ fn parquet_tables_have_the_expected_rows_columns_and_types() {
     assert_eq!(ids, (0..12).collect::<Vec<_>>(), "rows sorted by run id");
     let seeds = opal::output::f64_column(&runs, "seed").unwrap();
     assert_eq!(seeds[..4], [Some(7.0), Some(8.0), Some(7.0), Some(8.0)], "seed = base_seed + replicate");
-    // Nine histograms per run; 60 requests per run; two workers per run; the time series covers each run.
-    assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 9, "nine latency metrics per run");
+    // Ten histograms per run; 60 requests per run; two workers per run; the time series covers each run.
+    assert_eq!(read(&out.join("histograms.parquet")).num_rows(), 12 * 10, "ten latency metrics per run");
     let workers = read(&out.join("workers.parquet"));
     assert_eq!(workers.num_rows(), 12 * 2);
     let routed = opal::output::f64_column(&workers, "requests_routed").unwrap();
@@ -361,7 +361,7 @@ fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
             assert_eq!(status.value(i), "ok");
         }
     }
-    assert_eq!(read(&dir.join("out/histograms.parquet")).num_rows(), 4 * 9, "only successful runs have histograms");
+    assert_eq!(read(&dir.join("out/histograms.parquet")).num_rows(), 4 * 10, "only successful runs have histograms");
 }
 
 #[test]

@@ -192,11 +192,14 @@ pub enum LatencyMetric {
     /// From a remotely prefilled request's first token to the first token
     /// its decode worker produced (transfer wait and time, queueing, first step).
     FirstDecode,
+    /// A remotely prefilled request's arrival → its prefill worker's token
+    /// (the client's first token comes later, from the decode worker: [`LatencyMetric::Ttft`]).
+    TtftPrefill,
 }
 
 impl LatencyMetric {
     /// All metrics in output order.
-    pub const ALL: [LatencyMetric; 9] = [
+    pub const ALL: [LatencyMetric; 10] = [
         LatencyMetric::Ttft,
         LatencyMetric::Tpot,
         LatencyMetric::Itl,
@@ -206,6 +209,7 @@ impl LatencyMetric {
         LatencyMetric::KvStaleness,
         LatencyMetric::KvTransfer,
         LatencyMetric::FirstDecode,
+        LatencyMetric::TtftPrefill,
     ];
 
     /// The column-name stem.
@@ -220,6 +224,7 @@ impl LatencyMetric {
             LatencyMetric::KvStaleness => "kv_staleness",
             LatencyMetric::KvTransfer => "kv_transfer",
             LatencyMetric::FirstDecode => "first_decode",
+            LatencyMetric::TtftPrefill => "ttft_prefill",
         }
     }
 }
@@ -227,7 +232,7 @@ impl LatencyMetric {
 /// The latency histograms of a run, indexed by [`LatencyMetric`].
 #[derive(Clone, Debug, Default)]
 pub struct Latencies {
-    hists: [LatencyHistogram; 9],
+    hists: [LatencyHistogram; 10],
 }
 
 impl Latencies {
@@ -595,6 +600,8 @@ pub struct PdSummary {
     pub kv_transfer_ms: LatencyStats,
     /// First token to the decode worker's first token, ms.
     pub first_decode_ms: LatencyStats,
+    /// Arrival to the prefill worker's token, ms (TTFT is the client's: the decode worker's first token).
+    pub ttft_prefill_ms: LatencyStats,
     /// Busy share of the prefill pool's GPUs.
     pub prefill_busy_fraction: f64,
     /// Busy share of the decode pool's GPUs.
@@ -611,6 +618,7 @@ impl Default for PdSummary {
             link_utilization: f64::NAN,
             kv_transfer_ms: none,
             first_decode_ms: none,
+            ttft_prefill_ms: none,
             prefill_busy_fraction: f64::NAN,
             decode_busy_fraction: f64::NAN,
         }
@@ -820,7 +828,11 @@ impl RunSummary {
             ("prefill_busy_fraction".into(), Real(p.prefill_busy_fraction)),
             ("decode_busy_fraction".into(), Real(p.decode_busy_fraction)),
         ]);
-        for (name, stats) in [("kv_transfer", &p.kv_transfer_ms), ("first_decode", &p.first_decode_ms)] {
+        for (name, stats) in [
+            ("kv_transfer", &p.kv_transfer_ms),
+            ("first_decode", &p.first_decode_ms),
+            ("ttft_prefill", &p.ttft_prefill_ms),
+        ] {
             c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
         }
         let k = &self.cost;

@@ -222,12 +222,13 @@ impl Recorder {
         for &gap in &out.resumed_gaps {
             self.latencies.get_mut(LatencyMetric::Itl).record(gap);
         }
-        for &gap in &out.first_decodes {
+        for &(_, gap) in &out.first_decodes {
             self.latencies.get_mut(LatencyMetric::FirstDecode).record(gap);
         }
     }
 
-    /// Request `r` produced its first token at `now`.
+    /// Request `r`'s first token reached the client at `now` (with a remote
+    /// prefill: its decode worker's first token).
     pub fn on_first_token(&mut self, now: SimTime, r: &Request) {
         let ttft = now - r.arrival;
         self.latencies.get_mut(LatencyMetric::Ttft).record(ttft);
@@ -237,6 +238,12 @@ impl Recorder {
         tally.ttft.record(ttft);
         tally.queue_wait.record(wait);
         self.series.on_first_token(now, ttft, &r.hit_tokens);
+    }
+
+    /// A remotely prefilled request's prefill worker produced its token at
+    /// `now` (the client's first token comes from the decode worker).
+    pub fn on_prefill_token(&mut self, now: SimTime, r: &Request) {
+        self.latencies.get_mut(LatencyMetric::TtftPrefill).record(now - r.arrival);
     }
 
     /// Request `r` produced its last token.
@@ -503,6 +510,7 @@ impl Recorder {
             },
             kv_transfer_ms: self.latencies.get(LatencyMetric::KvTransfer).stats(),
             first_decode_ms: self.latencies.get(LatencyMetric::FirstDecode).stats(),
+            ttft_prefill_ms: self.latencies.get(LatencyMetric::TtftPrefill).stats(),
             prefill_busy_fraction: busy(Role::Prefill),
             decode_busy_fraction: busy(Role::Decode),
         }

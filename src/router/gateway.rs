@@ -53,6 +53,10 @@ pub struct Routed {
     /// With disaggregation and a remote prefill: its decode worker (the
     /// request is a one-token prefill job on `worker` until handed over).
     pub decode: Option<WorkerId>,
+    /// With a remote prefill: the prompt tokens it adds to its prefill
+    /// worker's pending prefill work (its prompt net of the prefix the index
+    /// says is cached there), given back by [`Router::prefilled`].
+    pub prefill_tokens: u64,
 }
 
 /// The router component of one run.
@@ -76,6 +80,9 @@ pub struct Router<'a> {
     reported_busy: Vec<SimDuration>,
     scores: Vec<Match>,
     keys: Vec<BlockHash>,
+    /// Each prefill worker's pending prefill work: prompt tokens, net of
+    /// their cached prefixes, of the requests routed there not yet handed over.
+    pending_prefill: Vec<u64>,
     /// Each worker's KV events gathered but not yet sent.
     pending: Vec<Vec<(SimTime, KvEvent)>>,
     kv_events: u64,
@@ -110,6 +117,7 @@ impl<'a> Router<'a> {
             reported_busy: Vec::new(),
             scores: Vec::new(),
             keys: Vec::new(),
+            pending_prefill: Vec::new(),
             pending: Vec::new(),
             kv_events: 0,
             kv_batches: 0,
@@ -132,6 +140,7 @@ impl<'a> Router<'a> {
         debug_assert_eq!(id.index(), self.loads.len());
         self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
         self.pending.push(Vec::new());
+        self.pending_prefill.push(0);
         self.reported_busy.push(SimDuration(0));
     }
 
@@ -151,19 +160,32 @@ impl<'a> Router<'a> {
     }
 
     /// Disaggregated routing: the decode worker by load (least outstanding
-    /// requests), the prefill worker by the routing policy over the
-    /// prefill pool, and [`PdRule::remote`] decides whether the prefill
-    /// worker takes the prompt or the decode worker serves it whole.
+    /// requests); the prefill worker by pending prefill work — the one whose
+    /// pending prefill tokens plus this prompt's tokens not cached there
+    /// (per the index, under a KV-aware policy) are fewest, lowest id on
+    /// ties, as Dynamo's KV router costs a prefill by its new blocks — or,
+    /// with RoundRobin and Random, by the policy; then [`PdRule::remote`]
+    /// decides whether the prefill worker takes the prompt or the decode
+    /// worker serves it whole.
     fn route_pd(&mut self, r: RequestView<'_>, rule: PdRule, prefill_waiting: impl Fn(WorkerId) -> usize) -> Routed {
         let (p, n) = (rule.prefill_workers, self.loads.len());
         let ctx = RouteContext { workers: &self.loads[p..n], prefix: &[], chunks: 0 };
         let decode = LeastLoaded.choose(&ctx, &mut self.rng);
-        // The prefill candidate (this also scores every worker's cached prefix).
-        let prefill = self.choose(r, 0..p);
-        let cached_on_decode = self.scores.get(decode.index()).map_or(0, |m| u64::from(m.chunks)) * self.chunk_tokens();
-        let uncached = u64::from(r.prompt_tokens).saturating_sub(cached_on_decode);
+        let prompt = u64::from(r.prompt_tokens);
+        let mut prefill = if self.needs.loads || self.needs.kv_index {
+            self.score(r);
+            let uncached = |w: usize| prompt.saturating_sub(self.cached(w, prompt));
+            let best = (0..p).min_by_key(|&w| (self.pending_prefill[w] + uncached(w), w)).expect("a prefill pool");
+            self.pick(WorkerId(best as u32), r)
+        } else {
+            self.choose(r, 0..p)
+        };
+        let uncached = prompt.saturating_sub(self.cached(decode.index(), prompt));
         self.loads[decode.index()].outstanding += 1;
         if rule.remote(uncached, prefill_waiting(prefill.worker)) {
+            let w = prefill.worker.index();
+            prefill.prefill_tokens = prompt.saturating_sub(self.cached(w, prompt));
+            self.pending_prefill[w] += prefill.prefill_tokens;
             return Routed { decode: Some(decode), ..prefill };
         }
         // The decode worker serves it whole: undo the prefill choice.
@@ -171,36 +193,56 @@ impl<'a> Router<'a> {
         Routed { worker: decode, ..prefill }
     }
 
+    /// Prompt tokens the index says worker `w` holds of the request last scored.
+    fn cached(&self, w: usize, prompt: u64) -> u64 {
+        (self.scores.get(w).map_or(0, |m| u64::from(m.chunks)) * self.chunk_tokens()).min(prompt)
+    }
+
     fn chunk_tokens(&self) -> u64 {
         self.kvc.chunk_blocks * self.block_size
     }
 
+    /// Scores every worker's cached prefix of the request (a KV-aware
+    /// policy), else clears the scores; returns the request's chunks.
+    fn score(&mut self, r: RequestView<'_>) -> u32 {
+        if !self.needs.kv_index {
+            self.scores.clear();
+            return 0;
+        }
+        // The chunks the connector would look up.
+        self.keys.clear();
+        let mut j = 0;
+        while let Some((key, _, _)) = self.kvc.chunk(&r.seq, j) {
+            self.keys.push(key);
+            j += 1;
+        }
+        self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
+        self.keys.len() as u32
+    }
+
     /// The policy's choice among the workers in `among`.
     fn choose(&mut self, r: RequestView<'_>, among: Range<usize>) -> Routed {
-        let mut chunks = 0;
-        if self.needs.kv_index {
-            // The chunks the connector would look up.
-            self.keys.clear();
-            let mut j = 0;
-            while let Some((key, _, _)) = self.kvc.chunk(&r.seq, j) {
-                self.keys.push(key);
-                j += 1;
-            }
-            chunks = self.keys.len() as u32;
-            self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
-        } else {
-            self.scores.clear();
-        }
+        let chunks = self.score(r);
         let prefix = if self.scores.is_empty() { &[][..] } else { &self.scores[among.clone()] };
         let ctx = RouteContext { workers: &self.loads[among], prefix, chunks };
         let worker = self.policy.choose(&ctx, &mut self.rng);
+        self.pick(worker, r)
+    }
+
+    /// Counts the request as outstanding at `worker` (scored already).
+    fn pick(&mut self, worker: WorkerId, r: RequestView<'_>) -> Routed {
         self.loads[worker.index()].outstanding += 1;
         let predicted_hit_tokens = self.needs.kv_index.then(|| {
             let matched = self.scores.get(worker.index()).map_or(0, |m| u64::from(m.chunks));
             // The last token is always computed.
             (matched * self.chunk_tokens()).min(r.seq.tokens - 1)
         });
-        Routed { worker, predicted_hit_tokens, decode: None }
+        Routed { worker, predicted_hit_tokens, decode: None, prefill_tokens: 0 }
+    }
+
+    /// A remote prefill of `tokens` pending prefill tokens on worker `w` is done.
+    pub fn prefilled(&mut self, w: WorkerId, tokens: u64) {
+        self.pending_prefill[w.index()] -= tokens;
     }
 
     /// A request routed to `w` has left it (completed there, or handed over).
@@ -476,12 +518,24 @@ mod tests {
         r.publish(WorkerId(1), at(0), stored(2));
         r.flush(WorkerId(1), at(10), &mut stale);
         r.loads[2].outstanding = 1;
+        // Prefill work: worker 0 would compute 128 tokens, worker 1 (which holds 32) 96.
         let routed = r.route(view(), |_| 0);
-        assert_eq!(routed, Routed { worker: WorkerId(1), predicted_hit_tokens: Some(32), decode: Some(WorkerId(3)) });
+        let expect = Routed {
+            worker: WorkerId(1),
+            predicted_hit_tokens: Some(32),
+            decode: Some(WorkerId(3)),
+            prefill_tokens: 96,
+        };
+        assert_eq!(routed, expect);
         assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 1, 1]);
-        // The same request with worker 1's queue full (2 waiting): decode worker 2 (now tied at 1, lower id) serves it whole.
-        let routed = r.route(view(), |w| if w == WorkerId(1) { 2 } else { 0 });
-        assert_eq!(routed, Routed { worker: WorkerId(2), predicted_hit_tokens: Some(32), decode: None });
+        // Now worker 1 has 96 pending (96 + 96 > 128): worker 0 is the prefill
+        // candidate; with the prefill queues full (2 waiting), decode worker 2
+        // (tied at 1, lower id) serves it whole.
+        let routed = r.route(view(), |_| 2);
+        assert_eq!(
+            routed,
+            Routed { worker: WorkerId(2), predicted_hit_tokens: Some(0), decode: None, prefill_tokens: 0 }
+        );
         assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 2, 1]);
         // Decode worker 3 holds all 4 chunks and is the less loaded decode worker: nothing to prefill remotely.
         for h in [2, 4, 6, 8] {
@@ -492,5 +546,27 @@ mod tests {
         let routed = r.route(view(), |_| 0);
         assert_eq!((routed.worker, routed.decode), (WorkerId(3), None));
         assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 5, 2]);
+        // Worker 1's prefill is handed over: its pending work goes.
+        r.prefilled(WorkerId(1), 96);
+        assert_eq!(r.pending_prefill, [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn the_prefill_pool_is_chosen_by_pending_prefill_tokens_not_by_request_count() {
+        // LeastLoaded; workers 0 and 1 prefill, 2 decodes; every prompt goes remote.
+        let (cfg, kvc) = (cfg(PolicyKind::LeastLoaded, 0, 64, 0), kvc());
+        let rule = PdRule { prefill_workers: 2, max_local_prefill_length: 0, max_prefill_queue_size: None };
+        let mut r = router(&cfg, &kvc, 3, Some(rule));
+        let prompt = |tokens: u32| RequestView {
+            seq: ChunkedSeq { blocks: &[], tokens: u64::from(tokens), tail: None },
+            prompt_tokens: tokens,
+        };
+        // A 16k-token prompt goes to worker 0, a short one to worker 1.
+        assert_eq!(r.route(prompt(16_384), |_| 0).worker, WorkerId(0));
+        assert_eq!(r.route(prompt(100), |_| 0).worker, WorkerId(1));
+        // One request each: by count they tie (and worker 0 would win); by
+        // pending prefill tokens (16,384 vs 100) the next short prompt goes to worker 1.
+        assert_eq!(r.route(prompt(100), |_| 0).worker, WorkerId(1));
+        assert_eq!(r.pending_prefill[..2], [16_384, 200]);
     }
 }

@@ -10,7 +10,7 @@ use crate::rng::StreamRng;
 pub struct LeastLoaded;
 
 impl Policy for LeastLoaded {
-    const NEEDS: Needs = Needs { kv_index: false, load_reports: false };
+    const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
         ctx.workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id

@@ -92,6 +92,9 @@ impl RouteContext<'_> {
 /// policy says whether workers must publish KV events for it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Needs {
+    /// The workers' loads (the router's count of outstanding requests; for
+    /// the P/D prefill pool, their pending prefill tokens).
+    pub loads: bool,
     /// The KV index (workers publish their KV events; requests are scored against it).
     pub kv_index: bool,
     /// Workers' periodic load reports (system events).

@@ -158,9 +158,11 @@ pub struct StepOutcome {
     pub first_tokens: Vec<RequestId>,
     /// Inter-token gaps of recomputed (previously preempted) requests that produced a token.
     pub resumed_gaps: Vec<SimDuration>,
-    /// Of those, the first token a decode worker produced for a request prefilled
-    /// elsewhere: the time from its first token (on the prefill worker) to then.
-    pub first_decodes: Vec<SimDuration>,
+    /// Requests prefilled elsewhere whose decode worker produced its first
+    /// token in this step (the client's first token), with the time since
+    /// the prefill worker's token. Not inter-token gaps: the client's tokens
+    /// start here.
+    pub first_decodes: Vec<(RequestId, SimDuration)>,
     /// Requests that produced their last token (their blocks are released;
     /// `computed` still says how many tokens they held).
     pub completed: Vec<RequestId>,
@@ -378,7 +380,7 @@ impl Worker {
     /// it waits here for its prompt's KV, which the caller offers over the link.
     pub fn accept_handoff(&mut self, id: RequestId, reqs: &mut [Request], now: SimTime) -> bool {
         let r = &mut reqs[id.index()];
-        let PdPhase::Prefill { decode, output_tokens } = r.pd else {
+        let PdPhase::Prefill { decode, output_tokens, .. } = r.pd else {
             unreachable!("only prefill jobs are handed over")
         };
         debug_assert_eq!(decode, self.id);
@@ -487,13 +489,13 @@ impl Worker {
             if r.first_token.is_none() {
                 r.first_token = Some(now);
                 out.first_tokens.push(id);
+            } else if let PdPhase::Decode { awaiting_first_step: first @ true } = &mut r.pd {
+                *first = false;
+                out.first_decodes.push((id, now - r.seq.last_token_at));
+                // The client's first token: TTFT and TPOT count from here.
+                r.first_token = Some(now);
             } else {
-                let gap = now - r.seq.last_token_at;
-                out.resumed_gaps.push(gap);
-                if let PdPhase::Decode { awaiting_first_step: first @ true } = &mut r.pd {
-                    *first = false;
-                    out.first_decodes.push(gap);
-                }
+                out.resumed_gaps.push(now - r.seq.last_token_at);
             }
             r.seq.last_token_at = now;
             if r.seq.generated >= u64::from(r.output_tokens) {
