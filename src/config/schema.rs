@@ -734,6 +734,8 @@ pub struct VllmParams {
     pub apc_lru_ttl: f64,
     /// KV-cache element type: `auto` (the model's weight dtype) or `fp8` (1 byte), as vLLM's `--kv-cache-dtype`.
     pub kv_cache_dtype: String,
+    /// The engine's scheduler: `v1` (decodes and prefill chunks share a step) or `v0` (a step is prefill-only or decode-only, prefills first, new prompts admitted above a 1 % free-block watermark).
+    pub scheduler: String,
 }
 
 impl Default for VllmParams {
@@ -750,6 +752,7 @@ impl Default for VllmParams {
             enable_prefix_caching: true,
             apc_lru_ttl: 0.0,
             kv_cache_dtype: "auto".into(),
+            scheduler: "v1".into(),
         }
     }
 }

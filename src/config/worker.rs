@@ -12,7 +12,7 @@ use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, 
 use crate::worker::perf::{Coefficients, LatencyTable, MixRule, Roofline, StepModel};
 use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
-use crate::worker::{SlotMode, WorkerConfig};
+use crate::worker::{Scheduler, SlotMode, WorkerConfig};
 use crate::workload::StageConfig;
 use std::path::Path;
 
@@ -396,10 +396,24 @@ pub(super) fn resolve_worker(
             "use 0 for plain LRU",
         ));
     }
+    let scheduler = match v.scheduler.to_ascii_lowercase().as_str() {
+        "v1" => Scheduler::V1,
+        "v0" => Scheduler::V0,
+        other => {
+            return Err(cx.err(&key("scheduler"), format!("unknown scheduler {other:?}"), "use v1 or v0").schema());
+        }
+    };
     let chunked_prefill = v.chunked_prefill;
     let token_budget = if chunked_prefill { u64::from(budget) } else { max_model_len * u64::from(max_num_seqs) };
     Ok(WorkerConfig {
         max_running: max_num_seqs.min(gpu_slots),
+        scheduler,
+        // vLLM v0's BlockSpaceManager keeps 1 % of the blocks free when it
+        // admits a prompt (`watermark = 0.01`, `can_allocate`).
+        admission_watermark: match scheduler {
+            Scheduler::V1 => 0,
+            Scheduler::V0 => total_blocks / 100,
+        },
         token_budget,
         chunked_prefill,
         block_size: u64::from(block_size),

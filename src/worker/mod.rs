@@ -94,11 +94,31 @@ pub enum SlotMode {
     SingleStage,
 }
 
+/// Which vLLM scheduler a worker runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheduler {
+    /// vLLM v1 (`vllm/v1/core/sched/scheduler.py`): every step gives each
+    /// decoding sequence a token, then prefill chunks share the token budget.
+    V1,
+    /// vLLM v0 (`vllm/core/scheduler.py`, `_schedule_default`): prefills
+    /// first — the running prefills' next chunks, then the waiting queue in
+    /// FIFO order — and "don't schedule decodes if prefills are scheduled":
+    /// a step is prefill-only or decode-only. Prompts are admitted while the
+    /// free blocks stay above a 1 % watermark (`BlockSpaceManager.can_allocate`),
+    /// and preemption (by recompute) takes the latest admitted running
+    /// request first (`self.running.pop()`).
+    V0,
+}
+
 /// Resolved worker settings (identical for every worker of a run).
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerConfig {
     /// Most sequences in the running batch (min of `max_num_seqs` and `gpu_slots`).
     pub max_running: u32,
+    /// The scheduler.
+    pub scheduler: Scheduler,
+    /// Blocks a new prompt's admission must leave free (v0's watermark; 0 for v1).
+    pub admission_watermark: u64,
     /// Token budget per step (with chunked prefill off: `max_model_len × max_num_seqs`, as Opal).
     pub token_budget: u64,
     /// Split prefills across steps.
@@ -459,13 +479,18 @@ impl Worker {
         self.busy += out.duration;
         self.steps += 1;
         let s = self.step_index;
+        // The decode group's steps are counted by the step index: a v0
+        // prefill-only step is not one of them (its decoders wait).
+        let decode_step = cfg.scheduler == Scheduler::V1 || step.decodes > 0;
 
         // Decoders: every member produced one token.
         out.decodes = step.decodes;
         out.generated_tokens += step.decodes;
-        self.decode.advance();
-        while let Some(id) = self.decode.pop_finished(s, reqs) {
-            self.complete(now, id, reqs, cfg, out);
+        if decode_step {
+            self.decode.advance();
+            while let Some(id) = self.decode.pop_finished(s, reqs) {
+                self.complete(now, id, reqs, cfg, out);
+            }
         }
 
         // Prefill chunks.
@@ -501,13 +526,13 @@ impl Worker {
             if r.seq.generated >= u64::from(r.output_tokens) {
                 self.complete(now, id, reqs, cfg, out);
             } else {
-                self.decode.join(id, s + 1, reqs);
+                self.decode.join(id, s + u64::from(decode_step), reqs);
             }
         }
         self.prefilling.retain(|id| reqs[id.index()].seq.status == RequestStatus::Prefilling);
         chunks.clear();
         self.chunks = chunks;
-        self.step_index += 1;
+        self.step_index += u64::from(decode_step);
         Ok(())
     }
 
@@ -560,6 +585,9 @@ impl Worker {
         out: &mut ConnectorOutput,
     ) -> Option<(SimTime, u32)> {
         debug_assert!(self.step.is_none() && self.chunks.is_empty());
+        if cfg.scheduler == Scheduler::V0 {
+            return self.plan_step_v0(now, reqs, cfg, conn, out);
+        }
         let s = self.step_index;
         let mut budget = cfg.token_budget;
         let preempted_before = self.preemptions;
@@ -622,6 +650,63 @@ impl Worker {
         self.start_step(now, decodes, reqs, cfg)
     }
 
+    /// [`Self::plan_step`] under vLLM v0's scheduler: a prefill-only step
+    /// if any prefill can be scheduled (running prefills' next chunks first,
+    /// then the waiting queue), else a decode-only step.
+    fn plan_step_v0(
+        &mut self,
+        now: SimTime,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> Option<(SimTime, u32)> {
+        let s = self.step_index;
+        let mut budget = cfg.token_budget;
+        let mut i = 0;
+        while i < self.prefilling.len() && budget > 0 {
+            let id = self.prefilling[i];
+            let seq = reqs[id.index()].seq;
+            let chunk = (seq.num_tokens - seq.computed).min(budget);
+            let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
+            if !self.cache.can_allocate(need, now, false) {
+                let victim = self.latest_admitted_victim(reqs);
+                self.preempt(now, victim, s, reqs, cfg);
+                continue;
+            }
+            self.cache.allocate(need, now, false);
+            self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
+            budget -= chunk;
+            i += 1;
+        }
+        loop {
+            self.schedule_waiting(now, Pass::Admit, &mut budget, reqs, cfg, conn, out);
+            if !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0 {
+                break;
+            }
+            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
+            self.drop_loaded(now, last.expect("kv_waiting counts a loaded request"), reqs, cfg);
+        }
+        if !self.chunks.is_empty() {
+            return self.start_step(now, 0, reqs, cfg);
+        }
+        // Decode-only: one token each; preempt the latest admitted while blocks are short.
+        loop {
+            let need = self.decode.blocks_needed(s);
+            if self.cache.can_allocate(need, now, false) {
+                self.cache.allocate(need, now, false);
+                break;
+            }
+            let victim = self.latest_admitted_victim(reqs);
+            self.preempt(now, victim, s, reqs, cfg);
+        }
+        let decodes = self.decode.len() as u64;
+        if decodes == 0 {
+            return None;
+        }
+        self.start_step(now, decodes, reqs, cfg)
+    }
+
     /// Starts the planned step (its prefill chunks in `self.chunks`) — as a
     /// run of decode steps when nothing else can happen before they end.
     fn start_step(
@@ -633,8 +718,11 @@ impl Worker {
     ) -> Option<(SimTime, u32)> {
         self.perf_chunks.clear();
         self.perf_chunks.extend(self.chunks.iter().map(|&(_, c)| c));
-        let context = self.decode.context_tokens();
-        let window = self.decode.window_tokens(self.step_index, reqs);
+        // (A v0 prefill-only step leaves the decoding sequences alone.)
+        let (context, window) = match decodes {
+            0 => (0, 0),
+            _ => (self.decode.context_tokens(), self.decode.window_tokens(self.step_index, reqs)),
+        };
         // The chunks that finish their (re)computed context sample a token.
         let finishing = self.chunks.iter().filter(|&&(id, c)| c.end >= reqs[id.index()].seq.num_tokens).count();
         let work = StepWork {
@@ -680,6 +768,8 @@ mod tests {
     fn toy(total_blocks: u64, max_running: u32) -> WorkerConfig {
         WorkerConfig {
             max_running,
+            scheduler: Scheduler::V1,
+            admission_watermark: 0,
             token_budget: 1000,
             chunked_prefill: true,
             block_size: 16,
@@ -988,6 +1078,46 @@ mod tests {
         assert_eq!((r1.read_bytes[1], r2.read_bytes[1]), (640, 1280), "R2 loaded twice");
         assert_eq!((r2.hit_tokens, r2.hit_tokens_total), ([0, 64, 0, 0], 64), "admitted once");
         assert_eq!((r1.prefill_tokens_computed, r2.prefill_tokens_computed), (48, 48));
+    }
+
+    /// A (10 tokens, 200 out) alone for three step events, then B (30 tokens,
+    /// 5 out) joins: `(prefill tokens, decodes)` of every step (the decode
+    /// runs' sub-steps included), and the index of the first step after B came.
+    fn steps_with_a_late_arrival(scheduler: Scheduler) -> (Vec<(u64, u64)>, usize) {
+        let cfg = WorkerConfig { scheduler, admission_watermark: 1, ..toy(100, 8) };
+        let mut reqs = arena(&[(10, 200), (30, 5)]);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let mut next = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        let (mut out, mut log, mut subs, mut events, mut arrived) =
+            (StepOutcome::default(), Vec::new(), Vec::new(), 0, 0);
+        while let Some((t, v)) = next {
+            w.finish_step(t, v, &mut reqs, &cfg, &mut out).expect("current step");
+            w.take_substeps(&mut subs);
+            log.extend(subs.drain(..).map(|s| (0, s.decodes)));
+            log.push((out.prompt_tokens, out.decodes));
+            events += 1;
+            if events == 3 {
+                w.enqueue(RequestId(1));
+                arrived = log.len();
+            }
+            next = poll(&mut w, t, &mut reqs, &cfg);
+        }
+        assert!(reqs.iter().all(|r| r.seq.status == RequestStatus::Finished));
+        (log, arrived)
+    }
+
+    #[test]
+    fn the_v0_scheduler_never_mixes_prefill_and_decode_and_prefers_prefills() {
+        let (v0, at) = steps_with_a_late_arrival(Scheduler::V0);
+        assert!(v0.iter().all(|&(p, d)| p == 0 || d == 0), "{v0:?}");
+        // B's prompt takes the step after it arrives, alone: A's decode waits.
+        assert_eq!(v0[at], (30, 0), "{v0:?}");
+        assert_eq!(v0[at + 1].0, 0);
+        // Every token is produced: A's 200 (1 at its prefill) and B's 5.
+        assert_eq!(v0.iter().map(|s| s.1).sum::<u64>(), 199 + 4, "{v0:?}");
+        // vLLM v1 runs B's prompt beside A's decode.
+        let (v1, at) = steps_with_a_late_arrival(Scheduler::V1);
+        assert_eq!(v1[at], (30, 1), "{v1:?}");
     }
 
     #[test]

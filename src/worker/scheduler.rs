@@ -200,8 +200,11 @@ impl Worker {
         let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
         let remaining = r.seq.num_tokens - c;
         let chunk = remaining.min(*budget);
+        // v0's watermark: blocks left free at admission (while anything runs,
+        // so that a lone request is never refused).
+        let watermark = if self.running() > 0 { cfg.admission_watermark } else { 0 };
         let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
-        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need, now, idle) {
+        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need + watermark, now, idle) {
             return false;
         }
         if !holding {
@@ -209,7 +212,7 @@ impl Worker {
             r.seq.path = self.cache.acquire(&r.blocks, local, now);
             r.seq.registered = local as u64;
             r.seq.computed = c;
-            if !self.cache.can_allocate(need, now, idle) {
+            if !self.cache.can_allocate(need + watermark, now, idle) {
                 self.release_blocks(id, now, reqs, cfg);
                 reqs[id.index()].seq.computed = 0;
                 return false;
@@ -273,6 +276,13 @@ impl Worker {
             .filter(|_| with_decoders)
             .map(|&id| (key(id, self.decode.computed(id, s, reqs)), id));
         prefill.chain(decoders).min_by_key(|&(k, _)| k).map(|(_, id)| id)
+    }
+
+    /// vLLM v0's victim: the running request admitted last (`self.running.pop()`).
+    pub(super) fn latest_admitted_victim(&self, reqs: &[Request]) -> RequestId {
+        let decoders = self.decode.members().iter();
+        let running = self.prefilling.iter().chain(decoders);
+        *running.max_by_key(|id| reqs[id.index()].seq.admit_seq).expect("blocks are short but nothing is running")
     }
 
     /// Preempts `id` by recompute before step `s`: it frees its blocks and
