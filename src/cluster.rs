@@ -13,6 +13,7 @@
 
 use crate::RunError;
 use crate::config::Scenario;
+use crate::config::disagg::KvPath;
 use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent, SaveTiming};
@@ -216,6 +217,10 @@ impl<'a> Cluster<'a> {
             r.predicted_hit_tokens = routed.predicted_hit_tokens;
         }
         if let Some(decode) = routed.decode {
+            if self.scenario.disagg.as_ref().is_some_and(|d| d.kv_path == KvPath::Store) {
+                // Its hand-over waits for its prompt's writes to the shared store.
+                self.connector.hold(id);
+            }
             r.pd = PdPhase::Prefill { decode, output_tokens: r.output_tokens, pending: routed.prefill_tokens };
             // The prefill worker is asked for one token, as the P/D proxies ask vLLM (max_tokens = 1).
             r.output_tokens = 1;
@@ -235,12 +240,20 @@ impl<'a> Cluster<'a> {
         self.router.released(prefill);
         self.router.prefilled(prefill, pending);
         self.recorder.on_handed_over(prefill, decode);
+        let through_store = self.scenario.disagg.as_ref().is_some_and(|d| d.kv_path == KvPath::Store);
+        if through_store {
+            self.connector.release(id);
+        }
         if !self.workers[decode.index()].accept_handoff(id, &mut self.arena.requests, now) {
             // Nothing to decode: the prefill's token was the answer.
             self.respond(now, id, sched);
             return;
         }
-        self.connector.offer_remote(id);
+        if !through_store {
+            // Pulled over the decode worker's link; through the store, its
+            // lookup finds the chunks in the shared tier.
+            self.connector.offer_remote(id);
+        }
         self.kick(now, decode, sched);
     }
 
@@ -321,7 +334,10 @@ impl<'a> Cluster<'a> {
                 }
             }
             for &id in &out.saved {
-                self.respond(now, id, sched);
+                match self.arena.requests[id.index()].pd {
+                    PdPhase::Prefill { .. } => self.hand_over(now, id, sched),
+                    _ => self.respond(now, id, sched),
+                }
             }
             out.clear();
             self.scratch.conn_spare = out;
@@ -388,7 +404,10 @@ impl<'a> Cluster<'a> {
                 // prefill worker), and the request moves to its decode worker.
                 let seq = r.chunked(u64::from(r.prompt_tokens), self.scenario.worker.block_size);
                 self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
-                self.hand_over(now, id, sched);
+                if !self.connector.finish_saves(id) {
+                    self.hand_over(now, id, sched);
+                }
+                // (Else through the store: handed over when its writes complete.)
                 continue;
             }
             self.recorder.on_last_token(r);

@@ -324,3 +324,44 @@ fn the_time_series_tells_the_prefill_pools_queue_from_the_rest() {
     // Later, prompts wait for the decode worker's blocks or batch instead.
     assert!(out.series.iter().any(|r| r.queue_depth > r.queue_depth_prefill));
 }
+
+#[test]
+fn through_the_shared_store_the_hand_over_waits_for_the_writes_and_the_decode_worker_loads_them() {
+    // One 1,000-token request, its prompt written to the DFS (100 GB/s,
+    // 100 µs) as it is computed; kv_path = "store": nothing crosses the link.
+    let run = |kv_path: &str| {
+        Spec::llama8b()
+            .set("worker.inference_params.model", "roofline")
+            .tiers(&["DistributedFS"])
+            .table(
+                "disaggregation",
+                toml! {
+                    max_local_prefill_length = 0
+                    kv_path = kv_path
+                    [prefill]
+                    count = 1
+                    [decode]
+                    count = 1
+                },
+            )
+            .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 4 })
+            .run()
+    };
+    let (store, link) = (run("store"), run("link"));
+    let m = Llama8bH100::new();
+    let pd = &store.summary.pd;
+    assert_eq!((pd.remote_prefills, pd.link_bytes), (1, 0));
+    // The prefill worker's token, then its prompt's write (100 µs + 1,000 ×
+    // 128 KiB / 100 GB/s) before the hand-over.
+    let prefill = pd.ttft_prefill_ms.max / 1e3;
+    let write = 100e-6 + 1000.0 * m.kv / 100e9;
+    let fd = pd.first_decode_ms.max / 1e3;
+    assert!(fd > write, "first decode {fd} s after the prefill's token, the write alone takes {write} s");
+    // The decode worker loads the prompt's full chunks from the DFS (a fetch, not a transfer).
+    let r = &store.requests[0];
+    assert_eq!(r.read_bytes[3], 768 * m.kv as u64, "chunks [0, 768): the partial one is keyed with token 1");
+    assert!(r.kv_fetch_s.is_some() && store.summary.pd.kv_transfer_ms.max.is_nan());
+    assert!((r.ttft_s.unwrap() - (prefill + fd)).abs() < 1e-9);
+    // Over the link (50 GB/s), the same request: no tier traffic to wait for.
+    assert!(link.summary.pd.link_bytes > 0 && link.requests[0].read_bytes[3] == 0);
+}

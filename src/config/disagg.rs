@@ -62,6 +62,19 @@ pub struct Disaggregation {
     pub max_prefill_queue_size: Option<u64>,
     /// Each decode worker's link, over which it pulls KV.
     pub link: DeviceConfig,
+    /// How the prompt's KV reaches the decode worker.
+    pub kv_path: KvPath,
+}
+
+/// How a remotely prefilled prompt's KV reaches its decode worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPath {
+    /// Pulled over the decode worker's link from the prefill worker (vLLM's NixlConnector).
+    Link,
+    /// Through the shared DistributedFS tier: the hand-over waits for the
+    /// prefill worker's writes, and the decode worker loads the chunks as
+    /// any tier hit (LMCache's and Mooncake's stores).
+    Store,
 }
 
 impl Disaggregation {
@@ -194,7 +207,24 @@ pub(super) fn resolve(
     if !(latency.is_finite() && latency >= 0.0) {
         return Err(cx.err(&key("link_latency_usec"), format!("must be ≥ 0, got {latency}"), "e.g. 20 (µs)"));
     }
+    let kv_path = match section.kv_path.to_ascii_lowercase().as_str() {
+        "link" => KvPath::Link,
+        "store" => KvPath::Store,
+        other => {
+            return Err(cx.err(&key("kv_path"), format!("unknown KV path {other:?}"), "use link or store").schema());
+        }
+    };
+    let has_dfs = file.kvc.kvc_tiers.iter().any(|t| t.eq_ignore_ascii_case("DistributedFS"));
+    let spill = file.kvc.write_policy.eq_ignore_ascii_case("spill") && file.kvc.kvc_tiers.len() > 1;
+    if kv_path == KvPath::Store && (!has_dfs || spill) {
+        return Err(cx.err(
+            &key("kv_path"),
+            "the KV path through the store needs every prompt written to the shared DistributedFS tier",
+            "add \"DistributedFS\" to kvc.kvc_tiers with write_policy = \"write_through\" (or make it the only tier), or use kv_path = \"link\"",
+        ));
+    }
     Ok(Resolved::Pools(Box::new(Disaggregation {
+        kv_path,
         prefill,
         decode,
         max_local_prefill_length: max_local as u64,

@@ -107,6 +107,8 @@ pub struct DisaggregationSection {
     pub link_bandwidth_GBps: f64,
     /// Latency of one KV transfer, microseconds.
     pub link_latency_usec: f64,
+    /// How a prompt's KV reaches its decode worker: `link` (pulled point to point from the prefill worker, as vLLM's NixlConnector) or `store` (through the shared DistributedFS tier: the prefill worker's writes complete before the hand-over and the decode worker loads the chunks, as LMCache's and Mooncake's stores).
+    pub kv_path: String,
 }
 
 impl Default for DisaggregationSection {
@@ -118,6 +120,7 @@ impl Default for DisaggregationSection {
             max_prefill_queue_size: -1,
             link_bandwidth_GBps: 50.0,
             link_latency_usec: 20.0,
+            kv_path: "link".into(),
         }
     }
 }

@@ -184,6 +184,9 @@ pub struct KvConnector {
     /// Synchronous saves per request: writes still in flight, and whether
     /// the request has finished (its response waits for the last of them).
     saves: IntMap<u32, (u32, bool)>,
+    /// Requests whose writes are waited for whatever the write mode (a P/D
+    /// prefill whose KV goes to its decode worker through the shared store).
+    held: IntMap<u32, ()>,
     found: Vec<Found>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
@@ -205,6 +208,7 @@ impl KvConnector {
             dev_out: DeviceOutput::default(),
             loads: IntMap::default(),
             saves: IntMap::default(),
+            held: IntMap::default(),
             found: Vec::new(),
             links: Vec::new(),
             link: None,
@@ -413,7 +417,7 @@ impl KvConnector {
             .filter_map(|j| self.kvc.chunk(seq, j))
             .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes()))
             .collect();
-        let waiter = (self.kvc.write_mode == WriteMode::Sync).then_some(request);
+        let waiter = (self.kvc.write_mode == WriteMode::Sync || self.held.contains_key(&request.0)).then_some(request);
         let targets = match self.kvc.write_policy {
             WritePolicy::WriteThrough => tiers.len(),
             WritePolicy::Spill => 1,
@@ -422,6 +426,17 @@ impl KvConnector {
             let inst = self.worker_tiers[w.index()][i];
             self.write_chunks(now, w, inst, &chunks, waiter, out);
         }
+    }
+
+    /// Counts `request`'s writes for [`Self::finish_saves`] whatever the
+    /// write mode, until [`Self::release`].
+    pub fn hold(&mut self, request: RequestId) {
+        self.held.insert(request.0, ());
+    }
+
+    /// Ends [`Self::hold`].
+    pub fn release(&mut self, request: RequestId) {
+        self.held.remove(&request.0);
     }
 
     /// `request` has finished: whether its response must wait for its

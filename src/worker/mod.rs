@@ -411,7 +411,9 @@ impl Worker {
         r.seq = crate::request::SeqState {
             num_tokens: u64::from(r.prompt_tokens) + 1,
             generated: 1,
-            last_token_at: now,
+            // The prefill worker's token (the hand-over may come later, after
+            // the prompt's writes to a shared store).
+            last_token_at: r.first_token.unwrap_or(now),
             ..Default::default()
         };
         if output_tokens == 1 {
