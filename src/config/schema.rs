@@ -101,7 +101,7 @@ pub struct DisaggregationSection {
     pub decode: Option<PoolSection>,
     /// Prefill remotely only when the prompt's part not cached on the decode worker is longer than this many tokens (Dynamo's `max_local_prefill_length`).
     pub max_local_prefill_length: i64,
-    /// Prefill locally when the chosen prefill worker has at least this many requests waiting; -1 = never for this reason.
+    /// Prefill locally when the prefill pool has at least this many requests waiting (Dynamo's prefill queue); -1 = never for this reason.
     pub max_prefill_queue_size: i64,
     /// Bandwidth of each decode worker's link (NIC) over which it pulls KV, 10⁹ bytes/s, shared by its transfers.
     pub link_bandwidth_GBps: f64,

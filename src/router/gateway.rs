@@ -182,7 +182,9 @@ impl<'a> Router<'a> {
         };
         let uncached = prompt.saturating_sub(self.cached(decode.index(), prompt));
         self.loads[decode.index()].outstanding += 1;
-        if rule.remote(uncached, prefill_waiting(prefill.worker)) {
+        // Dynamo's prefill queue: the requests waiting anywhere in the prefill pool.
+        let queue = (0..p).map(|w| prefill_waiting(WorkerId(w as u32))).sum();
+        if rule.remote(uncached, queue) {
             let w = prefill.worker.index();
             prefill.prefill_tokens = prompt.saturating_sub(self.cached(w, prompt));
             self.pending_prefill[w] += prefill.prefill_tokens;
@@ -549,6 +551,28 @@ mod tests {
         // Worker 1's prefill is handed over: its pending work goes.
         r.prefilled(WorkerId(1), 96);
         assert_eq!(r.pending_prefill, [0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn a_long_prompt_stays_off_the_decode_workers_until_the_prefill_pools_queue_is_full() {
+        // Dynamo's rule: remote beyond 1,000 uncached tokens while fewer than
+        // 4 requests wait in the prefill pool (here: on both its workers).
+        let (cfg, kvc) = (cfg(PolicyKind::LeastLoaded, 0, 64, 0), kvc());
+        let rule = PdRule { prefill_workers: 2, max_local_prefill_length: 1000, max_prefill_queue_size: Some(4) };
+        let mut r = router(&cfg, &kvc, 3, Some(rule));
+        let long = RequestView { seq: ChunkedSeq { blocks: &[], tokens: 16_384, tail: None }, prompt_tokens: 16_384 };
+        // 1 + 2 waiting: remote, on the prefill worker with less pending work.
+        let waiting = |w: WorkerId| [1, 2][w.index()];
+        assert_eq!(r.route(long, waiting).decode, Some(WorkerId(2)));
+        // 2 + 2 waiting: the queue is full, the decode worker prefills it.
+        let full = |_: WorkerId| 2;
+        assert_eq!(
+            r.route(long, full),
+            Routed { worker: WorkerId(2), predicted_hit_tokens: None, decode: None, prefill_tokens: 0 }
+        );
+        // A short prompt stays local whatever the queue.
+        let short = RequestView { seq: ChunkedSeq { blocks: &[], tokens: 900, tail: None }, prompt_tokens: 900 };
+        assert_eq!(r.route(short, |_| 0).decode, None);
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! The P/D decision: whether a request's prompt is prefilled on the
 //! prefill pool or by its decode worker, as Dynamo's disaggregated router
-//! decides it (`prefill_remote`: the prompt's part not cached on the decode
-//! worker is longer than `max_local_prefill_length`). Dynamo's vLLM worker
-//! also prefills locally when the prefill queue is too long — here the
-//! chosen prefill worker's waiting requests against `max_prefill_queue_size`.
+//! decides it (`components/planner`/`disagg_router`: `prefill_remote =
+//! prefill_length − prefix_hit_length > max_local_prefill_length and
+//! queue_size < max_prefill_queue_size`): the prompt's part not cached on
+//! the decode worker against `max_local_prefill_length`, and the prefill
+//! queue — Dynamo's one work queue the whole prefill pool pulls from; here
+//! the requests waiting on every prefill worker — against
+//! `max_prefill_queue_size`.
 
 /// The rule, resolved from `[disaggregation]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -12,15 +15,15 @@ pub struct PdRule {
     pub prefill_workers: usize,
     /// Prefill remotely only when more than this many prompt tokens are not cached on the decode worker.
     pub max_local_prefill_length: u64,
-    /// Prefill locally when the chosen prefill worker has this many requests waiting (`None`: never for this reason).
+    /// Prefill locally when the prefill pool has this many requests waiting (`None`: never for this reason).
     pub max_prefill_queue_size: Option<u64>,
 }
 
 impl PdRule {
     /// Whether a prompt with `uncached` tokens not cached on its decode
-    /// worker goes to a prefill worker that has `prefill_waiting` requests waiting.
-    pub fn remote(&self, uncached: u64, prefill_waiting: usize) -> bool {
-        let queue_ok = self.max_prefill_queue_size.is_none_or(|q| (prefill_waiting as u64) < q);
+    /// worker goes to the prefill pool, whose queue holds `prefill_queue` requests.
+    pub fn remote(&self, uncached: u64, prefill_queue: usize) -> bool {
+        let queue_ok = self.max_prefill_queue_size.is_none_or(|q| (prefill_queue as u64) < q);
         uncached > self.max_local_prefill_length && queue_ok
     }
 }
@@ -35,8 +38,8 @@ mod tests {
     fn a_prompt_goes_remote_only_beyond_the_local_length_and_below_the_queue_limit() {
         assert!(!RULE.remote(1000, 0), "exactly the local length stays local");
         assert!(RULE.remote(1001, 0));
-        assert!(RULE.remote(1001, 3), "3 waiting < 4");
-        assert!(!RULE.remote(1001, 4), "4 waiting: the prefill queue is full");
+        assert!(RULE.remote(1001, 3), "3 queued < 4");
+        assert!(!RULE.remote(1001, 4), "4 queued: the prefill queue is full");
         let unbounded = PdRule { max_prefill_queue_size: None, ..RULE };
         assert!(unbounded.remote(5000, 1_000_000));
         assert!(!unbounded.remote(0, 0));
