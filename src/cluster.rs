@@ -390,9 +390,11 @@ impl<'a> Cluster<'a> {
         }
         if self.scenario.kvc.save_timing == SaveTiming::OnCompute {
             let prefilled = std::mem::take(&mut self.scratch.outcome.prefilled);
+            self.connector.begin_batch();
             for &(id, computed) in &prefilled {
                 self.save_computed(now, worker, id, computed);
             }
+            self.connector.end_batch(now, worker, &mut self.scratch.conn_out);
             self.scratch.outcome.prefilled = prefilled;
         }
         let done = std::mem::take(&mut self.scratch.outcome.completed);

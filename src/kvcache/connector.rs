@@ -141,7 +141,7 @@ struct TierInstance {
 
 enum Purpose {
     Load { request: RequestId, keys: Vec<BlockHash> },
-    Save { keys: Vec<BlockHash>, waiter: Option<RequestId>, worker: WorkerId },
+    Save { keys: Vec<BlockHash>, waiters: Vec<RequestId>, worker: WorkerId },
 }
 
 struct IoOp {
@@ -170,6 +170,9 @@ struct Found {
     to: u64,
 }
 
+/// A step's writes to one tier instance, gathered: the chunks reserved, their bytes, who waits.
+type BatchedWrite = (Vec<BlockHash>, u64, Vec<RequestId>);
+
 /// The KV connector of a cluster (every worker's tiers and the shared DFS).
 pub struct KvConnector {
     kvc: KvcConfig,
@@ -184,6 +187,9 @@ pub struct KvConnector {
     /// Synchronous saves per request: writes still in flight, and whether
     /// the request has finished (its response waits for the last of them).
     saves: IntMap<u32, (u32, bool)>,
+    /// While a step's saves are gathered ([`KvConnector::begin_batch`]): per
+    /// tier instance, the chunks reserved, their bytes and their waiters.
+    batch: Option<IntMap<u32, BatchedWrite>>,
     /// Requests whose writes are waited for whatever the write mode (a P/D
     /// prefill whose KV goes to its decode worker through the shared store).
     held: IntMap<u32, ()>,
@@ -209,6 +215,7 @@ impl KvConnector {
             loads: IntMap::default(),
             saves: IntMap::default(),
             held: IntMap::default(),
+            batch: None,
             found: Vec::new(),
             links: Vec::new(),
             link: None,
@@ -428,6 +435,28 @@ impl KvConnector {
         }
     }
 
+    /// Gathers the saves that follow, until [`Self::end_batch`], into one
+    /// write per tier instance: the chunks a step computed go to each tier
+    /// as one batch, as LMCache stores a step's KV (`wait_for_save` once per
+    /// step) — and a step costs one device operation per tier, not one per
+    /// request.
+    pub fn begin_batch(&mut self) {
+        self.batch = Some(IntMap::default());
+    }
+
+    /// Submits the writes gathered since [`Self::begin_batch`] (in tier-instance order).
+    pub fn end_batch(&mut self, now: SimTime, w: WorkerId, out: &mut ConnectorOutput) {
+        let Some(batch) = self.batch.take() else { return };
+        let mut writes: Vec<_> = batch.into_iter().collect();
+        writes.sort_unstable_by_key(|&(inst, _)| inst);
+        for (inst, (keys, bytes, waiters)) in writes {
+            for id in &waiters {
+                self.saves.entry(id.0).or_insert((0, false)).0 += 1;
+            }
+            self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiters, worker: w }, out);
+        }
+    }
+
     /// Counts `request`'s writes for [`Self::finish_saves`] whatever the
     /// write mode, until [`Self::release`].
     pub fn hold(&mut self, request: RequestId) {
@@ -505,11 +534,20 @@ impl KvConnector {
         }
         let mut ops = 0;
         if !keys.is_empty() {
-            if let Some(id) = waiter {
-                self.saves.entry(id.0).or_insert((0, false)).0 += 1;
+            if let Some(batch) = &mut self.batch {
+                // One write per tier instance for the whole step (see `begin_batch`).
+                let (k, b, waiters) = batch.entry(inst).or_default();
+                k.extend(keys);
+                *b += bytes;
+                waiters.extend(waiter.filter(|id| !waiters.contains(id)));
+            } else {
+                let waiters: Vec<RequestId> = waiter.into_iter().collect();
+                for id in &waiters {
+                    self.saves.entry(id.0).or_insert((0, false)).0 += 1;
+                }
+                self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiters, worker: w }, out);
+                ops += 1;
             }
-            self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiter, worker: w }, out);
-            ops += 1;
         }
         if self.kvc.write_policy == WritePolicy::Spill && !spilled.is_empty() {
             let tiers = &self.worker_tiers[w.index()];
@@ -604,13 +642,13 @@ impl KvConnector {
                     });
                 }
             }
-            Purpose::Save { keys, waiter, worker } => {
+            Purpose::Save { keys, waiters, worker } => {
                 for k in keys {
                     if instance.store.complete(k) {
                         out.events.push((worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }));
                     }
                 }
-                if let Some(id) = waiter {
+                for id in waiters {
                     let (left, finished) = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
                     *left -= 1;
                     if *left == 0 && *finished {
@@ -806,6 +844,29 @@ mod tests {
         let t = settle(&mut c, t, &mut out);
         let written: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
         assert_eq!(written, 640 + 320);
+    }
+
+    #[test]
+    fn a_steps_saves_are_one_write_per_tier_and_take_its_time_once() {
+        // Two requests' 64 tokens each (4 blocks of 160 B: 640 B) in one step:
+        // one write of 1,280 B at 10⁶ B/s, 1.28 ms; apart, two writes.
+        let (a, b) = (blocks(1, 64), blocks(2, 64));
+        let mut c = connector(1 << 20, 2);
+        let mut out = ConnectorOutput::default();
+        c.begin_batch();
+        c.save(SimTime::ZERO, W, RequestId(0), &seq(&a, 64), &mut out);
+        c.save(SimTime::ZERO, W, RequestId(1), &seq(&b, 64), &mut out);
+        assert!(out.timers.is_empty(), "nothing is written before the batch ends");
+        c.end_batch(SimTime::ZERO, W, &mut out);
+        let end = settle(&mut c, SimTime::ZERO, &mut out);
+        assert_eq!(end, SimTime(1_280_000));
+        let stats = c.report(end).next().unwrap().stats;
+        assert_eq!((stats.ops, stats.bytes_written), (1, 1280));
+        assert_eq!(c.lookup(W, RequestId(2), &seq(&b, 64), 0).tokens, 63);
+        let mut apart = connector(1 << 20, 2);
+        let t = save(&mut apart, SimTime::ZERO, &a, 64);
+        let t = save(&mut apart, t, &b, 64);
+        assert_eq!(apart.report(t).next().unwrap().stats.ops, 2);
     }
 
     #[test]
