@@ -415,8 +415,11 @@ impl<'a> Cluster<'a> {
             self.recorder.on_last_token(r);
             // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
             let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
-            let seq = r.chunked(tokens, self.scenario.worker.block_size);
-            self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+            // Saved as computed already (on_compute): LMCache stores nothing more at the finish.
+            if tokens > r.seq.saved || self.scenario.kvc.save_timing == SaveTiming::OnFinish {
+                let seq = r.chunked(tokens, self.scenario.worker.block_size);
+                self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+            }
             if !self.connector.finish_saves(id) {
                 self.respond(now, id, sched);
             }
