@@ -4,6 +4,11 @@
 use super::error::ConfigError;
 use crate::time::SimDuration;
 
+/// Most workers a run may have (simulation.num_workers, the P/D pools
+/// together, autoscaling's max_workers): each costs its scheduler, caches
+/// and counters, about 1.6 KB before it holds any KV state.
+pub const MAX_WORKERS: u32 = 100_000;
+
 /// The resolution context: the spec's source, named in every error.
 pub(crate) struct Ctx<'a> {
     pub(super) source: &'a str,
@@ -36,6 +41,18 @@ impl Ctx<'_> {
                 "use -1 for no limit, or a duration in seconds greater than 0",
             ))
         }
+    }
+
+    /// A worker count at most [`MAX_WORKERS`].
+    pub(super) fn workers(&self, key: &str, n: u32) -> Result<u32, ConfigError> {
+        if n <= MAX_WORKERS {
+            return Ok(n);
+        }
+        Err(self.err(
+            key,
+            format!("{n} workers is more than the {MAX_WORKERS} a run may have"),
+            format!("use at most {MAX_WORKERS} workers"),
+        ))
     }
 
     pub(super) fn at_least(&self, key: &str, v: i64, min: i64) -> Result<u32, ConfigError> {

@@ -103,6 +103,7 @@ fn resolve_pool(
 ) -> Result<Pool, ConfigError> {
     let key = |k: &str| format!("{at}.{k}");
     let count = cx.at_least(&key("count"), p.count, 0)?;
+    cx.workers(&key("count"), count)?;
     let mut f = file.clone();
     if let Some(gpu) = &p.gpu
         && !gpu.eq_ignore_ascii_case(&f.worker.hw.gpu)
@@ -170,6 +171,7 @@ pub(super) fn resolve(
     let dd = section.decode.as_ref().ok_or_else(|| missing("decode"))?;
     let prefill = resolve_pool(cx, file, pd, &key("prefill"), model, stages, base, base_dir)?;
     let decode = resolve_pool(cx, file, dd, &key("decode"), model, stages, base, base_dir)?;
+    cx.workers(&key("decode.count"), prefill.count + decode.count)?;
     if decode.count == 0 {
         return Err(cx.err(&key("decode.count"), "the decode pool is empty", "give it at least one worker"));
     }

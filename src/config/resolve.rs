@@ -88,6 +88,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         ));
     }
     let mut num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
+    cx.workers("simulation.num_workers", num_workers)?;
 
     let model = resolve_model(&cx, file, base_dir)?;
     let hw = &file.worker.hw;
@@ -194,6 +195,7 @@ fn resolve_router(
         return Err(cx.err(&key("max_event_batch_size"), "must be at least 1", "Opal's default is 64"));
     }
     let autoscale = if p.enable_scaling {
+        cx.workers(&key("max_workers"), p.max_workers)?;
         if p.max_workers < num_workers {
             return Err(cx.err(
                 &key("max_workers"),

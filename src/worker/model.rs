@@ -733,6 +733,24 @@ mod tests {
     }
 
     #[test]
+    fn kv_heads_must_divide_the_query_heads() {
+        let cfg = |kv: u32| {
+            format!(
+                r#"{{"model_type": "llama", "torch_dtype": "bfloat16", "num_hidden_layers": 2, "hidden_size": 64,
+                "num_attention_heads": 32, "num_key_value_heads": {kv}, "vocab_size": 10,
+                "max_position_embeddings": 100, "intermediate_size": 128}}"#
+            )
+        };
+        for bad in [0, 3, 64] {
+            let e = config::parse(&cfg(bad), "m").unwrap_err();
+            assert!(e.contains("`num_key_value_heads`") && e.contains("dividing"), "{bad}: {e}");
+        }
+        for good in [1, 8, 32] {
+            assert!(config::parse(&cfg(good), "m").is_ok(), "{good}");
+        }
+    }
+
+    #[test]
     fn a_field_the_family_needs_is_required_by_name() {
         let cfg = r#"{"model_type": "mixtral", "torch_dtype": "bfloat16", "num_hidden_layers": 2,
             "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 10, "max_position_embeddings": 100,

@@ -144,9 +144,17 @@ pub fn parse(text: &str, name: &str) -> Result<ModelArch, String> {
         },
         _ => {
             let bias = s.opt_bool("attention_bias")?.unwrap_or(false);
+            let kv_heads = s.opt_u64("num_key_value_heads")?.unwrap_or(heads);
+            // vLLM's attention layer asserts num_heads % num_kv_heads == 0
+            // (each KV head serves a whole group of query heads).
+            if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
+                return Err(format!(
+                    "`num_key_value_heads` = {kv_heads} cannot serve `num_attention_heads` = {heads}: grouped-query attention needs at least 1 and at most {heads} KV heads, dividing the query heads (e.g. 1, 2, 4, 8 for 32)"
+                ));
+            }
             Attention::Gqa {
                 heads,
-                kv_heads: s.opt_u64("num_key_value_heads")?.unwrap_or(heads),
+                kv_heads,
                 head_dim: s.opt_u64("head_dim")?.unwrap_or(d / heads),
                 // Qwen2 has q/k/v biases and none on the output (fixed in its code).
                 qkv_bias: qwen2 || bias,
