@@ -239,8 +239,8 @@ struct SlurmArgs {
     /// more tasks than runs are cut to the number of runs).
     #[arg(value_parser = clap::value_parser!(u32).range(1..), long)]
     tasks: Option<u32>,
-    /// CPUs per task (each task runs its share of runs in parallel).
-    #[arg(long, default_value_t = 4)]
+    /// CPUs per task (each task runs its share of runs in parallel), at least 1.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     cpus_per_task: u32,
     /// Time limit per task (Slurm format, e.g. 01:00:00).
     #[arg(long)]
@@ -582,11 +582,55 @@ fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Refuses what would not survive an `#SBATCH` line: sbatch reads each
+/// directive as one line split at whitespace, so a newline in a value would
+/// start a shell line of the script and a space would split the option.
+fn sbatch_value(flag: &str, value: &str, ok: impl Fn(char) -> bool, what: &str) -> Result<(), Failure> {
+    if !value.is_empty() && value.chars().all(ok) {
+        return Ok(());
+    }
+    Err(Failure::Input(format!("{flag} {value:?}: not a valid value for an #SBATCH line\n  fix: {what}")))
+}
+
+/// Slurm's time formats: `minutes`, `minutes:seconds`, `hours:minutes:seconds`,
+/// `days-hours`, `days-hours:minutes`, `days-hours:minutes:seconds`, or
+/// `UNLIMITED`/`INFINITE` (`sbatch --time`).
+fn slurm_time(t: &str) -> bool {
+    if t.eq_ignore_ascii_case("unlimited") || t.eq_ignore_ascii_case("infinite") {
+        return true;
+    }
+    let num = |x: &str| !x.is_empty() && x.len() <= 9 && x.bytes().all(|b| b.is_ascii_digit());
+    let (days, rest) = match t.split_once('-') {
+        Some((d, r)) => (Some(d), r),
+        None => (None, t),
+    };
+    let parts: Vec<&str> = rest.split(':').collect();
+    days.is_none_or(num) && parts.iter().all(|p| num(p)) && (1..=3).contains(&parts.len())
+}
+
 fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
+    if let Some(p) = &args.partition {
+        let name = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ',');
+        sbatch_value("--partition", p, name, "a partition name (letters, digits, _ - ., commas between several)")?;
+    }
+    if let Some(t) = &args.time {
+        let fix = "Slurm's format: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]], or UNLIMITED (e.g. 01:00:00)";
+        sbatch_value("--time", t, |c| c.is_ascii_alphanumeric() || matches!(c, ':' | '-'), fix)?;
+        if !slurm_time(t) {
+            return Err(Failure::Input(format!("--time {t:?}: not a Slurm time limit\n  fix: {fix}")));
+        }
+    }
     let plan = load_plan(&args.spec)?;
     let abs = |p: &std::path::Path| std::path::absolute(p).map_err(|e| Failure::Input(format!("{}: {e}", p.display())));
     let spec = abs(&args.spec)?;
     let output = abs(&args.output.clone().unwrap_or_else(|| plan.default_output.clone()))?;
+    let shown = output.display().to_string();
+    sbatch_value(
+        "-o",
+        &shown,
+        |c| !c.is_whitespace() && !c.is_control(),
+        "an output directory whose path has no spaces or line breaks (the task logs' #SBATCH --output line cannot quote it)",
+    )?;
     // Slurm opens the task logs (in the output directory) before the script runs.
     std::fs::create_dir_all(&output).map_err(|e| Failure::Run(format!("{}: cannot create: {e}", output.display())))?;
     let exe = std::env::current_exe().map_err(|e| Failure::Run(format!("cannot locate opal-sweep: {e}")))?;

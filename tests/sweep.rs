@@ -402,6 +402,33 @@ fn slurm_refuses_zero_tasks() {
 }
 
 #[test]
+fn slurm_refuses_values_that_would_break_out_of_an_sbatch_line() {
+    let dir = setup("slurm-escape", SPEC);
+    for args in [
+        &["--partition", "x\nrm -rf /tmp/victim"][..],
+        &["--partition", "gpu a"],
+        &["--time", "banana"],
+        &["--time", "1:00\necho pwned"],
+        &["--time", "1:2:3:4"],
+        &["--cpus-per-task", "0"],
+        &["-o", "out dir"],
+        &["-o", "out\ndir"],
+    ] {
+        let o = opal_sweep(&[&["slurm", "spec.toml"][..], args].concat(), &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}: no script is printed");
+        assert!(err.contains(args[0]), "{args:?}: {err}");
+    }
+    // Slurm's own formats pass.
+    for t in ["90", "1:30", "01:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED"] {
+        let o = opal_sweep(&["slurm", "spec.toml", "--time", t, "--partition", "gpu,gpu-long", "-o", "out"], &dir);
+        ok(&o);
+        assert!(String::from_utf8_lossy(&o.stdout).contains(&format!("#SBATCH --time={t}\n")), "{t}");
+    }
+}
+
+#[test]
 fn the_slurm_subcommand_prints_a_job_array_script() {
     let dir = setup("slurmscript", SPEC);
     let o = opal_sweep(&["slurm", "spec.toml", "--tasks", "3", "-o", "out"], &dir);

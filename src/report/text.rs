@@ -335,7 +335,13 @@ pub struct SlurmJob<'a> {
 pub fn slurm_script(job: &SlurmJob<'_>) -> String {
     let q = |p: &std::path::Path| format!("'{}'", p.display().to_string().replace('\'', r"'\''"));
     let mut s = String::from("#!/bin/bash\n");
-    let _ = writeln!(s, "#SBATCH --job-name=opal-{}", job.name);
+    // The study's name, kept to what a job name and an #SBATCH line can hold.
+    let name: String = job
+        .name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') { c } else { '_' })
+        .collect();
+    let _ = writeln!(s, "#SBATCH --job-name=opal-{name}");
     let _ = writeln!(s, "#SBATCH --array=0-{}", job.tasks.saturating_sub(1));
     let _ = writeln!(s, "#SBATCH --cpus-per-task={}", job.cpus_per_task);
     let _ = writeln!(s, "#SBATCH --output={}/slurm-%A_%a.log", job.output.display());
