@@ -13,6 +13,11 @@ pub struct Constraint {
     pub value: f64,
 }
 
+/// The threshold's text of a constraint (after its operator).
+fn value_text(text: &str) -> &str {
+    text.split_once("<=").or_else(|| text.split_once(">=")).map_or(text, |(_, v)| v.trim())
+}
+
 impl Constraint {
     /// Parses `ttft_p99_ms <= 2000`.
     pub(crate) fn parse(text: &str) -> Result<Constraint, String> {
@@ -23,6 +28,10 @@ impl Constraint {
         };
         let metric = metric.trim().to_string();
         let value: f64 = value.trim().parse().map_err(|_| format!("{:?} is not a number", value.trim()))?;
+        if !value.is_finite() {
+            // Nothing is ≤ NaN, and a bound of ±inf holds or fails for every run alike.
+            return Err(format!("{:?} is not a finite threshold", value_text(text)));
+        }
         let known = crate::metrics::RunSummary::default().columns();
         let numeric = known.iter().any(|(n, v)| *n == metric && !matches!(v, crate::metrics::SummaryValue::Label(_)));
         if !numeric {

@@ -63,7 +63,7 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     let Some(s) = &spec.file.search else { return Ok(None) };
     let source = spec.source();
     let err = |k: &str, msg: String, hint: &str| {
-        Err(ConfigError::key(&source, format!("search.{k}"), msg).hint(hint.to_string()))
+        Err(ConfigError::key(&source, format!("search.{k}"), msg).hint(hint.to_string()).located())
     };
     let maximize = match s.direction.to_ascii_lowercase().as_str() {
         "maximize" | "maximise" | "max" => true,
@@ -497,5 +497,8 @@ mod tests {
         assert!(g.holds(&[12.0, 12.0]) && !g.holds(&[9.0]));
         assert!(Constraint::parse("ttft_p99 <= 1").unwrap_err().contains("did you mean"));
         assert!(Constraint::parse("ttft_p99_ms < 1").is_err());
+        for bad in ["ttft_p99_ms <= nan", "ttft_p99_ms <= inf", "requests_per_s >= -inf"] {
+            assert!(Constraint::parse(bad).unwrap_err().contains("finite"), "{bad}");
+        }
     }
 }
