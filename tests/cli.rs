@@ -40,6 +40,27 @@ fn a_missing_spec_file_is_an_input_error() {
 }
 
 #[test]
+fn a_spec_that_is_not_a_regular_file_or_is_huge_is_refused_without_reading_it_all() {
+    let dir = temp_dir("not-a-file");
+    // A device that never ends, a FIFO that would block, a directory.
+    let fifo = dir.join("spec.fifo");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for path in ["/dev/zero", fifo.to_str().unwrap(), dir.to_str().unwrap()] {
+        let o = opal_sweep(&[path, "--dry-run"], &dir);
+        assert_input_error(&o, &[path, "not a regular file"]);
+    }
+    // More than 16 MiB.
+    let big = dir.join("big.toml");
+    std::fs::write(&big, vec![b'#'; (16 << 20) + 1]).unwrap();
+    let o = opal_sweep(&["big.toml", "--dry-run"], &dir);
+    assert_input_error(&o, &["big.toml", "larger than 16 MiB"]);
+    // A trace that is a device.
+    let trace = "[model.model_params]\nname = \"llama-3.1-8b\"\n[[workload.stages]]\ntype = \"Trace\"\n[workload.stages.workload_params]\ntrace_file = \"/dev/zero\"\n";
+    let o = run_spec("trace-device", trace);
+    assert_input_error(&o, &["/dev/zero", "not a regular file", "trace_file"]);
+}
+
+#[test]
 fn invalid_toml_names_the_line() {
     let o = run_spec("badtoml", "[simulation]\nseed = 1\nnum_workers = = 2\n");
     assert_input_error(&o, &["spec.toml:3:", "invalid TOML"]);

@@ -59,11 +59,37 @@ impl Spec {
 /// its `.json` extension), imported as [`opal_json`] describes.
 pub fn load_spec(path: &Path) -> Result<Spec, ConfigError> {
     let source = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigError::file(&source, format!("cannot read the spec file: {e}"))
-            .hint("check the path; specs are TOML files such as sweeps/quickstart.toml, or Opal JSON configurations")
-    })?;
+    let text = read_spec_file(path, &source)?;
     if is_json(path) { Spec::from_opal_json(&text, path).map(|(spec, _)| spec) } else { Spec::from_text(&text, path) }
+}
+
+/// Largest spec file read, bytes (the largest shipped spec is a few KiB).
+pub const MAX_SPEC_BYTES: u64 = 16 << 20;
+
+/// Reads a spec file: a regular file (a FIFO would block, a device never
+/// end) of at most [`MAX_SPEC_BYTES`].
+fn read_spec_file(path: &Path, source: &str) -> Result<String, ConfigError> {
+    use std::io::Read;
+    let err = |m: String| {
+        ConfigError::file(source, m)
+            .hint("check the path; specs are TOML files such as sweeps/quickstart.toml, or Opal JSON configurations")
+    };
+    let unreadable = |e: std::io::Error| err(format!("cannot read the spec file: {e}"));
+    let meta = std::fs::metadata(path).map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(err("cannot read the spec file: it is not a regular file (a directory, device or FIFO)".into()));
+    }
+    let too_big =
+        || err(format!("the spec file is larger than {} MiB; a spec is a few KiB of TOML", MAX_SPEC_BYTES >> 20));
+    if meta.len() > MAX_SPEC_BYTES {
+        return Err(too_big());
+    }
+    let mut text = String::new();
+    std::fs::File::open(path).and_then(|f| f.take(MAX_SPEC_BYTES + 1).read_to_string(&mut text)).map_err(unreadable)?;
+    if text.len() as u64 > MAX_SPEC_BYTES {
+        return Err(too_big());
+    }
+    Ok(text)
 }
 
 /// True for a path with a `.json` extension.

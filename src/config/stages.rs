@@ -288,6 +288,13 @@ impl StageCx<'_> {
                 "name the JSONL file itself",
             ));
         }
+        if path.exists() && !path.is_file() {
+            return Err(self.err(
+                "trace_file",
+                format!("{} is not a regular file (a device or a FIFO cannot be replayed)", path.display()),
+                "name a JSONL file",
+            ));
+        }
         if !path.is_file() {
             return Err(self.err(
                 "trace_file",
