@@ -544,8 +544,10 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         text.push_str(&place);
         text.push_str(" — ");
     }
+    let runs = |n: usize| if n == 1 { "1 run".to_string() } else { format!("{n} runs") };
     text.push_str(&format!(
-        "{ok} runs ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
+        "{} ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
+        runs(ok),
         report.failures.len(),
         match report.interrupted_runs.len() {
             0 => String::new(),

@@ -106,6 +106,7 @@ fn a_valid_spec_prints_a_summary_and_writes_results() {
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("5 generated, 5 completed"), "{stdout}");
     assert!(stdout.contains("TTFT"));
+    assert!(stdout.contains("1 run ok, 0 failed"), "one run, singular: {stdout}");
     let out = std::env::temp_dir().join(format!("opal-test-valid-{}", std::process::id())).join("out");
     let runs = crate::sweep::read(&out.join("runs.parquet"));
     assert_eq!(runs.num_rows(), 1);
