@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 ///
 /// Results go to results/<name>/ (or [sweep] output, or -o): runs.parquet,
 /// histograms.parquet (HDR V2), timeseries.parquet, workers.parquet,
-/// sc25.parquet (with an SC25Workload stage), requests.parquet (if listed
-/// in tables) and manifest.json.
+/// stages.parquet, sc25.parquet (with an SC25Workload stage),
+/// search.parquet (with a [search]), requests.parquet and steps.parquet (if
+/// listed in tables) and manifest.json.
 ///
 /// Exit codes: 0 every run succeeded, 1 a run failed or the sweep was
 /// interrupted, 2 invalid input (the message names the file, line, key and fix).
@@ -36,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
     long_about,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true,
-    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh\n  opal-sweep report results/policy-rate\n  opal-sweep convert configs/opal.json"
+    after_help = "Examples:\n  opal-sweep sweeps/quickstart.toml\n  opal-sweep sweeps/policy-rate.toml -j 8 --dry-run\n  opal-sweep sweeps/policy-rate.toml --shard 0/4 -o /scratch/pr && opal-sweep merge /scratch/pr\n  opal-sweep slurm sweeps/policy-rate.toml --tasks 16 > job.sh && sbatch job.sh\n  opal-sweep report results/policy-rate\n  opal-sweep convert examples/opal/exponential-12rps.json"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -120,6 +120,15 @@ fn help_explains_the_command() {
     assert!(o.status.success());
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("Usage: opal-sweep") && out.contains("--output") && out.contains("Exit codes"), "{out}");
+    // Every table is named, and every file an example names exists in the repository.
+    for table in opal::output::TableKind::WRITE_ORDER {
+        assert!(out.contains(&table.file_name()), "--help does not name {}", table.file_name());
+    }
+    assert!(out.contains("search.parquet"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for word in out.split_whitespace().filter(|w| (w.ends_with(".toml") || w.ends_with(".json")) && w.contains('/')) {
+        assert!(root.join(word).is_file(), "--help names {word}, which does not exist");
+    }
 }
 
 #[test]
