@@ -175,6 +175,15 @@ fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String
 /// one as the fix (an Opal JSON file's are renamed on import).
 pub const RENAMED: [(&str, &str); 1] = [("max_concurrent_requests", "max_outstanding_requests")];
 
+/// vLLM's (and Opal's) names for settings this simulator keeps elsewhere:
+/// (their key, where it lives here).
+pub const ELSEWHERE: [(&str, &str); 4] = [
+    ("tensor_parallel_size", "worker.hw.tp"),
+    ("tp", "worker.hw.tp"),
+    ("enable_chunked_prefill", "worker.vllm_params.chunked_prefill"),
+    ("num_gpus", "worker.hw.tp (GPUs per worker) or simulation.num_workers (workers)"),
+];
+
 /// Turns a serde message into a ConfigError; unknown keys get the closest valid key.
 fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
     let ticks: Vec<&str> = message.split('`').skip(1).step_by(2).collect();
@@ -184,8 +193,10 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
         // serde_path_to_error's path already ends with the unknown key.
         let mut err = ConfigError::key(source, key, format!("unknown key `{unknown}`"));
         let renamed = RENAMED.iter().find(|(old, new)| *old == unknown && valid.contains(new));
+        let elsewhere = ELSEWHERE.iter().find(|(name, _)| *name == unknown);
         err.hint = Some(match closest(unknown, valid.iter().copied()) {
             _ if let Some((_, new)) = renamed => format!("this key is now called `{new}` (one name in every stage)"),
+            _ if let Some((_, here)) = elsewhere => format!("here that is {here}"),
             Some(c) => format!("did you mean `{c}`? valid keys here: {}", valid.join(", ")),
             None if valid.is_empty() => "remove it; this table takes no keys".into(),
             None => format!("valid keys here: {}", valid.join(", ")),
@@ -251,5 +262,7 @@ mod tests {
         let e = from_table::<schema::RateParams>(&t, "s.toml", "workload.stages.0.workload_params").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("workload.stages.0.workload_params.request_rat"), "{e}");
         assert!(e.hint.unwrap().contains("did you mean `request_rate`"));
+        let e = parse_spec("[worker.vllm_params]\ntensor_parallel_size = 4\n", "s.toml").unwrap_err();
+        assert!(e.hint.unwrap().contains("worker.hw.tp"));
     }
 }
