@@ -6,9 +6,17 @@ use std::fmt::Write;
 /// A summary table of one run.
 pub fn summary_table(s: &RunSummary) -> String {
     let mut out = String::new();
+    // Rejected requests (longer than max_model_len) are shown whenever there are any.
+    let rejected = match s.requests_rejected {
+        0 => String::new(),
+        n => format!(
+            ", {n} rejected ({:.1} %: longer than max_model_len)",
+            100.0 * n as f64 / s.requests_generated.max(1) as f64
+        ),
+    };
     let _ = writeln!(
         out,
-        "requests: {} generated, {} completed, {} incomplete   simulated {:.1} s ({} events, stop: {:?})",
+        "requests: {} generated, {} completed{rejected}, {} incomplete   simulated {:.1} s ({} events, stop: {:?})",
         s.requests_generated, s.requests_completed, s.requests_incomplete, s.sim_time_s, s.events, s.stop_reason
     );
     let _ = writeln!(
@@ -532,6 +540,14 @@ pub fn presets_table() -> String {
 mod tests {
     use super::*;
     use crate::metrics::TierSummary;
+
+    #[test]
+    fn rejected_requests_are_shown_when_there_are_any() {
+        let mut s = RunSummary { requests_generated: 1000, requests_completed: 914, ..RunSummary::default() };
+        assert!(!summary_table(&s).contains("rejected"));
+        s.requests_rejected = 86;
+        assert!(summary_table(&s).contains("914 completed, 86 rejected (8.6 %: longer than max_model_len)"));
+    }
 
     #[test]
     fn the_cache_line_splits_hits_by_tier_and_names_storage_traffic() {
