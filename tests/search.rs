@@ -84,10 +84,12 @@ fn the_largest_rate_meeting_a_mean_wait_equals_pollaczek_khinchine() {
     assert!(fail > exact && (fail - found) <= 0.02 * found);
 }
 
-/// λ = 5 req/s of 1 s jobs on `simulation.num_workers` one-at-a-time workers (M/D/c).
+/// λ = 5 req/s of 1 s jobs on `simulation.num_workers` one-at-a-time workers
+/// (M/D/c). The spec does not write `num_workers`: the search takes whole
+/// numbers from the schema's type (issue 25: it used to probe `64.0`).
 fn mdc(rates: &str, search: bool) -> String {
     let search = if search {
-        "[search]\nparameter = \"simulation.num_workers\"\nmin = 1\nmax = 16\ndirection = \"minimize\"\ninteger = true\nslo = [\"queue_wait_mean_ms <= 100\"]\n"
+        "[search]\nparameter = \"simulation.num_workers\"\nmin = 1\nmax = 16\ndirection = \"minimize\"\nslo = [\"queue_wait_mean_ms <= 100\"]\n"
     } else {
         ""
     };

@@ -102,12 +102,17 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
             "search a parameter the grid does not vary",
         );
     }
-    // Whole numbers when the scenario has an integer there (a worker count).
-    let current = s.parameter.split('.').try_fold(toml::Value::Table(spec.table.clone()), |v, seg| match v {
-        toml::Value::Table(mut t) => t.remove(seg),
-        toml::Value::Array(mut a) => seg.parse::<usize>().ok().filter(|&i| i < a.len()).map(|i| a.swap_remove(i)),
-        _ => None,
-    });
+    // Whole numbers when the scenario has an integer there (a worker count),
+    // written in the spec or, when it is not, as the schema's default is.
+    let at = |table: toml::Table| {
+        s.parameter.split('.').try_fold(toml::Value::Table(table), |v, seg| match v {
+            toml::Value::Table(mut t) => t.remove(seg),
+            toml::Value::Array(mut a) => seg.parse::<usize>().ok().filter(|&i| i < a.len()).map(|i| a.swap_remove(i)),
+            _ => None,
+        })
+    };
+    let current = at(spec.table.clone())
+        .or_else(|| crate::config::effective::effective_table(&spec.file, None, spec.base_dir()).ok().and_then(at));
     let integer = s.integer.unwrap_or(matches!(current, Some(toml::Value::Integer(_))));
     if integer && (s.min.fract() != 0.0 || s.max.fract() != 0.0) {
         return err(
