@@ -168,6 +168,7 @@ impl<'a> Cluster<'a> {
             let (stage, label) = (nr.stage, nr.label);
             let id = self.arena.admit(now, nr);
             let r = &self.arena.requests[id.index()];
+            let serial = r.serial;
             let too_long = u64::from(r.prompt_tokens) + u64::from(r.output_tokens) > self.scenario.worker.max_model_len;
             self.recorder.on_arrival(now, stage);
             if too_long {
@@ -178,7 +179,7 @@ impl<'a> Cluster<'a> {
                 self.schedule_arrival(step, sched);
                 continue;
             }
-            self.recorder.on_admitted(now);
+            self.recorder.on_admitted(now, serial);
             let w = self.route(id);
             if !self.scratch.kicks.contains(&w) {
                 self.scratch.kicks.push(w);

@@ -45,11 +45,27 @@ impl Constraint {
 
     /// Whether replicates' `samples` meet it with 95 % confidence.
     pub fn holds(&self, samples: &[f64]) -> bool {
+        self.verdict(samples) == Verdict::Pass
+    }
+
+    /// What replicates' `samples` say of it: met or missed with 95 %
+    /// confidence (the whole Student-t interval of their mean on one side
+    /// of the threshold), or unclear. A missing or non-finite sample fails.
+    pub fn verdict(&self, samples: &[f64]) -> Verdict {
         if samples.is_empty() || samples.iter().any(|v| !v.is_finite()) {
-            return false;
+            return Verdict::Fail;
         }
-        let Some((mean, half)) = mean_ci(samples) else { return false };
-        if self.at_most { mean + half <= self.value } else { mean - half >= self.value }
+        let Some((mean, half)) = mean_ci(samples) else { return Verdict::Fail };
+        let (lo, hi) = (mean - half, mean + half);
+        let (meets, misses) =
+            if self.at_most { (hi <= self.value, lo > self.value) } else { (lo >= self.value, hi < self.value) };
+        if meets {
+            Verdict::Pass
+        } else if misses {
+            Verdict::Fail
+        } else {
+            Verdict::Unclear
+        }
     }
 }
 
@@ -57,6 +73,17 @@ impl std::fmt::Display for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {} {}", self.metric, if self.at_most { "<=" } else { ">=" }, self.value)
     }
+}
+
+/// What a probe's runs said of one constraint, or of the probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Met with 95 % confidence.
+    Pass,
+    /// Missed with 95 % confidence (or a run failed, or its queue kept growing).
+    Fail,
+    /// The interval straddles the threshold: more replicates may settle it.
+    Unclear,
 }
 
 /// Two-sided 95 % Student-t quantiles t(0.975, df) for df = 1…30 (standard table values).

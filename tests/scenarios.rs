@@ -380,3 +380,37 @@ fn the_steps_table_holds_every_step_with_its_work_and_how_its_time_divides() {
     // Without asking, no rows.
     assert!(Spec::empty().stage("UniformReqRate", toml::Table::new()).run().steps.is_empty());
 }
+
+/// DistServe's goodput by hand: ten one-token requests at t = 0 on one
+/// worker that serves one at a time in 10 ms synthetic steps; request k's
+/// TTFT is 10·(k + 1) ms. With `slo_ttft_ms = 45`, four meet it: attainment
+/// 0.4, goodput 4 requests over the 0.1 s run = 40 per second. A TPOT
+/// target alone is met by every one-token answer; without a target both
+/// columns are NaN (null in the tables).
+#[test]
+fn slo_attainment_and_goodput_count_the_requests_that_meet_the_per_request_slo() {
+    let burst = Spec::empty()
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.01)
+        .set("worker.vllm_params.max_num_seqs", 1)
+        .tiers(&[])
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = inf
+                total_requests = 10
+                prompt_size_min = 16
+                prompt_size_max = 16
+                output_tokens_min = 1
+                output_tokens_max = 1
+            },
+        );
+    let s = burst.clone().set("simulation.slo_ttft_ms", 45.0).run().summary;
+    assert_eq!(s.sim_time_s, 0.1);
+    assert_eq!(s.slo_attainment, 0.4);
+    assert!((s.goodput_rps - 40.0).abs() < 1e-9, "{}", s.goodput_rps);
+    let tpot_only = burst.clone().set("simulation.slo_tpot_ms", 1.0).run().summary;
+    assert_eq!(tpot_only.slo_attainment, 1.0);
+    let none = burst.run().summary;
+    assert!(none.slo_attainment.is_nan() && none.goodput_rps.is_nan());
+}

@@ -12,7 +12,7 @@ mod stages;
 mod worker;
 
 pub use error::{ConfigError, ErrorKind, closest, line_of};
-pub use resolve::{Scenario, resolve};
+pub use resolve::{RequestSlo, Scenario, resolve};
 pub use schema::SpecFile;
 
 use std::path::{Path, PathBuf};

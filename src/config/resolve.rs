@@ -44,6 +44,24 @@ pub struct Scenario {
     pub kvc: KvcConfig,
     /// Prefill and decode pools (`None`: every worker is mixed, per `worker`).
     pub disagg: Option<super::disagg::Disaggregation>,
+    /// The per-request SLO that `slo_attainment` and `goodput_rps` count.
+    pub request_slo: RequestSlo,
+}
+
+/// A per-request SLO (DistServe's): TTFT and TPOT at most these (either may be unset).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RequestSlo {
+    /// Most TTFT.
+    pub ttft: Option<SimDuration>,
+    /// Most TPOT.
+    pub tpot: Option<SimDuration>,
+}
+
+impl RequestSlo {
+    /// Whether either target is set.
+    pub fn is_set(&self) -> bool {
+        self.ttft.is_some() || self.tpot.is_some()
+    }
 }
 
 impl Scenario {
@@ -87,6 +105,13 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
             format!("use an interval of at least {:.3} s", limit.as_secs_f64() / MAX_INTERVALS as f64),
         ));
     }
+    let slo_ms = |key: &str, v: Option<f64>| -> Result<Option<SimDuration>, ConfigError> {
+        v.map(|ms| cx.positive(key, ms).map(|ms| SimDuration::from_secs_f64((ms / 1e3).min(1e9)))).transpose()
+    };
+    let request_slo = RequestSlo {
+        ttft: slo_ms("simulation.slo_ttft_ms", sim.slo_ttft_ms)?,
+        tpot: slo_ms("simulation.slo_tpot_ms", sim.slo_tpot_ms)?,
+    };
     let mut num_workers = cx.at_least("simulation.num_workers", i64::from(sim.num_workers), 1)?;
     cx.workers("simulation.num_workers", num_workers)?;
 
@@ -143,6 +168,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         stages,
         kvc,
         disagg,
+        request_slo,
     })
 }
 

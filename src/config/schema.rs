@@ -66,7 +66,7 @@ pub struct SearchSection {
     pub direction: String,
     /// Constraints on runs-table columns, all to hold, e.g. `["ttft_p99_ms <= 2000", "tpot_p99_ms <= 50"]`.
     pub slo: Vec<String>,
-    /// Stop bisecting when the bracket is narrower than this share of the value (integers: when it is 1 wide).
+    /// Probes lie on a geometric grid of this relative step (so the answer is this precise and does not depend on `min`); integers step by one.
     #[serde(default = "default_tolerance")]
     pub tolerance: f64,
     /// Search whole numbers (default: when the parameter's value in the scenario is an integer).
@@ -75,6 +75,9 @@ pub struct SearchSection {
     /// Most probes per grid point.
     #[serde(default = "default_max_probes")]
     pub max_probes: u32,
+    /// Most replicates a probe grows to (from `sweep.replicates`, doubling) while its 95 % interval straddles a threshold (default 8).
+    #[serde(default)]
+    pub max_replicates: Option<u32>,
 }
 
 fn default_direction() -> String {
@@ -181,11 +184,22 @@ pub struct SimulationSection {
     pub num_workers: u32,
     /// Width of one time-series interval, simulated seconds (not in Opal, which samples every second).
     pub time_series_interval_sec: f64,
+    /// A request meets its SLO when its TTFT is at most this, ms (with `slo_tpot_ms`: both); gives `slo_attainment` and `goodput_rps` (DistServe's goodput).
+    pub slo_ttft_ms: Option<f64>,
+    /// A request meets its SLO when its TPOT is at most this, ms (one-token answers meet it).
+    pub slo_tpot_ms: Option<f64>,
 }
 
 impl Default for SimulationSection {
     fn default() -> Self {
-        SimulationSection { simulation_time: -1.0, seed: 42, num_workers: 1, time_series_interval_sec: 1.0 }
+        SimulationSection {
+            simulation_time: -1.0,
+            seed: 42,
+            num_workers: 1,
+            time_series_interval_sec: 1.0,
+            slo_ttft_ms: None,
+            slo_tpot_ms: None,
+        }
     }
 }
 

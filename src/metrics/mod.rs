@@ -9,6 +9,7 @@
 pub mod recorder;
 pub mod rows;
 mod series;
+pub mod steady;
 
 pub use recorder::{Recorder, RunEnd, RunOutput, gauges};
 pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepRecord, TimeSeries};
@@ -40,6 +41,27 @@ impl Default for LatencyHistogram {
 }
 
 impl LatencyHistogram {
+    /// An empty histogram to `digits` significant digits (the default has 3).
+    pub fn with_digits(digits: u8) -> LatencyHistogram {
+        LatencyHistogram {
+            hist: Histogram::new(digits).expect("1 to 5 significant digits are valid"),
+            ..LatencyHistogram::default()
+        }
+    }
+
+    /// Adds `o`'s samples.
+    pub fn merge(&mut self, o: &LatencyHistogram) {
+        if o.count == 0 {
+            return;
+        }
+        // Both grow to fit, so adding cannot fall out of range.
+        self.hist.add(&o.hist).expect("auto-resizing histograms add");
+        self.sum_ns += o.sum_ns;
+        self.count += o.count;
+        self.max_ns = self.max_ns.max(o.max_ns);
+        self.min_ns = self.min_ns.min(o.min_ns);
+    }
+
     /// Records one sample.
     pub fn record(&mut self, d: SimDuration) {
         self.record_n(d, 1);
@@ -552,6 +574,13 @@ pub struct RunSummary {
     pub prefill_tokens_computed: u64,
     /// Time-average number of requests in the system (generated, not completed).
     pub mean_requests_in_system: f64,
+    /// Its warm-up, steady latencies and stability verdict.
+    pub steady: steady::SteadySummary,
+    /// Share of completed requests that met the per-request SLO
+    /// (`simulation.slo_ttft_ms`, `slo_tpot_ms`; NaN without one).
+    pub slo_attainment: f64,
+    /// Requests that met it per simulated second (DistServe's goodput at this rate; NaN without one).
+    pub goodput_rps: f64,
     /// Workers at the end of the run.
     pub workers: u32,
     /// KV-cache tiers.
@@ -733,6 +762,9 @@ impl Default for RunSummary {
             preemptions: 0,
             prefill_tokens_computed: 0,
             mean_requests_in_system: 0.0,
+            steady: steady::SteadySummary::default(),
+            slo_attainment: f64::NAN,
+            goodput_rps: f64::NAN,
             workers: 0,
             tiers: TierSummary::default(),
             kv_events: 0,
@@ -793,6 +825,23 @@ impl RunSummary {
             ("preemptions".into(), Count(self.preemptions)),
             ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
+            ("slo_attainment".into(), Real(self.slo_attainment)),
+            ("goodput_rps".into(), Real(self.goodput_rps)),
+            ("stability".into(), Label(self.steady.stability.name())),
+            ("warmup_s".into(), Real(self.steady.warmup_s)),
+            ("warmup_requests".into(), Count(self.steady.warmup_requests)),
+            ("steady_requests".into(), Count(self.steady.steady_requests)),
+        ]);
+        for (name, stats) in [
+            ("ttft", &self.steady.ttft_ms),
+            ("tpot", &self.steady.tpot_ms),
+            ("e2e", &self.steady.e2e_ms),
+            ("queue_wait", &self.steady.queue_wait_ms),
+        ] {
+            let kept = [("p50", stats.p50), ("p90", stats.p90), ("p99", stats.p99), ("mean", stats.mean)];
+            c.extend(kept.iter().map(|(s, v)| (format!("{name}_steady_{s}_ms"), Real(*v))));
+        }
+        c.extend([
             ("workers".into(), Count(u64::from(self.workers))),
             ("prefix_hit_ratio".into(), Real(self.tiers.prefix_hit_ratio())),
             ("hit_tokens_total".into(), Count(self.tiers.hit_tokens_total)),

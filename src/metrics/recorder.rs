@@ -4,6 +4,7 @@
 //! reaches back into the simulation. A new run-level metric is collected
 //! here and declared in its row type in this module's parent, nowhere else.
 
+use super::steady::{Steady, SteadyState};
 use super::{
     CostSummary, Gauges, InSystem, IntervalRow, Latencies, LatencyHistogram, LatencyMetric, PdSummary, PeakSeconds,
     RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierSummary, TimeSeries, WorkerRow,
@@ -133,12 +134,17 @@ pub struct Recorder {
     stage_tallies: Vec<StageTally>,
     series: TimeSeries,
     in_system: InSystem,
+    /// The per-arrival series the steady-state verdict reads.
+    steady: SteadyState,
     completed: u64,
     rejected: u64,
     completed_prompt_tokens: u64,
     completed_output_tokens: u64,
     /// Requests prefilled on the prefill pool, and by their decode worker.
     pd_counts: (u64, u64),
+    /// The per-request SLO, and the completed requests that met it.
+    slo: crate::config::RequestSlo,
+    slo_met: u64,
 }
 
 impl Recorder {
@@ -155,11 +161,14 @@ impl Recorder {
             stage_tallies: vec![StageTally::default(); s.stages.len()],
             series: TimeSeries::new(s.interval),
             in_system: InSystem::default(),
+            steady: SteadyState::default(),
             completed: 0,
             rejected: 0,
             completed_prompt_tokens: 0,
             completed_output_tokens: 0,
             pd_counts: (0, 0),
+            slo: s.request_slo,
+            slo_met: 0,
         }
     }
 
@@ -184,8 +193,9 @@ impl Recorder {
         self.stage_tallies[stage.index()].rejected += 1;
     }
 
-    /// It entered the system (it is routed next).
-    pub fn on_admitted(&mut self, now: SimTime) {
+    /// Arrival number `serial` entered the system (it is routed next).
+    pub fn on_admitted(&mut self, now: SimTime, serial: u32) {
+        self.steady.on_admitted(serial, self.in_system.count());
         self.in_system.change(now, 1);
     }
 
@@ -238,6 +248,7 @@ impl Recorder {
         tally.ttft.record(ttft);
         tally.queue_wait.record(wait);
         self.series.on_first_token(now, ttft, &r.hit_tokens);
+        self.steady.on_first_token(r.serial, r.arrival, ttft, wait);
     }
 
     /// A remotely prefilled request's prefill worker produced its token at
@@ -248,12 +259,10 @@ impl Recorder {
 
     /// Request `r` produced its last token.
     pub fn on_last_token(&mut self, r: &Request) {
-        if r.output_tokens > 1 {
-            let ttft = r.first_token.expect("completed request has a first token") - r.arrival;
-            let decode = (r.finished.expect("completed") - r.arrival).0 - ttft.0;
-            let tpot = SimDuration(decode / u64::from(r.output_tokens - 1));
+        if let Some(tpot) = tpot(r) {
             self.latencies.get_mut(LatencyMetric::Tpot).record(tpot);
             self.stage_tallies[r.stage.index()].tpot.record(tpot);
+            self.steady.record(r.serial, Steady::Tpot, tpot);
         }
     }
 
@@ -282,6 +291,13 @@ impl Recorder {
     pub fn on_response(&mut self, now: SimTime, r: &Request) {
         let e2e = now - r.arrival;
         self.latencies.get_mut(LatencyMetric::E2e).record(e2e);
+        if self.slo.is_set() {
+            let ttft = r.first_token.expect("a responded request has a first token") - r.arrival;
+            let met =
+                self.slo.ttft.is_none_or(|t| ttft <= t) && self.slo.tpot.is_none_or(|t| tpot(r).is_none_or(|x| x <= t));
+            self.slo_met += u64::from(met);
+        }
+        self.steady.record(r.serial, Steady::E2e, e2e);
         self.completed += 1;
         self.completed_prompt_tokens += u64::from(r.prompt_tokens);
         self.completed_output_tokens += u64::from(r.output_tokens);
@@ -444,6 +460,13 @@ impl Recorder {
             preemptions: workers.iter().map(Worker::preemptions).sum(),
             prefill_tokens_computed: t.prefill_tokens_computed,
             mean_requests_in_system: self.in_system.mean(at),
+            steady: self.steady.finish(),
+            slo_attainment: if self.slo.is_set() && self.completed > 0 {
+                self.slo_met as f64 / self.completed as f64
+            } else {
+                f64::NAN
+            },
+            goodput_rps: if self.slo.is_set() { per_s(self.slo_met) } else { f64::NAN },
             workers: workers.len() as u32,
             tiers,
             kv_events,
@@ -535,6 +558,17 @@ pub struct RunEnd<'r> {
     pub generated: u32,
     /// Most requests in the arena at once.
     pub peak_live_requests: u64,
+}
+
+/// `r`'s time per output token, (last token − first token) / (output − 1),
+/// once it has its last token and more than one.
+fn tpot(r: &Request) -> Option<SimDuration> {
+    match (r.first_token, r.finished) {
+        (Some(first), Some(last)) if r.output_tokens > 1 => {
+            Some(SimDuration((last - first).0 / u64::from(r.output_tokens - 1)))
+        }
+        _ => None,
+    }
 }
 
 fn record(r: &Request) -> RequestRecord {

@@ -39,6 +39,8 @@ pub struct RunRow {
     pub replicate: u32,
     /// Numeric summary columns by name (nulls left out).
     pub metrics: BTreeMap<String, f64>,
+    /// Its queue kept growing (`stability` = `unstable`; tables older than the column: false).
+    pub unstable: bool,
 }
 
 /// A grid point: its axis values and its successful runs.
@@ -283,6 +285,7 @@ impl SweepData {
         let replicates = ids(&runs, &runs_path, col::REPLICATE)?;
         let status = strings(&runs, &runs_path, col::STATUS)?;
         let errors = strings(&runs, &runs_path, col::ERROR)?;
+        let stability = strings(&runs, &runs_path, "stability").ok();
         let mut columns = Vec::new();
         for p in &axis_paths {
             columns.push(axis_values(&runs, &runs_path, p)?);
@@ -312,7 +315,8 @@ impl SweepData {
             point.total_runs += 1;
             if status[i].as_deref() == Some("ok") {
                 let metrics = metric_cols.iter().filter_map(|(n, c)| c[i].map(|v| (n.clone(), v))).collect();
-                point.runs.push(RunRow { run_id: run_ids[i], replicate: replicates[i], metrics });
+                let unstable = stability.as_ref().is_some_and(|s| s[i].as_deref() == Some("unstable"));
+                point.runs.push(RunRow { run_id: run_ids[i], replicate: replicates[i], metrics, unstable });
                 point_of_run.insert(run_ids[i], point_ids[i]);
             } else {
                 failed.push(FailedRun {

@@ -1105,7 +1105,8 @@ fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
 /// A search: each SLO metric against the searched value (the last axis),
 /// one line per grid point through its probes (means over replicates), the
 /// SLO threshold dashed, and each grid point's answer — its best probe that
-/// met every constraint with 95 % confidence — marked.
+/// met every constraint with 95 % confidence and whose runs all reached a
+/// steady state — marked.
 fn search_figure(data: &SweepData) -> Result<Figure, String> {
     const NOT_A_SEARCH: &str = "only for searches ([search] in the spec)";
     let Some(slo) = &data.search else { return Err(NOT_A_SEARCH.into()) };
@@ -1123,7 +1124,10 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
     let x_of = |p: &Point| data.axes[x_axis].numbers[p.at[x_axis]];
     let passes = |i: usize| {
         let p = &data.points[i];
-        !p.runs.is_empty() && p.runs.len() == p.total_runs && slo.iter().all(|c| c.holds(&p.samples(&c.metric)))
+        !p.runs.is_empty()
+            && p.runs.len() == p.total_runs
+            && !p.runs.iter().any(|r| r.unstable)
+            && slo.iter().all(|c| c.holds(&p.samples(&c.metric)))
     };
     let found: Vec<Option<usize>> = groups
         .iter()
@@ -1839,6 +1843,7 @@ mod tests {
             run_id,
             replicate: run_id,
             metrics: [("sim_time_s".to_string(), sim_time_s)].into_iter().collect(),
+            unstable: false,
         };
         let point = Point { id: 0, at: Vec::new(), runs: vec![run(0, 6.0), run(1, 4.1)], total_runs: 2 };
         let series = [

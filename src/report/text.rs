@@ -75,7 +75,30 @@ pub fn summary_table(s: &RunSummary) -> String {
         }
         out.push('\n');
     }
+    out.push_str(&steady_line(&s.steady));
     out
+}
+
+/// Whether the run reached a steady state, and its latencies after the warm-up.
+fn steady_line(st: &crate::metrics::steady::SteadySummary) -> String {
+    use crate::metrics::steady::Stability;
+    match st.stability {
+        Stability::Stable => format!(
+            "steady state: stable; warm-up {} requests ({:.1} s, MSER-5), then TTFT p50 {} / p99 {} ms, TPOT p99 {} ms over {} requests\n",
+            st.warmup_requests,
+            st.warmup_s,
+            format_ms(st.ttft_ms.p50),
+            format_ms(st.ttft_ms.p99),
+            format_ms(st.tpot_ms.p99),
+            st.steady_requests
+        ),
+        Stability::Unstable => {
+            "steady state: UNSTABLE: the queue kept growing through the run's second half (offered load above capacity); its latencies grow with the run's length\n".into()
+        }
+        Stability::TooShort => {
+            "steady state: too short to tell (fewer than 100 requests, or a warm-up past the middle of the run): run more requests before trusting the percentiles\n".into()
+        }
+    }
 }
 
 /// The cost line of a run summary: GPU-hours, energy, dollars.
@@ -200,6 +223,33 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
         }
         let _ = writeln!(out, "  {desc}");
     }
+    let points = |pick: &dyn Fn(&crate::sweep::search::PointSearch) -> bool| {
+        r.points.iter().filter(|(_, _, st)| pick(st)).map(|(id, _, _)| id.to_string()).collect::<Vec<_>>()
+    };
+    let odd = points(&|st| st.status == Some(crate::sweep::search::Status::NonMonotone));
+    if !odd.is_empty() {
+        let _ = writeln!(
+            out,
+            "non-monotone at point(s) {}: a probe below the answer failed or one beyond the first failure passed; the answer is only the first boundary (see the probes in runs.parquet)",
+            odd.join(", ")
+        );
+    }
+    let unstable: u32 = r.points.iter().map(|(_, _, st)| st.unstable()).sum();
+    if unstable > 0 {
+        let _ = writeln!(out, "{unstable} run(s) were unstable (their queue kept growing): their probes failed");
+    }
+    let short = points(&|st| st.too_short() > 0);
+    if !short.is_empty() {
+        let _ = writeln!(
+            out,
+            "warning: {} run(s) at point(s) {} were too short to tell whether they reached a steady state: run more requests per probe before trusting these answers",
+            r.points.iter().map(|(_, _, st)| st.too_short()).sum::<u32>(),
+            short.join(", ")
+        );
+    }
+    if s.max_replicates == 1 {
+        out.push_str("warning: one replicate per probe (max_replicates = 1) gives no confidence interval: the answer may be optimistic by the run-to-run noise\n");
+    }
     out
 }
 
@@ -311,6 +361,30 @@ pub fn sweep_table(
         }
         out.push_str(&line);
         out.push('\n');
+    }
+    out.push_str(&steady_note(points));
+    out
+}
+
+/// The points whose runs did not all reach a steady state, if any (each
+/// note within 120 columns).
+fn steady_note(points: &std::collections::BTreeMap<u32, crate::sweep::runner::PointTally>) -> String {
+    let list = |pick: fn(&crate::sweep::runner::PointTally) -> u32| {
+        let hit: Vec<String> = points.iter().filter(|(_, t)| pick(t) > 0).map(|(id, _)| id.to_string()).collect();
+        let runs: u32 = points.values().map(pick).sum();
+        let shown =
+            if hit.len() > 6 { format!("{} … {} points", hit[..4].join(", "), hit.len()) } else { hit.join(", ") };
+        (runs, shown)
+    };
+    let mut out = String::new();
+    let (n, at) = list(|t| t.unstable);
+    if n > 0 {
+        let _ =
+            writeln!(out, "steady state: {n} run(s) UNSTABLE (points {at}): queue kept growing, load above capacity");
+    }
+    let (n, at) = list(|t| t.too_short);
+    if n > 0 {
+        let _ = writeln!(out, "steady state: {n} run(s) too short to judge (points {at}): run more requests");
     }
     out
 }

@@ -150,6 +150,10 @@ pub struct PointTally {
     pub runs: u32,
     /// Of those, successful.
     pub ok: u32,
+    /// Successful runs whose queue kept growing (see [`crate::metrics::steady`]).
+    pub unstable: u32,
+    /// Successful runs too short to tell whether they reached a steady state.
+    pub too_short: u32,
     sums: [f64; 6],
 }
 
@@ -158,6 +162,11 @@ impl PointTally {
         self.runs += 1;
         if let Some(s) = s {
             self.ok += 1;
+            match s.steady.stability {
+                crate::metrics::steady::Stability::Unstable => self.unstable += 1,
+                crate::metrics::steady::Stability::TooShort => self.too_short += 1,
+                crate::metrics::steady::Stability::Stable => {}
+            }
             let values = [
                 s.ttft_ms.p50,
                 s.ttft_ms.p99,

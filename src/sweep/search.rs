@@ -32,10 +32,14 @@ use super::{RunPlan, Spec, SweepPlan, plan, runner};
 use crate::config::ConfigError;
 use crate::output::table::{Cell, ColType};
 use crate::output::{AxisValue, RunMeta, RunResult};
-pub use crate::stats::Constraint;
+pub use crate::stats::{Constraint, Verdict};
 
 /// Most probes a grid point may have: run ids leave room for this many.
 pub const MAX_PROBES: u32 = 64;
+/// Most replicates a probe may have.
+pub const MAX_REPLICATES: u32 = 64;
+/// Replicates a probe may grow to unless `search.max_replicates` says otherwise.
+pub const DEFAULT_MAX_REPLICATES: u32 = 8;
 
 /// A resolved `[search]`.
 #[derive(Clone, Debug, PartialEq)]
@@ -50,12 +54,69 @@ pub struct SearchSpec {
     pub maximize: bool,
     /// Whole numbers.
     pub integer: bool,
-    /// Relative bracket width at which bisection stops.
+    /// Relative step of the geometric grid the probes lie on (and so the
+    /// answer's precision); whole numbers step by one.
     pub tolerance: f64,
     /// Probe budget per grid point.
     pub max_probes: u32,
+    /// Replicates a probe starts with (`sweep.replicates`).
+    pub replicates: u32,
+    /// Most replicates a probe may grow to while its verdict is unclear.
+    pub max_replicates: u32,
     /// All must hold.
     pub slo: Vec<Constraint>,
+}
+
+impl SearchSpec {
+    /// ln(1 + tolerance): the geometric grid's step.
+    fn step(&self) -> f64 {
+        self.tolerance.ln_1p()
+    }
+
+    /// The grid's `i`-th value: (1 + tolerance)^i, or `i` for whole numbers.
+    fn at(&self, i: i64) -> f64 {
+        if self.integer { i as f64 } else { (i as f64 * self.step()).exp() }
+    }
+
+    /// `v`'s position on the grid, and whether it is a grid value.
+    fn index(&self, v: f64) -> (f64, bool) {
+        let x = if self.integer { v } else { v.ln() / self.step() };
+        (x, (x - x.round()).abs() < 1e-9)
+    }
+
+    /// The grid indices strictly between `a` and `b` (either order), as an
+    /// inclusive range, or `None` when no grid value lies between.
+    fn between(&self, a: f64, b: f64) -> Option<(i64, i64)> {
+        let ((a, a_on), (b, b_on)) = (self.index(a.min(b)), self.index(a.max(b)));
+        let lo = if a_on { a.round() as i64 + 1 } else { a.ceil() as i64 };
+        let hi = if b_on { b.round() as i64 - 1 } else { b.floor() as i64 };
+        (lo <= hi).then_some((lo, hi))
+    }
+
+    /// The grid value halfway (by index) between `a` and `b`, if any lies between.
+    fn midway(&self, a: f64, b: f64) -> Option<f64> {
+        self.between(a, b).map(|(lo, hi)| self.at(lo + (hi - lo) / 2))
+    }
+
+    /// One bracketing step from `f` towards `far`: twice (half) the value,
+    /// on the grid, or `far` itself when that is as far or farther.
+    fn bracket_from(&self, f: f64, far: f64) -> f64 {
+        let next = if self.integer {
+            if self.maximize { (2.0 * f).ceil() } else { (f / 2.0).floor() }
+        } else {
+            let doubling = (std::f64::consts::LN_2 / self.step()).ceil() as i64;
+            let (i, on) = self.index(f);
+            let i = if on {
+                i.round() as i64
+            } else if self.maximize {
+                i.floor() as i64
+            } else {
+                i.ceil() as i64
+            };
+            self.at(if self.maximize { i + doubling } else { i - doubling })
+        };
+        if self.maximize { next.min(far) } else { next.max(far) }
+    }
 }
 
 /// The spec's `[search]`, checked (`None` without one).
@@ -79,11 +140,24 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     if !(s.min.is_finite() && s.max.is_finite() && s.min > 0.0 && s.min < s.max) {
         return err("min", format!("bounds [{}, {}] are not 0 < min < max", s.min, s.max), "e.g. min = 1, max = 64");
     }
-    if !(s.tolerance.is_finite() && s.tolerance > 0.0 && s.tolerance < 1.0) {
-        return err("tolerance", format!("must be in (0, 1), got {}", s.tolerance), "e.g. 0.01 (1 % of the value)");
+    if !(s.tolerance.is_finite() && s.tolerance >= 1e-4 && s.tolerance < 1.0) {
+        return err(
+            "tolerance",
+            format!("must be in [0.0001, 1), got {}", s.tolerance),
+            "e.g. 0.01 (1 % of the value)",
+        );
     }
     if s.max_probes < 2 || s.max_probes > MAX_PROBES {
         return err("max_probes", format!("must be 2 to {MAX_PROBES}, got {}", s.max_probes), "the default is 40");
+    }
+    let replicates = spec.file.sweep.replicates.unwrap_or(1).max(1);
+    let max_replicates = s.max_replicates.unwrap_or(DEFAULT_MAX_REPLICATES.max(replicates));
+    if max_replicates < replicates || max_replicates > MAX_REPLICATES {
+        return err(
+            "max_replicates",
+            format!("must be sweep.replicates ({replicates}) to {MAX_REPLICATES}, got {max_replicates}"),
+            "the default is 8 (or sweep.replicates when that is more)",
+        );
     }
     if s.slo.is_empty() {
         return err("slo", "no constraints".into(), "e.g. slo = [\"ttft_p99_ms <= 2000\"]");
@@ -129,6 +203,8 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
         integer,
         tolerance: s.tolerance,
         max_probes: s.max_probes,
+        replicates,
+        max_replicates,
         slo,
     }))
 }
@@ -136,7 +212,7 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
 /// How a grid point's search ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
-    /// The bracket narrowed to the tolerance.
+    /// The bracket closed on neighbouring grid values.
     Found,
     /// The far bound passes: the answer is at least (at most) it.
     AtBound,
@@ -144,6 +220,10 @@ pub enum Status {
     Infeasible,
     /// The probe budget ran out (the answer is the last passing value).
     ProbeLimit,
+    /// The bracket closed, but a check probe below the answer failed or
+    /// one beyond the bracket passed: the metric is not monotone in the
+    /// parameter, and the answer is only the first boundary found.
+    NonMonotone,
 }
 
 impl Status {
@@ -154,21 +234,115 @@ impl Status {
             Status::AtBound => "at_bound",
             Status::Infeasible => "infeasible",
             Status::ProbeLimit => "probe_limit",
+            Status::NonMonotone => "non_monotone",
         }
     }
 }
 
-/// One probe: the value, why it was probed, its verdict and its metric means.
+/// One probe: the value, why it was probed, its runs' figures and its verdict.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Probe {
     /// The parameter's value.
     pub value: f64,
-    /// `bound`, `bracket` or `bisect`.
+    /// `bound`, `bracket`, `bisect` or `check`.
     pub step: &'static str,
-    /// Every constraint held (95 % confidence).
+    /// Every constraint held (95 % confidence); meaningful once `settled`.
     pub pass: bool,
+    /// The verdict is final: clear, or unclear at `max_replicates` (then a fail).
+    pub settled: bool,
     /// Mean of each SLO metric over the replicates (NaN if none).
     pub means: Vec<f64>,
+    /// Each SLO metric's value in each successful run, in replicate order.
+    pub samples: Vec<Vec<f64>>,
+    /// Runs so far.
+    pub runs: u32,
+    /// Of those, failed.
+    pub failed: u32,
+    /// Of those, whose queue kept growing (a failing verdict).
+    pub unstable: u32,
+    /// Of those, too short to tell whether they reached a steady state.
+    pub too_short: u32,
+}
+
+impl Probe {
+    /// A probe of `value` with no runs yet.
+    pub fn new(value: f64, step: &'static str, constraints: usize) -> Probe {
+        Probe {
+            value,
+            step,
+            pass: false,
+            settled: false,
+            means: vec![f64::NAN; constraints],
+            samples: vec![Vec::new(); constraints],
+            runs: 0,
+            failed: 0,
+            unstable: 0,
+            too_short: 0,
+        }
+    }
+
+    /// Adds runs' results and re-judges: a failed or unstable run fails the
+    /// probe; otherwise each constraint's 95 % interval decides, and an
+    /// unclear verdict (or a single replicate, which has no interval) waits
+    /// for more replicates until `max_replicates` are in (then it fails).
+    pub fn add(&mut self, s: &SearchSpec, results: &[&RunResult]) {
+        for r in results {
+            self.runs += 1;
+            let Ok(o) = &r.outcome else {
+                self.failed += 1;
+                continue;
+            };
+            match o.summary.steady.stability {
+                crate::metrics::steady::Stability::Unstable => self.unstable += 1,
+                crate::metrics::steady::Stability::TooShort => self.too_short += 1,
+                crate::metrics::steady::Stability::Stable => {}
+            }
+            let columns = o.summary.columns();
+            for (c, samples) in s.slo.iter().zip(&mut self.samples) {
+                let v = columns.iter().find(|(n, _)| *n == c.metric).map_or(f64::NAN, |(_, v)| match *v {
+                    crate::metrics::SummaryValue::Count(x) => x as f64,
+                    crate::metrics::SummaryValue::Real(x) => x,
+                    crate::metrics::SummaryValue::Label(_) => f64::NAN,
+                });
+                samples.push(v);
+            }
+        }
+        self.judge(s);
+    }
+
+    /// The verdict from the samples so far.
+    fn judge(&mut self, s: &SearchSpec) {
+        self.means = self.samples.iter().map(|x| crate::stats::mean_ci(x).map_or(f64::NAN, |m| m.0)).collect();
+        let verdicts: Vec<Verdict> = s.slo.iter().zip(&self.samples).map(|(c, x)| c.verdict(x)).collect();
+        // One run has no interval: unless it failed outright, a second decides.
+        let verdict = if self.failed + self.unstable > 0 {
+            Verdict::Fail
+        } else if self.runs < 2 && s.max_replicates >= 2 {
+            Verdict::Unclear
+        } else if verdicts.contains(&Verdict::Fail) {
+            Verdict::Fail
+        } else if verdicts.contains(&Verdict::Unclear) {
+            Verdict::Unclear
+        } else {
+            Verdict::Pass
+        };
+        self.pass = verdict == Verdict::Pass;
+        self.settled = verdict != Verdict::Unclear || self.runs >= s.max_replicates;
+    }
+}
+
+/// What a grid point runs next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Next {
+    /// A new probe of this value.
+    Probe(f64, &'static str),
+    /// More replicates of the last probe: `count` of them from replicate `from`.
+    Replicates {
+        /// The first new replicate.
+        from: u32,
+        /// How many.
+        count: u32,
+    },
 }
 
 /// A grid point's search.
@@ -181,85 +355,84 @@ pub struct PointSearch {
 }
 
 impl PointSearch {
-    /// The last passing value and the nearest failing one beyond it.
+    /// The last passing value and the nearest failing one beyond it
+    /// (settled bracketing probes only: check probes do not move them).
     pub fn bracket(&self, s: &SearchSpec) -> (Option<f64>, Option<f64>) {
         let better = |a: f64, b: f64| if s.maximize { a > b } else { a < b };
-        let pass =
-            self.probes.iter().filter(|p| p.pass).map(|p| p.value).reduce(|a, b| if better(a, b) { a } else { b });
-        let fail = self
-            .probes
-            .iter()
+        let settled = || self.probes.iter().filter(|p| p.settled && p.step != "check");
+        let pass = settled().filter(|p| p.pass).map(|p| p.value).reduce(|a, b| if better(a, b) { a } else { b });
+        let fail = settled()
             .filter(|p| !p.pass && pass.is_none_or(|f| better(p.value, f)))
             .map(|p| p.value)
             .reduce(|a, b| if better(a, b) { b } else { a });
         (pass, fail)
     }
 
-    /// The next value to probe (and why), or `None` when the search is over
-    /// (then `status` is set).
-    pub fn next(&mut self, s: &SearchSpec) -> Option<(f64, &'static str)> {
+    /// What to run next, or `None` when the search is over (then `status` is set).
+    pub fn next(&mut self, s: &SearchSpec) -> Option<Next> {
         if self.status.is_some() {
             return None;
         }
+        if let Some(last) = self.probes.last().filter(|p| !p.settled) {
+            // Double the sample, up to the cap.
+            let count = last.runs.max(1).min(s.max_replicates - last.runs);
+            return Some(Next::Replicates { from: last.runs, count });
+        }
         let (good, far) = if s.maximize { (s.min, s.max) } else { (s.max, s.min) };
-        let Some(first) = self.probes.first() else { return Some((good, "bound")) };
+        let Some(first) = self.probes.first() else { return Some(Next::Probe(good, "bound")) };
         if !first.pass {
             self.status = Some(Status::Infeasible);
+            return None;
+        }
+        let (pass, fail) = self.bracket(s);
+        let f = pass.expect("the first probe passed");
+        if let Some(u) = fail
+            && s.between(f, u).is_none()
+        {
+            // The bracket is closed: check below the answer and beyond the
+            // first failure (each once, where a grid value lies and the
+            // budget allows), then conclude.
+            let wanted = [s.midway(good, f), if u == far { None } else { s.midway(u, far) }];
+            let probed = |v: f64| self.probes.iter().any(|p| p.value == v);
+            if self.probes.len() < s.max_probes as usize
+                && let Some(v) = wanted.into_iter().flatten().find(|&v| !probed(v))
+            {
+                return Some(Next::Probe(v, "check"));
+            }
+            let below = |v: f64| if s.maximize { v < f } else { v > f };
+            let odd = self.probes.iter().filter(|p| p.step == "check").any(|c| c.pass != below(c.value));
+            self.status = Some(if odd { Status::NonMonotone } else { Status::Found });
             return None;
         }
         if self.probes.len() as u32 >= s.max_probes {
             self.status = Some(Status::ProbeLimit);
             return None;
         }
-        let (pass, fail) = self.bracket(s);
-        let f = pass.expect("the first probe passed");
         let Some(u) = fail else {
             if f == far {
                 self.status = Some(Status::AtBound);
                 return None;
             }
-            // Bracket: double (halve) towards the far bound.
-            let next = if s.maximize { (2.0 * f).min(far) } else { (f / 2.0).max(far) };
-            let next = if s.integer { if s.maximize { next.ceil() } else { next.floor() } } else { next };
-            return Some((next, "bracket"));
+            return Some(Next::Probe(s.bracket_from(f, far), "bracket"));
         };
-        let done = if s.integer { (u - f).abs() <= 1.0 } else { (u - f).abs() <= s.tolerance * f.abs() };
-        if done {
-            self.status = Some(Status::Found);
-            return None;
-        }
-        let mid = (f + u) / 2.0;
-        // Whole numbers: strictly between f and u (they are ≥ 2 apart).
-        let mid = if s.integer { if s.maximize { mid.floor() } else { mid.ceil() } } else { mid };
-        Some((mid, "bisect"))
+        let mid = s.midway(f, u).expect("an open bracket has a grid value inside");
+        Some(Next::Probe(mid, "bisect"))
     }
 
     /// The answer: the last passing value.
     pub fn answer(&self, s: &SearchSpec) -> Option<f64> {
         self.bracket(s).0
     }
-}
 
-/// The verdict of a probe from its runs' results.
-fn judge(s: &SearchSpec, results: &[&RunResult]) -> (bool, Vec<f64>) {
-    let mut pass = results.iter().all(|r| r.outcome.is_ok());
-    let mut means = Vec::new();
-    for c in &s.slo {
-        let samples: Vec<f64> = results
-            .iter()
-            .filter_map(|r| r.outcome.as_ref().ok())
-            .filter_map(|o| {
-                o.summary.columns().into_iter().find(|(n, _)| *n == c.metric).map(|(_, v)| match v {
-                    crate::metrics::SummaryValue::Count(x) => x as f64,
-                    crate::metrics::SummaryValue::Real(x) => x,
-                    crate::metrics::SummaryValue::Label(_) => f64::NAN,
-                })
-            })
-            .collect();
-        pass &= c.holds(&samples);
-        means.push(crate::stats::mean_ci(&samples).map_or(f64::NAN, |m| m.0));
+    /// Runs too short to tell whether they reached a steady state, over every probe.
+    pub fn too_short(&self) -> u32 {
+        self.probes.iter().map(|p| p.too_short).sum()
     }
-    (pass, means)
+
+    /// Runs whose queue kept growing, over every probe.
+    pub fn unstable(&self) -> u32 {
+        self.probes.iter().map(|p| p.unstable).sum()
+    }
 }
 
 /// The spec of one round: the grid replaced by one `[[zip]]` axis whose
@@ -330,33 +503,43 @@ pub fn run_search(
         "slo": s.slo.iter().map(|c| serde_json::json!({"metric": c.metric, "at_most": c.at_most, "value": c.value})).collect::<Vec<_>>(),
     });
     let mut writer = runner::SearchWriter::start(base, search_tables(base, s), described, opts)?;
-    let reps = base.replicates;
     loop {
-        let mut probes: Vec<(usize, f64, &'static str, u32)> = Vec::new();
-        for (p, st) in &mut states {
-            if let Some((v, step)) = st.next(s) {
-                probes.push((*p, v, step, st.probes.len() as u32));
+        // (state index, probe number, value, step, first replicate, count)
+        let mut jobs: Vec<(usize, u32, f64, &'static str, u32, u32)> = Vec::new();
+        for (i, (_, st)) in states.iter_mut().enumerate() {
+            match st.next(s) {
+                Some(Next::Probe(v, step)) => {
+                    st.probes.push(Probe::new(v, step, s.slo.len()));
+                    jobs.push((i, st.probes.len() as u32 - 1, v, step, 0, s.replicates));
+                }
+                Some(Next::Replicates { from, count }) => {
+                    let last = st.probes.last().expect("replicates of a probe");
+                    jobs.push((i, st.probes.len() as u32 - 1, last.value, last.step, from, count));
+                }
+                None => {}
             }
         }
-        if probes.is_empty() || stop.load(std::sync::atomic::Ordering::Relaxed) {
+        if jobs.is_empty() || stop.load(std::sync::atomic::Ordering::Relaxed) {
             break;
         }
-        let round = round_spec(spec, base, s, &probes.iter().map(|&(p, v, _, _)| (p, v)).collect::<Vec<_>>());
+        let values: Vec<(usize, f64)> = jobs.iter().map(|&(i, _, v, ..)| (states[i].0, v)).collect();
+        let round = round_spec(spec, base, s, &values);
         let round_plan = plan(&round).map_err(runner::SweepError::Plan)?;
-        let runs: Vec<(RunPlan<'_>, Vec<AxisValue>)> = probes
+        let runs: Vec<(RunPlan<'_>, Vec<AxisValue>)> = jobs
             .iter()
             .enumerate()
-            .flat_map(|(i, &(p, v, step, k))| {
-                let point = &round_plan.points[i];
+            .flat_map(|(j, &(i, k, v, step, from, count))| {
+                let p = states[i].0;
+                let point = &round_plan.points[j];
                 let mut axes = base.points[p].axis_values.clone();
                 axes.push(if s.integer { AxisValue::Int(v as i64) } else { AxisValue::Float(v) });
                 axes.push(AxisValue::Int(i64::from(k)));
                 axes.push(AxisValue::Str(step.into()));
-                (0..reps).map(move |r| {
+                (from..from + count).map(move |r| {
                     let seed = super::seed_for(base.base_seed, r);
                     let point_id = base.points[p].id * MAX_PROBES + k;
                     let meta = RunMeta {
-                        run_id: point_id * reps + r,
+                        run_id: point_id * s.max_replicates + r,
                         point_id,
                         replicate: r,
                         seed,
@@ -367,11 +550,11 @@ pub fn run_search(
             })
             .collect();
         let results = writer.execute(&runs, stop)?;
-        for (i, &(p, v, step, _)) in probes.iter().enumerate() {
-            let mine: Vec<&RunResult> = results[i * reps as usize..(i + 1) * reps as usize].iter().collect();
-            let (pass, means) = judge(s, &mine);
-            let st = &mut states.iter_mut().find(|(q, _)| *q == p).expect("probed points are searched").1;
-            st.probes.push(Probe { value: v, step, pass, means });
+        let mut at = 0;
+        for &(i, k, .., count) in &jobs {
+            let mine: Vec<&RunResult> = results[at..at + count as usize].iter().collect();
+            at += count as usize;
+            states[i].1.probes[k as usize].add(s, &mine);
         }
         writer.flush(results)?;
     }
@@ -399,6 +582,10 @@ fn write_search_table(
         ("bracket_pass".into(), ColType::F64),
         ("bracket_fail".into(), ColType::F64),
         ("probes".into(), ColType::U32),
+        ("runs".into(), ColType::U32),
+        ("replicates_at_found".into(), ColType::U32),
+        ("unstable_runs".into(), ColType::U32),
+        ("too_short_runs".into(), ColType::U32),
     ]);
     columns.extend(s.slo.iter().map(|c| (format!("{}_at_found", c.metric), ColType::F64)));
     let mut rows: Vec<Vec<Cell<'_>>> = Vec::new();
@@ -414,6 +601,10 @@ fn write_search_table(
         row.push(fail.map_or(Cell::Null, Cell::F64));
         row.push(Cell::U32(st.probes.len() as u32));
         let at = pass.and_then(|v| st.probes.iter().find(|p| p.pass && p.value == v));
+        row.push(Cell::U32(st.probes.iter().map(|p| p.runs).sum()));
+        row.push(at.map_or(Cell::Null, |p| Cell::U32(p.runs)));
+        row.push(Cell::U32(st.unstable()));
+        row.push(Cell::U32(st.too_short()));
         for i in 0..s.slo.len() {
             row.push(at.map_or(Cell::Null, |p| Cell::F64(p.means[i])));
         }
@@ -443,44 +634,73 @@ mod tests {
             integer,
             tolerance: 0.01,
             max_probes: 40,
+            replicates: 1,
+            max_replicates: 1,
             slo: vec![],
         }
     }
 
-    /// Runs the search against "passes iff value ≤ limit" (maximise) or "≥ limit" (minimise).
-    fn search(s: &SearchSpec, limit: f64) -> (PointSearch, Vec<(f64, &'static str)>) {
+    /// Runs the search against `pass(value)`, one settled run per probe.
+    fn search_with(s: &SearchSpec, pass: impl Fn(f64) -> bool) -> (PointSearch, Vec<(f64, &'static str)>) {
         let mut st = PointSearch::default();
         let mut seen = Vec::new();
-        while let Some((v, step)) = st.next(s) {
+        while let Some(next) = st.next(s) {
+            let Next::Probe(v, step) = next else { panic!("one replicate is always settled") };
             seen.push((v, step));
-            let pass = if s.maximize { v <= limit } else { v >= limit };
-            st.probes.push(Probe { value: v, step, pass, means: vec![] });
+            let mut p = Probe::new(v, step, 0);
+            (p.pass, p.settled, p.runs) = (pass(v), true, 1);
+            st.probes.push(p);
         }
         (st, seen)
     }
 
+    /// Passes iff value ≤ limit (maximise) or ≥ limit (minimise).
+    fn search(s: &SearchSpec, limit: f64) -> (PointSearch, Vec<(f64, &'static str)>) {
+        let max = s.maximize;
+        search_with(s, move |v| if max { v <= limit } else { v >= limit })
+    }
+
     #[test]
-    fn maximising_brackets_by_doubling_then_bisects_to_the_tolerance() {
+    fn maximising_brackets_by_doubling_then_bisects_on_the_geometric_grid() {
         let s = spec(true, false);
         let (st, seen) = search(&s, 10.0);
-        // 1, 2, 4, 8 pass; 16 fails; then bisection between 8 and 16.
-        assert_eq!(
-            &seen[..5],
-            &[(1.0, "bound"), (2.0, "bracket"), (4.0, "bracket"), (8.0, "bracket"), (16.0, "bracket")]
-        );
-        assert!(seen[5..].iter().all(|(_, s)| *s == "bisect"));
+        // 1.01^70 = 2.007: doubling is 70 grid steps. 1, then 1.01^70, 1.01^140 … pass to 1.01^210 = 8.07; 1.01^280 = 16.2 fails.
+        let bracket: Vec<f64> = seen.iter().take_while(|p| p.1 != "bisect").map(|p| p.0).collect();
+        assert_eq!(bracket.len(), 5, "{seen:?}");
+        for (k, v) in bracket.iter().enumerate().skip(1) {
+            assert!((v - 1.01f64.powi(70 * k as i32)).abs() < 1e-9, "{v}");
+        }
+        // The answer is the largest grid value ≤ 10: 1.01^231 = 9.96 (1.01^232 = 10.06).
         let found = st.answer(&s).unwrap();
-        let (_, fail) = st.bracket(&s);
-        assert!(found <= 10.0 && fail.unwrap() > 10.0 && (fail.unwrap() - found) <= 0.01 * found, "{found} {fail:?}");
+        assert!((found - 1.01f64.powi(231)).abs() < 1e-9, "{found}");
+        assert!((st.bracket(&s).1.unwrap() - 1.01f64.powi(232)).abs() < 1e-9);
         assert_eq!(st.status, Some(Status::Found));
+        // Two check probes: one below the answer, one between the failure and the bound.
+        let checks: Vec<f64> = seen.iter().filter(|p| p.1 == "check").map(|p| p.0).collect();
+        assert_eq!(checks.len(), 2);
+        assert!(checks[0] < found && checks[1] > 10.0 && checks[1] < 64.0, "{checks:?}");
+    }
+
+    #[test]
+    fn the_answer_does_not_depend_on_min() {
+        // The case: min = 1, 293 or 291 gave 288 / 293 / 295.5.
+        let answers: Vec<f64> = [1.0, 291.0, 293.0, 250.0]
+            .iter()
+            .map(|&min| {
+                let s = SearchSpec { min, max: 4096.0, ..spec(true, false) };
+                search(&s, 294.0).0.answer(&s).unwrap()
+            })
+            .collect();
+        assert!(answers.iter().all(|&a| a == answers[0]), "{answers:?}");
+        assert!(answers[0] <= 294.0 && answers[0] * 1.01 > 294.0, "{answers:?}");
     }
 
     #[test]
     fn whole_numbers_end_on_neighbours_and_bounds_are_reported() {
-        // Minimise a count: passes from 11 up. 64, 32, 16 pass; 8 fails; 12, 10, 11.
+        // Minimise a count: passes from 11 up. 64, 32, 16 pass; 8 fails; 12, 10, 11; then checks at 37 (below) and 5 (beyond).
         let s = spec(false, true);
         let (st, seen) = search(&s, 11.0);
-        assert_eq!(seen.iter().map(|p| p.0).collect::<Vec<_>>(), [64.0, 32.0, 16.0, 8.0, 12.0, 10.0, 11.0]);
+        assert_eq!(seen.iter().map(|p| p.0).collect::<Vec<_>>(), [64.0, 32.0, 16.0, 8.0, 12.0, 10.0, 11.0, 37.0, 5.0]);
         assert_eq!((st.answer(&s), st.status), (Some(11.0), Some(Status::Found)));
         // Everything passes: the far bound is the answer.
         let (st, _) = search(&spec(true, true), 1000.0);
@@ -491,11 +711,61 @@ mod tests {
     }
 
     #[test]
+    fn a_metric_that_fails_then_passes_again_is_reported_non_monotone() {
+        // Passes up to 10 and again from 30 on (power that rises, then falls with rate).
+        let s = spec(true, true);
+        let (st, _) = search_with(&s, |v| v <= 10.0 || v >= 30.0);
+        assert_eq!(st.status, Some(Status::NonMonotone));
+        assert_eq!(st.answer(&s), Some(10.0));
+        // A failure below the answer is caught too.
+        let (st, _) = search_with(&s, |v| v <= 20.0 && v != 10.0);
+        assert_eq!(st.status, Some(Status::NonMonotone), "{:?}", st.probes);
+    }
+
+    #[test]
+    fn an_unclear_verdict_doubles_its_replicates_up_to_the_cap_then_fails() {
+        let s = SearchSpec {
+            slo: vec![Constraint::parse("ttft_p99_ms <= 100").unwrap()],
+            max_replicates: 8,
+            ..spec(true, false)
+        };
+        let mut p = Probe::new(5.0, "bound", 1);
+        p.samples[0].push(90.0);
+        p.runs = 1;
+        p.judge(&s);
+        assert!(!p.settled, "one replicate has no interval");
+        let mut st = PointSearch { probes: vec![p], status: None };
+        assert_eq!(st.next(&s), Some(Next::Replicates { from: 1, count: 1 }));
+        // 90 and 110: the interval straddles 100.
+        let p = &mut st.probes[0];
+        p.samples[0].push(110.0);
+        p.runs = 2;
+        p.judge(&s);
+        assert!(!p.settled);
+        assert_eq!(st.next(&s), Some(Next::Replicates { from: 2, count: 2 }));
+        let p = &mut st.probes[0];
+        p.samples[0].extend([95.0, 105.0, 99.0, 101.0, 100.0, 100.0]);
+        p.runs = 8;
+        p.judge(&s);
+        assert!(p.settled && !p.pass, "unclear at the cap fails: never optimistic");
+        // A clear pass settles at once.
+        let mut q = Probe::new(5.0, "bound", 1);
+        q.samples[0].extend([50.0, 51.0]);
+        q.runs = 2;
+        q.judge(&s);
+        assert!(q.settled && q.pass);
+    }
+
+    #[test]
     fn a_verdict_needs_the_confidence_interval_on_the_right_side() {
         let c = Constraint::parse("ttft_p99_ms <= 100").unwrap();
         assert!(c.holds(&[90.0]));
         // Mean 95, s = 5, n = 2: half-width 12.706 · 5/√2 ≈ 44.9 — not sure enough.
         assert!(!c.holds(&[90.0, 100.0]));
+        assert_eq!(c.verdict(&[90.0, 100.0]), Verdict::Unclear);
+        assert_eq!(c.verdict(&[140.0, 160.0]), Verdict::Unclear);
+        assert_eq!(c.verdict(&[190.0, 200.0]), Verdict::Fail);
+        assert_eq!(c.verdict(&[300.0, 301.0]), Verdict::Fail);
         assert!(c.holds(&[90.0, 90.5, 91.0]));
         assert!(!c.holds(&[f64::NAN]));
         let g = Constraint::parse("requests_per_s >= 10").unwrap();

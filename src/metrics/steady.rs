@@ -1,0 +1,451 @@
+//! Steady state: where a run's warm-up ends, its latencies after it, and
+//! whether the run reached a steady state at all.
+//!
+//! **Warm-up truncation: MSER-5** (White, "An effective truncation
+//! heuristic for bias reduction in simulation output", *Simulation* 69(6),
+//! 1997; White, Cobb & Spratt, "A comparison of five steady-state
+//! truncation heuristics", WSC 2000; the most reliable of the rules Hoad,
+//! Robinson & Davies compared, JORS 61, 2010). The series is the TTFT of
+//! the requests in arrival order, in batches of 5 consecutive requests with
+//! means Z₁ … Z_k. The truncation point d* minimises
+//!
+//! ```text
+//! MSER(d) = Σ_{j>d} (Z_j − Z̄(d))² / (k − d)²,   d = 0 … k − 5
+//! ```
+//!
+//! (Z̄(d) the mean of the batches after d; the last five batches are never
+//! all that is kept). If d* falls in the second half of the series the run
+//! is too short to tell where its warm-up ends (White et al.'s rule).
+//! Memory stays bounded: beyond [`MAX_BATCHES`] batches adjacent batches
+//! merge and the batch size doubles (MSER-10, -20, …: the same statistic on
+//! coarser batches).
+//!
+//! **Stability** (`stable` / `unstable` / `too_short`): over the second half
+//! of the run (by arrival), the queue wait of the requests and the number
+//! of requests each arrival found in the system are each regrouped into
+//! [`TREND_GROUPS`] consecutive groups of batches, and a least-squares line
+//! is fitted to the group means. A series *rises* when its slope is
+//! positive at the one-sided 1 % level of Student's t (8 degrees of
+//! freedom, t = 2.896) **and** the fitted rise across the half exceeds a
+//! quarter of the half's mean level. A run is `unstable` when both rise (a
+//! queue that keeps growing: offered load above capacity); `too_short`
+//! when fewer than [`MIN_BATCHES`] batches of requests got a first token or
+//! d* falls in the second half; else `stable`.
+//!
+//! The steady latencies (TTFT, TPOT, E2E, queue wait) are those of the
+//! requests that arrived after the truncation point. They come from
+//! per-segment histograms of consecutive arrivals (at most
+//! [`MAX_SEGMENTS`] segments, merged in pairs as the run grows; the first
+//! segment kept is the first that starts at or after d*) kept to two
+//! significant digits (1 %), and are given only for `stable` runs (null
+//! otherwise: there is no steady state to describe).
+
+use super::{LatencyHistogram, LatencyStats};
+use crate::time::{SimDuration, SimTime};
+use serde::Serialize;
+
+/// Requests per MSER batch at the start (MSER-5).
+pub const BATCH: u64 = 5;
+/// Most batches kept; beyond, adjacent batches merge.
+pub const MAX_BATCHES: usize = 8192;
+/// Fewest batches of requests with a first token for a verdict.
+pub const MIN_BATCHES: usize = 20;
+/// Groups the second half of a series is fitted over.
+pub const TREND_GROUPS: usize = 10;
+/// t(0.99, TREND_GROUPS − 2): the one-sided 1 % point of Student's t, 8 degrees of freedom.
+const T99_8: f64 = 2.896;
+/// The fitted rise across the second half, as a share of its mean, beyond which a rise matters.
+const MATERIAL_RISE: f64 = 0.25;
+/// Most histogram segments kept; beyond, adjacent segments merge.
+pub const MAX_SEGMENTS: usize = 16;
+/// Requests per histogram segment at the start.
+const SEGMENT: u64 = 16 * BATCH;
+/// Significant digits of the segments' histograms.
+const SEGMENT_DIGITS: u8 = 2;
+
+/// Whether a run reached a steady state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Stability {
+    /// Its warm-up ended in the first half and its queue does not keep growing.
+    Stable,
+    /// Its queue keeps growing: the offered load is above what it serves.
+    Unstable,
+    /// Too few requests, or a warm-up that lasts past the middle, to tell.
+    TooShort,
+}
+
+impl Stability {
+    /// The name in `runs.parquet`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stability::Stable => "stable",
+            Stability::Unstable => "unstable",
+            Stability::TooShort => "too_short",
+        }
+    }
+}
+
+/// Sums of consecutive observations, indexed by arrival, in batches.
+#[derive(Clone, Debug)]
+struct Batches {
+    /// Observations per batch.
+    size: u64,
+    sum: Vec<f64>,
+    count: Vec<u32>,
+}
+
+impl Batches {
+    fn new() -> Batches {
+        Batches { size: BATCH, sum: Vec::new(), count: Vec::new() }
+    }
+
+    /// Observation `v` of arrival number `index`.
+    fn add(&mut self, index: u64, v: f64) {
+        while index / self.size >= MAX_BATCHES as u64 {
+            self.coarsen();
+        }
+        let j = (index / self.size) as usize;
+        if j >= self.sum.len() {
+            self.sum.resize(j + 1, 0.0);
+            self.count.resize(j + 1, 0);
+        }
+        self.sum[j] += v;
+        self.count[j] += 1;
+    }
+
+    /// Merges adjacent batches (the batch size doubles).
+    fn coarsen(&mut self) {
+        let pairs = self.sum.len().div_ceil(2);
+        for i in 0..pairs {
+            let (a, b) = (2 * i, 2 * i + 1);
+            self.sum[i] = self.sum[a] + self.sum.get(b).copied().unwrap_or(0.0);
+            self.count[i] = self.count[a] + self.count.get(b).copied().unwrap_or(0);
+        }
+        self.sum.truncate(pairs);
+        self.count.truncate(pairs);
+        self.size *= 2;
+    }
+
+    /// The means of the batches with observations, and the arrival index each starts at.
+    fn means(&self) -> (Vec<f64>, Vec<u64>) {
+        let kept = (0..self.sum.len()).filter(|&j| self.count[j] > 0);
+        kept.map(|j| (self.sum[j] / f64::from(self.count[j]), j as u64 * self.size)).unzip()
+    }
+}
+
+/// The MSER truncation point of batch means `z`: the number of leading
+/// batches to drop (`None` for fewer than 5 batches).
+pub fn mser(z: &[f64]) -> Option<usize> {
+    let k = z.len();
+    if k < 5 {
+        return None;
+    }
+    // Centred on the overall mean, so the suffix sums lose no precision.
+    let centre = z.iter().sum::<f64>() / k as f64;
+    let (mut s1, mut s2) = (0.0, 0.0);
+    let mut best = (f64::INFINITY, 0);
+    // d = k − 5 down to 0, suffix sums growing; ties go to the smaller d.
+    for (i, &x) in z.iter().enumerate().rev() {
+        let y = x - centre;
+        s1 += y;
+        s2 += y * y;
+        let n = (k - i) as f64;
+        if k - i < 5 {
+            continue;
+        }
+        let stat = (s2 - s1 * s1 / n).max(0.0) / (n * n);
+        if stat <= best.0 {
+            best = (stat, i);
+        }
+    }
+    Some(best.1)
+}
+
+/// Whether series `z` rises over its second half (see the module docs).
+pub fn rises(z: &[f64]) -> bool {
+    let half = &z[z.len() / 2..];
+    if half.len() < TREND_GROUPS {
+        return false;
+    }
+    let g = TREND_GROUPS as f64;
+    let group = |i: usize| {
+        let (a, b) = (i * half.len() / TREND_GROUPS, (i + 1) * half.len() / TREND_GROUPS);
+        half[a..b].iter().sum::<f64>() / (b - a) as f64
+    };
+    let y: Vec<f64> = (0..TREND_GROUPS).map(group).collect();
+    let (xm, ym) = ((g - 1.0) / 2.0, y.iter().sum::<f64>() / g);
+    let sxx: f64 = (0..TREND_GROUPS).map(|i| (i as f64 - xm).powi(2)).sum();
+    let slope = y.iter().enumerate().map(|(i, v)| (i as f64 - xm) * (v - ym)).sum::<f64>() / sxx;
+    let ssr: f64 = y.iter().enumerate().map(|(i, v)| (v - ym - slope * (i as f64 - xm)).powi(2)).sum();
+    let se = (ssr / (g - 2.0) / sxx).sqrt();
+    let significant = if se > 0.0 { slope / se > T99_8 } else { slope > 0.0 };
+    significant && slope * (g - 1.0) > MATERIAL_RISE * ym.abs()
+}
+
+/// The latencies of one segment of consecutive arrivals.
+#[derive(Clone, Debug)]
+struct Segment {
+    hist: [LatencyHistogram; 4],
+    /// The earliest arrival among its requests.
+    first_arrival: Option<SimTime>,
+}
+
+impl Segment {
+    fn new() -> Segment {
+        Segment { hist: std::array::from_fn(|_| LatencyHistogram::with_digits(SEGMENT_DIGITS)), first_arrival: None }
+    }
+
+    fn merge(&mut self, o: &Segment) {
+        for (a, b) in self.hist.iter_mut().zip(&o.hist) {
+            a.merge(b);
+        }
+        self.first_arrival = match (self.first_arrival, o.first_arrival) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+/// Which steady latency.
+#[derive(Clone, Copy, Debug)]
+pub enum Steady {
+    /// Arrival → first token.
+    Ttft = 0,
+    /// Time per output token.
+    Tpot = 1,
+    /// Arrival → last token.
+    E2e = 2,
+    /// Arrival → first scheduled step.
+    QueueWait = 3,
+}
+
+/// What a run's steady state was.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct SteadySummary {
+    /// The verdict.
+    pub stability: Stability,
+    /// Arrival time of the first request after the warm-up, s (NaN unless stable).
+    pub warmup_s: f64,
+    /// Requests (by arrival) in the warm-up (0 unless stable).
+    pub warmup_requests: u64,
+    /// Requests after it with a first token (0 unless stable).
+    pub steady_requests: u64,
+    /// TTFT after the warm-up, ms (NaN unless stable).
+    pub ttft_ms: LatencyStats,
+    /// TPOT after the warm-up, ms.
+    pub tpot_ms: LatencyStats,
+    /// End-to-end latency after the warm-up, ms.
+    pub e2e_ms: LatencyStats,
+    /// Queue wait after the warm-up, ms.
+    pub queue_wait_ms: LatencyStats,
+}
+
+impl Default for SteadySummary {
+    fn default() -> Self {
+        let none = LatencyHistogram::default().stats();
+        SteadySummary {
+            stability: Stability::TooShort,
+            warmup_s: f64::NAN,
+            warmup_requests: 0,
+            steady_requests: 0,
+            ttft_ms: none,
+            tpot_ms: none,
+            e2e_ms: none,
+            queue_wait_ms: none,
+        }
+    }
+}
+
+/// The per-arrival series of a run, bounded in memory.
+#[derive(Clone, Debug)]
+pub struct SteadyState {
+    ttft: Batches,
+    wait: Batches,
+    in_system: Batches,
+    segment_size: u64,
+    segments: Vec<Segment>,
+}
+
+impl Default for SteadyState {
+    fn default() -> Self {
+        SteadyState {
+            ttft: Batches::new(),
+            wait: Batches::new(),
+            in_system: Batches::new(),
+            segment_size: SEGMENT,
+            segments: Vec::new(),
+        }
+    }
+}
+
+impl SteadyState {
+    /// Arrival number `serial` found `in_system` requests in the system.
+    pub fn on_admitted(&mut self, serial: u32, in_system: u64) {
+        self.in_system.add(u64::from(serial), in_system as f64);
+    }
+
+    /// Arrival number `serial` (at `arrival`) got its first token after
+    /// `ttft`, having waited `wait` for its first step.
+    pub fn on_first_token(&mut self, serial: u32, arrival: SimTime, ttft: SimDuration, wait: SimDuration) {
+        let i = u64::from(serial);
+        self.ttft.add(i, ttft.as_secs_f64());
+        self.wait.add(i, wait.as_secs_f64());
+        let s = self.segment(i);
+        s.first_arrival = Some(s.first_arrival.map_or(arrival, |a| a.min(arrival)));
+        s.hist[Steady::Ttft as usize].record(ttft);
+        s.hist[Steady::QueueWait as usize].record(wait);
+    }
+
+    /// Latency `which` of arrival number `serial` is `d`.
+    pub fn record(&mut self, serial: u32, which: Steady, d: SimDuration) {
+        self.segment(u64::from(serial)).hist[which as usize].record(d);
+    }
+
+    fn segment(&mut self, index: u64) -> &mut Segment {
+        while index / self.segment_size >= MAX_SEGMENTS as u64 {
+            let merged: Vec<Segment> = self
+                .segments
+                .chunks(2)
+                .map(|pair| {
+                    let mut s = pair[0].clone();
+                    if let Some(b) = pair.get(1) {
+                        s.merge(b);
+                    }
+                    s
+                })
+                .collect();
+            self.segments = merged;
+            self.segment_size *= 2;
+        }
+        let j = (index / self.segment_size) as usize;
+        while self.segments.len() <= j {
+            self.segments.push(Segment::new());
+        }
+        &mut self.segments[j]
+    }
+
+    /// The verdict and the steady latencies.
+    pub fn finish(&self) -> SteadySummary {
+        let (z, starts) = self.ttft.means();
+        let unstable = rises(&self.wait.means().0) && rises(&self.in_system.means().0);
+        if unstable {
+            return SteadySummary { stability: Stability::Unstable, ..SteadySummary::default() };
+        }
+        let d = match mser(&z) {
+            Some(d) if z.len() >= MIN_BATCHES && d <= z.len() / 2 => d,
+            _ => return SteadySummary::default(),
+        };
+        let cut = starts[d];
+        let first = cut.div_ceil(self.segment_size) as usize;
+        let mut kept = Segment::new();
+        for s in self.segments.iter().skip(first) {
+            kept.merge(s);
+        }
+        let stats = |w: Steady| kept.hist[w as usize].stats();
+        SteadySummary {
+            stability: Stability::Stable,
+            warmup_s: kept.first_arrival.map_or(f64::NAN, SimTime::as_secs_f64),
+            warmup_requests: first as u64 * self.segment_size,
+            steady_requests: kept.hist[Steady::Ttft as usize].count(),
+            ttft_ms: stats(Steady::Ttft),
+            tpot_ms: stats(Steady::Tpot),
+            e2e_ms: stats(Steady::E2e),
+            queue_wait_ms: stats(Steady::QueueWait),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mser_cuts_a_known_transient_exactly() {
+        // 20 batches at 10, then ±1 alternating (mean 0) for 200 batches:
+        // MSER(20) = 200/200² = 0.005; MSER(21) = (199 − 1/199)/199² > 0.005;
+        // MSER(19) includes one 10: ≈ 299.5/201² = 0.0074.
+        let z: Vec<f64> = (0..220)
+            .map(|j| {
+                if j < 20 {
+                    10.0
+                } else if j % 2 == 0 {
+                    1.0
+                } else {
+                    -1.0
+                }
+            })
+            .collect();
+        assert_eq!(mser(&z), Some(20));
+        // No transient: nothing is cut.
+        let flat: Vec<f64> = (0..100).map(|j| if j % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        assert_eq!(mser(&flat), Some(0));
+        assert_eq!(mser(&[1.0; 4]), None);
+    }
+
+    #[test]
+    fn mser_5_through_the_batches_cuts_the_first_100_requests() {
+        // Requests 0..100 wait 10 s, then 1 s and 3 s alternating in pairs
+        // (every batch of 5 mixes them: its mean is 1.8 or 2.2).
+        let mut b = Batches::new();
+        for i in 0..2000u64 {
+            b.add(
+                i,
+                if i < 100 {
+                    10.0
+                } else if (i / 2) % 2 == 0 {
+                    1.0
+                } else {
+                    3.0
+                },
+            );
+        }
+        let (z, starts) = b.means();
+        assert_eq!(z.len(), 400);
+        assert_eq!(starts[mser(&z).unwrap()], 100);
+    }
+
+    #[test]
+    fn batches_coarsen_by_pairs_and_keep_every_observation() {
+        let mut b = Batches::new();
+        let n = (MAX_BATCHES as u64) * BATCH * 3;
+        for i in 0..n {
+            b.add(i, i as f64);
+        }
+        assert_eq!(b.size, BATCH * 4);
+        assert!(b.sum.len() <= MAX_BATCHES);
+        assert_eq!(b.count.iter().map(|&c| u64::from(c)).sum::<u64>(), n);
+        let total: f64 = b.sum.iter().sum();
+        assert_eq!(total, (n * (n - 1) / 2) as f64);
+    }
+
+    #[test]
+    fn a_trend_needs_significance_and_size() {
+        let line: Vec<f64> = (0..200).map(|j| j as f64).collect();
+        assert!(rises(&line));
+        let flat = vec![3.0; 200];
+        assert!(!rises(&flat));
+        // A rise of 1 % of the level, however regular, does not matter.
+        let slight: Vec<f64> = (0..200).map(|j| 1000.0 + 0.01 * j as f64).collect();
+        assert!(!rises(&slight));
+        // Noise about a level: no trend.
+        let noise: Vec<f64> = (0..200).map(|j| 5.0 + if (j * 7919) % 13 < 6 { 1.0 } else { -1.0 }).collect();
+        assert!(!rises(&noise));
+        let falling: Vec<f64> = (0..200).map(|j| 200.0 - j as f64).collect();
+        assert!(!rises(&falling));
+        assert!(!rises(&line[..15]), "too few batches to fit");
+    }
+
+    #[test]
+    fn segments_merge_in_pairs_and_keep_every_sample() {
+        let mut s = SteadyState::default();
+        let n = SEGMENT as u32 * MAX_SEGMENTS as u32 * 4;
+        for i in 0..n {
+            s.on_first_token(i, SimTime(u64::from(i)), SimDuration(1_000_000), SimDuration(0));
+        }
+        assert_eq!(s.segment_size, SEGMENT * 4);
+        assert_eq!(s.segments.len(), MAX_SEGMENTS);
+        let kept: u64 = s.segments.iter().map(|g| g.hist[0].count()).sum();
+        assert_eq!(kept, u64::from(n));
+        assert_eq!(s.segments[1].first_arrival, Some(SimTime(SEGMENT * 4)));
+    }
+}
