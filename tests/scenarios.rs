@@ -243,6 +243,37 @@ fn energy_and_dollars_follow_the_board_power_model_by_hand() {
 }
 
 #[test]
+fn tier_capacity_is_priced_per_gib_hour_beside_the_gpus() {
+    // The one-step run on two workers, each with a 64 GiB CPU tier at
+    // $0.004 per GiB-hour drawing 0.375 W per GiB, and one shared 1,000 GiB
+    // DFS at $0.0002 per GiB-hour; GPUs at $3 per GPU-hour. Dollars =
+    // GPU-hours × 3 + Σ tier GiB-hours × price; the tiers' watts add to the energy.
+    let priced = one_step()
+        .set("simulation.num_workers", 2)
+        .tiers(&["CPUMemory", "DistributedFS"])
+        .set("worker.hw.usd_per_gpu_hour", 3.0)
+        .table("kvc.CPUMemory", toml! { capacity_GB = 64 usd_per_gb_hour = 0.004 watts_per_gb = 0.375 })
+        .table("kvc.DistributedFS", toml! { capacity_GB = 1000 usd_per_gb_hour = 0.0002 });
+    let sum = priced.clone().run().summary;
+    let hours = sum.sim_time_s / 3600.0;
+    let (cpu, dfs) = (2.0 * 64.0 * hours, 1000.0 * hours);
+    assert_eq!(sum.tier_cost.gib_hours, [cpu, 0.0, dfs]);
+    let tiers = cpu * 0.004 + dfs * 0.0002;
+    assert!((sum.tier_cost.usd - tiers).abs() < 1e-15);
+    assert!((sum.cost.usd - (2.0 * hours * 3.0 + tiers)).abs() < 1e-12, "{}", sum.cost.usd);
+    // The same run without tier prices: the energy differs by the CPU tiers' 48 W.
+    let unpriced = priced
+        .table("kvc.CPUMemory", toml! { usd_per_gb_hour = 0.0 watts_per_gb = 0.0 })
+        .table("kvc.DistributedFS", toml! { usd_per_gb_hour = 0.0 })
+        .run()
+        .summary;
+    assert_eq!(unpriced.tier_cost.usd, 0.0);
+    assert!((unpriced.cost.usd - 2.0 * hours * 3.0).abs() < 1e-12);
+    let tier_joules = 2.0 * 64.0 * 0.375 * sum.sim_time_s;
+    assert!((sum.cost.energy_j - unpriced.cost.energy_j - tier_joules).abs() < 1e-6);
+}
+
+#[test]
 fn each_stage_row_equals_what_its_requests_say() {
     // Two stages back to back: a busy one and a light one.
     let out = Spec::llama8b()

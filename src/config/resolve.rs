@@ -313,6 +313,15 @@ pub(super) fn tier_defaults(tier: Tier) -> (f64, f64, u64, f64) {
     }
 }
 
+/// An optional price or power figure: absent is 0, else finite and ≥ 0.
+fn non_negative(cx: &Ctx<'_>, key: &str, v: Option<f64>, example: &str) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(0.0),
+        Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        Some(x) => Err(cx.err(key, format!("must be a number ≥ 0, got {x}"), format!("use {example}"))),
+    }
+}
+
 fn resolve_kvc(
     cx: &Ctx<'_>,
     file: &SpecFile,
@@ -391,6 +400,8 @@ fn resolve_kvc(
             },
             capacity_bytes: (capacity * (1u64 << 30) as f64) as u64,
             eviction,
+            usd_per_gib_hour: non_negative(cx, &at("usd_per_gb_hour"), p.usd_per_gb_hour, "e.g. 0.0036 for DRAM")?,
+            watts_per_gib: non_negative(cx, &at("watts_per_gb"), p.watts_per_gb, "e.g. 0.375 for DDR5 RDIMMs")?,
         });
     }
     let write_policy = match k.write_policy.to_ascii_lowercase().as_str() {

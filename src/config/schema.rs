@@ -629,6 +629,10 @@ pub struct TierParams {
     pub eviction_policy: Option<String>,
     /// DistributedFS only: each worker's link, 10⁹ bytes/s (max-min fair sharing).
     pub client_bandwidth_GBps: Option<f64>,
+    /// Price of its capacity, dollars per GiB (as `capacity_GB`) per hour, per instance (none built in; the README gives sources).
+    pub usd_per_gb_hour: Option<f64>,
+    /// Power its capacity draws, watts per GiB, counted in the run's energy.
+    pub watts_per_gb: Option<f64>,
 }
 
 /// `[worker]`.

@@ -702,6 +702,8 @@ pub(crate) mod testing {
             },
             capacity_bytes: capacity,
             eviction: EvictionPolicy::Lru,
+            usd_per_gib_hour: 0.0,
+            watts_per_gib: 0.0,
         }
     }
 }

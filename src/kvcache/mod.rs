@@ -151,6 +151,10 @@ pub struct TierConfig {
     pub capacity_bytes: u64,
     /// Eviction order.
     pub eviction: EvictionPolicy,
+    /// Dollars per GiB-hour of capacity (0 without a price).
+    pub usd_per_gib_hour: f64,
+    /// Watts per GiB of capacity (0 without a figure).
+    pub watts_per_gib: f64,
 }
 
 /// The resolved `[kvc]` section.

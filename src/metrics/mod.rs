@@ -608,8 +608,10 @@ pub struct RunSummary {
     pub model_active_params: u64,
     /// The model's KV-cache bytes per token (every layer).
     pub kv_bytes_per_token: u64,
-    /// What the run's GPUs cost in time, energy and money.
+    /// What the run's GPUs and KV tiers cost in time, energy and money.
     pub cost: CostSummary,
+    /// Of that, what the KV tiers' capacity cost.
+    pub tier_cost: TierCost,
     /// Disaggregated prefill and decode (zeros and NaN without).
     pub pd: PdSummary,
 }
@@ -723,6 +725,18 @@ impl std::ops::AddAssign for CostSummary {
     }
 }
 
+/// What a run's KV-tier capacity cost: GiB-hours per storage tier (CPU,
+/// NVMe, DFS), dollars and joules at the tiers' prices.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct TierCost {
+    /// GiB of capacity × hours it was provisioned, per storage tier.
+    pub gib_hours: [f64; 3],
+    /// Dollars (0 without prices).
+    pub usd: f64,
+    /// Joules (0 without power figures).
+    pub energy_j: f64,
+}
+
 /// A typed value of a summary column.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SummaryValue {
@@ -779,6 +793,7 @@ impl Default for RunSummary {
             model_active_params: 0,
             kv_bytes_per_token: 0,
             cost: CostSummary::default(),
+            tier_cost: TierCost::default(),
             pd: PdSummary::default(),
         }
     }
@@ -895,6 +910,10 @@ impl RunSummary {
             ("usd_per_m_input_tokens".into(), Real(k.usd / input * 1e6)),
             ("usd_per_m_output_tokens".into(), Real(k.usd / output * 1e6)),
         ]);
+        for t in &Tier::ALL[1..] {
+            c.push((format!("tier_gib_hours_{}", t.short()), Real(self.tier_cost.gib_hours[t.index() - 1])));
+        }
+        c.push(("tier_usd".into(), Real(self.tier_cost.usd)));
         c
     }
 }

@@ -7,7 +7,8 @@
 use super::steady::{Steady, SteadyState};
 use super::{
     CostSummary, Gauges, InSystem, IntervalRow, Latencies, LatencyHistogram, LatencyMetric, PdSummary, PeakSeconds,
-    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierSummary, TimeSeries, WorkerRow,
+    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierCost, TierSummary, TimeSeries,
+    WorkerRow,
 };
 use crate::config::Scenario;
 use crate::config::disagg::Role;
@@ -435,6 +436,18 @@ impl Recorder {
         for w in &worker_rows {
             cost += w.cost;
         }
+        // The tiers' capacity, priced per GiB-hour: a per-worker tier for as
+        // long as its worker is alive, the one DFS for the whole run.
+        let mut tier_cost = TierCost::default();
+        for t in &s.kvc.tiers {
+            let hours = if t.tier == Tier::Dfs { secs } else { worker_time / 1e9 } / 3600.0;
+            let gib_hours = t.capacity_bytes as f64 / f64::from(1u32 << 30) * hours;
+            tier_cost.gib_hours[t.tier.index() - 1] += gib_hours;
+            tier_cost.usd += gib_hours * t.usd_per_gib_hour;
+            tier_cost.energy_j += gib_hours * t.watts_per_gib * 3600.0;
+        }
+        cost.usd += tier_cost.usd;
+        cost.energy_j += tier_cost.energy_j;
         let (kv_events, kv_event_batches) = end.router.kv_event_counts();
         let generated = u64::from(end.generated);
         let summary = RunSummary {
@@ -485,6 +498,7 @@ impl Recorder {
             model_active_params: s.model.active_parameter_count(),
             kv_bytes_per_token: s.model.kv_bytes_per_token(),
             cost,
+            tier_cost,
             pd: self.pd_summary(s, end.connector, at, &worker_rows),
         };
         let mut requests = std::mem::take(&mut self.records);

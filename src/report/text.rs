@@ -117,9 +117,11 @@ fn cost_line(s: &RunSummary) -> String {
     }
     if k.usd.is_finite() {
         let input = s.input_tokens_per_s * s.sim_time_s;
+        let tiers =
+            if s.tier_cost.usd > 0.0 { format!(", ${:.2} of it KV tiers", s.tier_cost.usd) } else { String::new() };
         let _ = write!(
             line,
-            ", ${:.2} (${:.3} per million input tokens, ${:.3} per million output tokens)",
+            ", ${:.2} (${:.3} per million input tokens, ${:.3} per million output tokens{tiers})",
             k.usd,
             k.usd / input * 1e6,
             k.usd / output * 1e6
