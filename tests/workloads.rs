@@ -395,3 +395,95 @@ fn a_burst_needs_a_bounded_count() {
     let e = err("total_requests = 2000000");
     assert!(e.message.contains("at most 1000000"), "{e}");
 }
+
+const CONVERSATION: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/conversation_trace.jsonl");
+
+/// The Kolmogorov–Smirnov statistic of `gaps` against the exponential of rate `rate`.
+fn ks_exponential(gaps: &mut [f64], rate: f64) -> f64 {
+    gaps.sort_by(f64::total_cmp);
+    let n = gaps.len() as f64;
+    gaps.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            let f = 1.0 - (-rate * x).exp();
+            (f - i as f64 / n).abs().max((f - (i + 1) as f64 / n).abs())
+        })
+        .fold(0.0, f64::max)
+}
+
+/// A trace re-timed at 8 req/s: the gaps pass a Kolmogorov–Smirnov test
+/// against Exp(8) at the 1 % level (D < 1.628/√n), the requests keep their
+/// order and content (`prompt_hash`, lengths) and only their times change;
+/// gamma gaps have the coefficient of variation asked for.
+#[test]
+fn a_trace_replayed_at_a_chosen_rate_has_poisson_gaps_and_keeps_its_requests() {
+    let trace = |extra: toml::Table| {
+        let mut params = toml! { trace_file = CONVERSATION total_requests = 3000 };
+        params.extend(extra);
+        // One large-budget worker with no tiers: only the arrivals matter here.
+        Spec::empty()
+            .tiers(&[])
+            .set("worker.inference_params.model", "synthetic")
+            .set("worker.inference_params.mean_latency_secs", 0.001)
+            .stage("Trace", params)
+            .run()
+    };
+    let recorded = trace(toml::Table::new());
+    let poisson = trace(toml! { request_rate = 8.0 });
+    assert_eq!(poisson.requests.len(), 3000);
+    let key = |r: &opal::metrics::RequestRecord| (r.prompt_hash, r.prompt_tokens, r.output_tokens);
+    assert_eq!(
+        poisson.requests.iter().map(key).collect::<Vec<_>>(),
+        recorded.requests.iter().map(key).collect::<Vec<_>>(),
+        "order and content kept"
+    );
+    let arrivals: Vec<f64> = poisson.requests.iter().map(|r| r.arrival_s).collect();
+    assert_eq!(arrivals[0], 0.0);
+    assert!(arrivals.windows(2).all(|w| w[0] <= w[1]), "in order");
+    let mut gaps: Vec<f64> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
+    let d = ks_exponential(&mut gaps, 8.0);
+    assert!(d < 1.628 / (gaps.len() as f64).sqrt(), "KS D = {d}");
+    // Not the recorded times: those have bursts of up to 23 at one timestamp.
+    assert!(recorded.requests.windows(2).filter(|w| w[0].arrival_s == w[1].arrival_s).count() > 500);
+    // And a wrong rate is rejected by the same test.
+    assert!(ks_exponential(&mut gaps, 10.0) > 1.628 / (gaps.len() as f64).sqrt());
+    // Gamma gaps: sample coefficient of variation ≈ 2, mean ≈ 1/8 s.
+    let gamma = trace(toml! { request_rate = 8.0 arrival = "gamma" arrival_cv = 2.0 });
+    let g: Vec<f64> = gamma.requests.windows(2).map(|w| w[1].arrival_s - w[0].arrival_s).collect();
+    let mean = g.iter().sum::<f64>() / g.len() as f64;
+    let cv = (g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (g.len() - 1) as f64).sqrt() / mean;
+    assert!((mean - 0.125).abs() < 0.125 * 0.1 && (cv - 2.0).abs() < 0.2, "mean {mean}, cv {cv}");
+}
+
+#[test]
+fn a_bursty_trace_replayed_at_its_own_times_warns_and_re_timing_options_are_checked() {
+    let dir = crate::temp_dir("trace-bursts");
+    let spec = |params: &str| {
+        format!(
+            "[sweep]\nname = \"b\"\ntables = [\"runs\"]\n[[workload.stages]]\ntype = \"Trace\"\n[workload.stages.workload_params]\ntrace_file = \"{CONVERSATION}\"\ntotal_requests = 50\n{params}\n"
+        )
+    };
+    let run = |params: &str| {
+        std::fs::write(dir.join("spec.toml"), spec(params)).unwrap();
+        crate::sweep::opal_sweep(&["spec.toml", "--dry-run"], &dir)
+    };
+    let bursty = run("");
+    assert!(bursty.status.success());
+    let err = String::from_utf8_lossy(&bursty.stderr);
+    assert!(err.contains("shared by 5 or more requests") && err.contains("set request_rate"), "{err}");
+    let retimed = run("request_rate = 5.0");
+    assert!(retimed.status.success() && !String::from_utf8_lossy(&retimed.stderr).contains("request_rate"));
+    for (bad, key) in [
+        ("request_rate = 5.0\ntime_scale = 0.5", "time_scale"),
+        ("request_rate = -3.0", "request_rate"),
+        ("arrival = \"gamma\"", "arrival"),
+        ("request_rate = 5.0\narrival = \"weibull\"", "arrival"),
+        ("request_rate = 5.0\narrival_cv = 2.0", "arrival_cv"),
+        ("request_rate = 5.0\narrival = \"gamma\"\narrival_cv = 0.0", "arrival_cv"),
+    ] {
+        let o = run(bad);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(&format!("workload.stages.0.workload_params.{key}")), "{bad}: {err}");
+    }
+}

@@ -532,6 +532,12 @@ pub struct TraceParams {
     pub multiplier_to_sec: f64,
     /// Factor on every arrival time (0.5 replays twice as fast).
     pub time_scale: f64,
+    /// Re-time the trace's requests (in order, content kept) as arrivals at this rate, requests/s; `-1` keeps the trace's timestamps.
+    pub request_rate: f64,
+    /// With `request_rate`: `poisson` (exponential gaps, the default), `gamma` (gaps of coefficient of variation `arrival_cv`) or `uniform` (fixed gaps).
+    pub arrival: String,
+    /// With `arrival = "gamma"`: the gaps' coefficient of variation (1 is Poisson; above 1 burstier).
+    pub arrival_cv: f64,
     /// Seconds added to every arrival time.
     pub start_offset: f64,
     /// Skip malformed lines (they are counted) instead of failing the run.
@@ -552,6 +558,9 @@ impl Default for TraceParams {
             chunk_size: 512,
             multiplier_to_sec: 0.001,
             time_scale: 1.0,
+            request_rate: -1.0,
+            arrival: "poisson".into(),
+            arrival_cv: 1.0,
             start_offset: 0.0,
             skip_bad_lines: false,
             shift_to_first: false,

@@ -270,6 +270,64 @@ impl StageCx<'_> {
         Ok(Dist::Uniform { min: f64::from(lo), max: f64::from(hi) })
     }
 
+    /// A trace's `request_rate` (with `arrival` and `arrival_cv`): the
+    /// process its requests are re-timed by, or `None` to keep the trace's times.
+    fn retime(&self, p: &TraceParams) -> Result<Option<(ArrivalProcess, f64)>, ConfigError> {
+        let defaults = TraceParams::default();
+        if p.request_rate == -1.0 {
+            if p.arrival != defaults.arrival || p.arrival_cv != defaults.arrival_cv {
+                return Err(self.err(
+                    "arrival",
+                    "arrival and arrival_cv shape re-timed arrivals, and request_rate is not set",
+                    "set request_rate (requests/s) to re-time the trace, or remove arrival and arrival_cv",
+                ));
+            }
+            return Ok(None);
+        }
+        if !(p.request_rate.is_finite() && p.request_rate > 0.0) {
+            return Err(self.err(
+                "request_rate",
+                format!("must be -1 (the trace's own times) or a positive rate, got {}", p.request_rate),
+                "use e.g. 10 (requests per second)",
+            ));
+        }
+        if p.time_scale != defaults.time_scale {
+            return Err(self.err(
+                "time_scale",
+                "time_scale scales the trace's timestamps, which request_rate replaces",
+                "keep one of the two",
+            ));
+        }
+        let process = match p.arrival.to_ascii_lowercase().as_str() {
+            "poisson" => ArrivalProcess::Exponential { jitter: 1.0 },
+            "uniform" => ArrivalProcess::Uniform,
+            "gamma" => {
+                let cv = p.arrival_cv;
+                if !(cv.is_finite() && (0.01..=100.0).contains(&cv)) {
+                    return Err(self.err(
+                        "arrival_cv",
+                        format!("must be between 0.01 and 100, got {cv}"),
+                        "use 1 for Poisson-like gaps, more for burstier ones",
+                    ));
+                }
+                ArrivalProcess::Gamma { cv }
+            }
+            other => {
+                return Err(self
+                    .err("arrival", format!("unknown arrival process {other:?}"), "use poisson, gamma or uniform")
+                    .schema());
+            }
+        };
+        if p.arrival_cv != defaults.arrival_cv && !matches!(process, ArrivalProcess::Gamma { .. }) {
+            return Err(self.err(
+                "arrival_cv",
+                "only a gamma process has a cv",
+                "set arrival = \"gamma\" or remove arrival_cv",
+            ));
+        }
+        Ok(Some((process, p.request_rate)))
+    }
+
     fn trace(&self, p: TraceParams) -> Result<StageConfig, ConfigError> {
         if p.trace_file.is_empty() {
             return Err(self
@@ -313,6 +371,7 @@ impl StageCx<'_> {
             ));
         }
         let total = unlimited_or(self, "total_requests", p.total_requests)?;
+        let retime = self.retime(&p)?;
         let trace = TraceStage {
             path,
             chunk_size,
@@ -322,6 +381,7 @@ impl StageCx<'_> {
             total,
             skip_bad_lines: p.skip_bad_lines,
             shift_to_first: p.shift_to_first,
+            retime,
         };
         // The first request now, so that an empty file, an unreadable first
         // line or absolute timestamps stop the sweep before any run.

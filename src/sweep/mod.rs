@@ -474,6 +474,8 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         canonical.push_str(&format!("search = {}\n", toml::to_string(s).unwrap_or_default().replace('\n', "; ")));
     }
     canonical.push_str(&toml::to_string(&scenario_table).unwrap_or_default());
+    let mut notes = notes;
+    notes.extend(trace_burst_notes(&points));
     let scenario_with_defaults = crate::config::effective::effective_table(&base_file, None, &base_dir)
         .map(|t| toml::to_string(&t).unwrap_or_default())
         .unwrap_or_default();
@@ -494,6 +496,33 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         notes,
         report: sweep.report.unwrap_or(false),
     })
+}
+
+/// Requests of a replayed trace scanned for bursts.
+const BURST_SCAN_LINES: usize = 10_000;
+
+/// A warning per trace the points replay at its own times whose first
+/// [`BURST_SCAN_LINES`] requests hold bursts (5 or more with one
+/// timestamp): a time scale cannot spread them, `request_rate` can.
+fn trace_burst_notes(points: &[Point]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut notes = Vec::new();
+    let stages = points.iter().filter_map(|p| p.scenario.as_ref().ok()).flat_map(|s| s.stages.iter());
+    for stage in stages {
+        let crate::workload::StageKind::Trace(t) = &stage.kind else { continue };
+        if t.retime.is_some() || !seen.insert(t.path.clone()) {
+            continue;
+        }
+        if let Some((most, groups)) = crate::workload::trace_bursts(t, BURST_SCAN_LINES)
+            && most >= 5
+        {
+            notes.push(format!(
+                "{}: {groups} timestamps are shared by 5 or more requests (up to {most}) in its first {BURST_SCAN_LINES} lines; time_scale keeps such bursts — set request_rate (with arrival = \"poisson\" or \"gamma\") to re-time the requests at a chosen rate",
+                t.path.display()
+            ));
+        }
+    }
+    notes
 }
 
 /// What `spec` runs, with every key written out (see

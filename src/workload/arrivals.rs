@@ -16,6 +16,13 @@ pub enum ArrivalProcess {
         /// Blend between fixed (0) and exponential (1) gaps.
         jitter: f64,
     },
+    /// Gamma gaps of the given coefficient of variation: shape 1/cv²,
+    /// scale mean·cv² (cv 1 is Poisson; vLLM's benchmark `--burstiness`
+    /// is 1/cv²).
+    Gamma {
+        /// Coefficient of variation of the gaps.
+        cv: f64,
+    },
 }
 
 /// The arrival clock of one stage.
@@ -59,6 +66,11 @@ impl Arrivals {
             ArrivalProcess::Exponential { jitter } => {
                 let e: f64 = Exp1.sample(&mut self.rng);
                 mean * (1.0 - jitter) + mean * e * jitter
+            }
+            ArrivalProcess::Gamma { cv } => {
+                let shape = 1.0 / (cv * cv);
+                let g = rand_distr::Gamma::new(shape, mean / shape).expect("a positive shape and scale");
+                g.sample(&mut self.rng)
             }
         };
         self.due()

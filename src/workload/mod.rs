@@ -30,7 +30,7 @@ pub use rag::RagStage;
 pub use rate::{PromptContent, RateStage};
 pub use sc25::{SC25_PROMPT_SIZES, Sc25Stage};
 pub use sessions::SessionsStage;
-pub use trace::{TraceCounts, TraceError, TraceReader, TraceRequest, TraceStage};
+pub use trace::{TraceCounts, TraceError, TraceReader, TraceRequest, TraceStage, bursts as trace_bursts};
 
 use crate::ids::StageId;
 use crate::kvcache::{Content, content_id};
@@ -266,7 +266,7 @@ impl Workload {
                 blocked: false,
                 source: match &st.kind {
                     StageKind::Rate(c) => Source::Rate(rate::RateSource::new(c, i, seeds)),
-                    StageKind::Trace(c) => Source::Trace(trace::TraceSource::new(c, i)),
+                    StageKind::Trace(c) => Source::Trace(trace::TraceSource::new(c, i, seeds)),
                     StageKind::Sc25(c) => Source::Sc25(sc25::Sc25Source::new(c, i)),
                     StageKind::Rag(c) => Source::Rag(rag::RagSource::new(c, i, seeds)),
                     StageKind::Sessions(c) => Source::Sessions(sessions::SessionSource::new(c, i, seeds)),

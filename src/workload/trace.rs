@@ -43,6 +43,10 @@ pub struct TraceStage {
     pub skip_bad_lines: bool,
     /// Make timestamps relative to the first line's (for epoch timestamps).
     pub shift_to_first: bool,
+    /// Re-time the requests as arrivals of this process at this rate
+    /// (requests/s), keeping their order and content (`None`: the trace's
+    /// timestamps).
+    pub retime: Option<(super::arrivals::ArrivalProcess, f64)>,
 }
 
 /// A first arrival later than this many seconds after the stage start
@@ -62,6 +66,7 @@ impl TraceStage {
             total: None,
             skip_bad_lines: false,
             shift_to_first: false,
+            retime: None,
         }
     }
 }
@@ -306,12 +311,18 @@ pub(crate) struct TraceSource {
     pending: Option<TraceRequest>,
     start: SimTime,
     stage: usize,
+    /// With `request_rate`: the arrival clock that re-times the requests
+    /// (stream `workload.stage<i>.arrivals`, as a rate stage's).
+    clock: Option<super::arrivals::Arrivals>,
 }
 
 impl TraceSource {
     /// Stage `stage`'s trace, not yet opened.
-    pub fn new(cfg: &TraceStage, stage: usize) -> TraceSource {
-        TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, stage }
+    pub fn new(cfg: &TraceStage, stage: usize, seeds: &crate::rng::SeedTree) -> TraceSource {
+        let clock = cfg.retime.map(|(process, rate)| {
+            super::arrivals::Arrivals::new(process, rate, seeds.stream(&format!("workload.stage{stage}.arrivals")))
+        });
+        TraceSource { cfg: cfg.clone(), reader: None, pending: None, start: SimTime::ZERO, stage, clock }
     }
 
     /// What the replay adjusted or left out so far.
@@ -319,9 +330,13 @@ impl TraceSource {
         self.reader.as_ref().map_or_else(TraceCounts::default, |r| r.counts)
     }
 
+    /// Reads the next request; re-timed, it arrives when the clock says.
     fn read_next(&mut self, key: u64) -> Result<Due, String> {
         let reader = self.reader.as_mut().expect("the trace is open while its stage runs");
         self.pending = reader.next_request(key).map_err(|e| e.to_string())?;
+        if let (Some(p), Some(clock)) = (self.pending.as_mut(), &self.clock) {
+            p.offset = clock.due() - self.start;
+        }
         Ok(self.pending.as_ref().map_or(Due::Done, |p| Due::At(self.start + p.offset)))
     }
 }
@@ -329,6 +344,9 @@ impl TraceSource {
 impl Generator for TraceSource {
     fn start(&mut self, now: SimTime) -> Result<Due, String> {
         self.start = now;
+        if let Some(clock) = &mut self.clock {
+            clock.start(now + SimDuration::from_secs_f64(self.cfg.start_offset));
+        }
         self.reader = Some(TraceReader::open(&self.cfg).map_err(|e| e.to_string())?);
         self.read_next(super::unique_key(self.stage, 0))
     }
@@ -338,8 +356,37 @@ impl Generator for TraceSource {
             return Ok(self.pending.as_ref().map_or(Due::Done, |p| Due::At(self.start + p.offset)));
         };
         out.push(p.prompt_tokens, p.output_tokens, p.content, Label::None);
+        if let Some(clock) = &mut self.clock {
+            clock.advance(now);
+        }
         self.read_next(out.key())
     }
+}
+
+/// Bursts in the first `lines` requests a trace stage replays: the most requests that
+/// share one timestamp, and how many timestamps at least 5 share (`None`
+/// if the file cannot be read). A time scale cannot spread such bursts.
+pub fn bursts(cfg: &TraceStage, lines: usize) -> Option<(u64, u64)> {
+    let total = Some(cfg.total.map_or(lines as u64, |t| t.min(lines as u64)));
+    let mut reader = TraceReader::open(&TraceStage { total, skip_bad_lines: true, ..cfg.clone() }).ok()?;
+    let (mut run, mut most, mut groups, mut last) = (0u64, 0u64, 0u64, None);
+    let mut close = |run: u64| {
+        if run >= 5 {
+            groups += 1;
+        }
+    };
+    while let Ok(Some(r)) = reader.next_request(0) {
+        if last == Some(r.offset) {
+            run += 1;
+        } else {
+            close(run);
+            run = 1;
+            last = Some(r.offset);
+        }
+        most = most.max(run);
+    }
+    close(run);
+    Some((most, groups))
 }
 
 #[cfg(test)]
