@@ -319,12 +319,28 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         let spec = opal::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
         if let Some(s) = opal::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
             out(&format!(
-                "a search: per grid point below, the {} {} in [{}, {}] meeting {}; its probes (each {} run(s), the seeds below) are chosen as it runs\n",
+                "a search: per grid point below, the {} {} in [{}, {}] meeting {}; its probes ({} to {} run(s) each, the seeds below on) are chosen as it runs\n",
                 if s.maximize { "largest" } else { "smallest" },
                 s.parameter,
                 s.min,
                 s.max,
                 s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                s.replicates,
+                s.max_replicates
+            ));
+        }
+        if let Some(s) = opal::sweep::pareto::pareto_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+            out(&format!(
+                "a Pareto search: per grid point below, the frontier of {} over {} lattice points of {}{}; at most {} are evaluated ({} run(s) each), chosen as it runs\n",
+                s.objectives.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                s.lattice_size(),
+                s.parameters.iter().map(|(p, _, _)| p.as_str()).collect::<Vec<_>>().join(" × "),
+                if s.slo.is_empty() {
+                    String::new()
+                } else {
+                    format!(" meeting {}", s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
+                },
+                s.max_points,
                 plan.replicates
             ));
         }
@@ -363,6 +379,30 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     });
     let started = std::time::Instant::now();
     let spec = opal::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
+    if let Some(pareto) = opal::sweep::pareto::pareto_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+        let report = opal::sweep::pareto::run_pareto(&spec, &plan, &pareto, &opts, &STOP)
+            .map_err(|e| Failure::Run(e.to_string()))?;
+        if !args.quiet {
+            out(&opal::report::text::pareto_table(&report));
+        }
+        let place = if report.runs.merged.is_some() {
+            format!("results: {}", output.display())
+        } else {
+            format!("parts in {} (opal-sweep merge when every shard is done)", output.display())
+        };
+        let evaluated: usize = report.points.iter().map(|(_, _, p)| p.evaluated.len()).sum();
+        out(&format!(
+            "{evaluated} of {} lattice points evaluated ({} runs, {} failed) in {:.2} s\n{place}\n",
+            pareto.lattice_size() * report.points.len(),
+            report.runs.executed,
+            report.runs.failures.len(),
+            started.elapsed().as_secs_f64()
+        ));
+        if plan.report && report.runs.merged.is_some() {
+            auto_report(&output);
+        }
+        return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
     if let Some(search) = opal::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
         let report = opal::sweep::search::run_search(&spec, &plan, &search, &opts, &STOP)
             .map_err(|e| Failure::Run(e.to_string()))?;

@@ -13,6 +13,20 @@ pub struct Constraint {
     pub value: f64,
 }
 
+/// `Ok` when `metric` is a numeric column of the runs table; else why not,
+/// with the closest column's name.
+pub(crate) fn numeric_column(metric: &str) -> Result<(), String> {
+    let known = crate::metrics::RunSummary::default().columns();
+    let numeric = known.iter().any(|(n, v)| n == metric && !matches!(v, crate::metrics::SummaryValue::Label(_)));
+    if numeric {
+        return Ok(());
+    }
+    let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
+    let hint = crate::config::closest(metric, names.iter().copied())
+        .map_or_else(String::new, |c| format!(" (did you mean `{c}`?)"));
+    Err(format!("`{metric}` is not a numeric column of the runs table{hint}"))
+}
+
 /// The threshold's text of a constraint (after its operator).
 fn value_text(text: &str) -> &str {
     text.split_once("<=").or_else(|| text.split_once(">=")).map_or(text, |(_, v)| v.trim())
@@ -32,14 +46,7 @@ impl Constraint {
             // Nothing is ≤ NaN, and a bound of ±inf holds or fails for every run alike.
             return Err(format!("{:?} is not a finite threshold", value_text(text)));
         }
-        let known = crate::metrics::RunSummary::default().columns();
-        let numeric = known.iter().any(|(n, v)| *n == metric && !matches!(v, crate::metrics::SummaryValue::Label(_)));
-        if !numeric {
-            let names: Vec<&str> = known.iter().map(|(n, _)| n.as_str()).collect();
-            let hint = crate::config::closest(&metric, names.iter().copied())
-                .map_or_else(String::new, |c| format!(" (did you mean `{c}`?)"));
-            return Err(format!("`{metric}` is not a numeric column of the runs table{hint}"));
-        }
+        numeric_column(&metric)?;
         Ok(Constraint { metric, at_most, value })
     }
 

@@ -220,3 +220,111 @@ fn a_dry_run_says_the_probes_are_chosen_as_the_search_runs() {
     assert!(o.status.success() && text.starts_with("a search: per grid point below, the smallest simulation.num_workers in [1, 16] meeting queue_wait_mean_ms <= 100"), "{text}");
     assert!(!dir.join("out").exists() && !dir.join("results").exists(), "a dry run runs nothing");
 }
+
+/// A Pareto search over workers × step time of the M/D/c scenario (5 req/s,
+/// synthetic steps, 60 simulated seconds): GPU-hours (workers × 60 s)
+/// against mean queue wait. The frontier it finds equals the one computed
+/// from an exhaustive grid sweep of the same 48 points and seed (unstable
+/// runs infeasible in both), from fewer runs.
+#[test]
+fn a_pareto_search_finds_the_exhaustive_grids_frontier_with_fewer_runs() {
+    let dir = crate::temp_dir("pareto");
+    let workers = "[1, 2, 3, 4, 5, 6, 7, 8]";
+    let steps = "[0.4, 0.5, 0.6, 0.7, 0.8, 0.9]";
+    let base = MD1
+        .replace("{REQUESTS}", "-1")
+        .replace("request_rate = 0.5", "request_rate = 5.0")
+        .replace("[model.model_params]", "[simulation]\nsimulation_time = 60.0\n[model.model_params]");
+    let (w_path, s_path) = ("simulation.num_workers", "worker.inference_params.mean_latency_secs");
+    let search = format!(
+        "[search]\nkind = \"pareto\"\nparameters = {{ \"{w_path}\" = {workers}, \"{s_path}\" = {steps} }}\nobjectives = [\"min gpu_hours\", \"min queue_wait_mean_ms\"]\n"
+    );
+    std::fs::write(dir.join("pareto.toml"), base.replace("{SEARCH}", &search)).unwrap();
+    let grid = format!("[grid]\n\"{w_path}\" = {workers}\n\"{s_path}\" = {steps}\n");
+    std::fs::write(dir.join("grid.toml"), base.replace("{SEARCH}", &grid)).unwrap();
+    let p = crate::sweep::opal_sweep(&["pareto.toml", "-o", "p"], &dir);
+    let stdout = String::from_utf8_lossy(&p.stdout);
+    assert!(p.status.success(), "{stdout}{}", String::from_utf8_lossy(&p.stderr));
+    assert!(stdout.contains("Pareto frontier of min gpu_hours, min queue_wait_mean_ms"), "{stdout}");
+    let g = crate::sweep::opal_sweep(&["grid.toml", "-o", "g", "-q"], &dir);
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+
+    // The exhaustive frontier, by hand from the grid's runs table.
+    let runs = read(&dir.join("g/runs.parquet"));
+    let col = |b: &arrow_array::RecordBatch, n: &str| opal::output::f64_column(b, n).unwrap();
+    let key = |w: f64, s: f64| (w as i64, (s * 10.0).round() as i64);
+    let (w, s, hours, wait) =
+        (col(&runs, w_path), col(&runs, s_path), col(&runs, "gpu_hours"), col(&runs, "queue_wait_mean_ms"));
+    let stability = runs.column_by_name("stability").unwrap();
+    let stability = stability.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+    let points: Vec<((i64, i64), f64, f64)> = (0..runs.num_rows())
+        .filter(|&i| stability.value(i) != "unstable")
+        .map(|i| (key(w[i].unwrap(), s[i].unwrap()), hours[i].unwrap(), wait[i].unwrap()))
+        .collect();
+    let dominated =
+        |a: &((i64, i64), f64, f64)| points.iter().any(|b| b.1 <= a.1 && b.2 <= a.2 && (b.1 < a.1 || b.2 < a.2));
+    let mut exhaustive: Vec<(i64, i64)> = points.iter().filter(|a| !dominated(a)).map(|a| a.0).collect();
+    exhaustive.sort_unstable();
+    assert!(exhaustive.len() >= 3, "a trade-off: {exhaustive:?}");
+
+    let table = read(&dir.join("p/pareto.parquet"));
+    let on = table.column_by_name("on_frontier").unwrap();
+    let on = on.as_any().downcast_ref::<arrow_array::BooleanArray>().unwrap();
+    let (pw, ps) = (col(&table, w_path), col(&table, s_path));
+    let mut found: Vec<(i64, i64)> =
+        (0..table.num_rows()).filter(|&i| on.value(i)).map(|i| key(pw[i].unwrap(), ps[i].unwrap())).collect();
+    found.sort_unstable();
+    assert_eq!(found, exhaustive);
+    // Fewer runs than the grid's 48, and every evaluated point is in the runs table.
+    let evaluated = table.num_rows();
+    // (33 of 48 when written.)
+    assert!(evaluated < 36, "{evaluated} of 48 evaluated");
+    assert_eq!(read(&dir.join("p/runs.parquet")).num_rows(), evaluated);
+    // The same points give the same objectives as the grid (same seed, same scenario).
+    let pwait = col(&table, "queue_wait_mean_ms");
+    for i in 0..evaluated {
+        let at = key(pw[i].unwrap(), ps[i].unwrap());
+        let j = (0..runs.num_rows()).find(|&j| key(w[j].unwrap(), s[j].unwrap()) == at).unwrap();
+        assert_eq!(pwait[i], wait[j], "{at:?}");
+    }
+}
+
+#[test]
+fn pareto_and_capacity_keys_are_checked_and_named() {
+    let dir = crate::temp_dir("pareto-bad");
+    let base = MD1.replace("{REQUESTS}", "10");
+    for (search, key) in [
+        (
+            "kind = \"frontier\"\nparameter = \"simulation.num_workers\"\nmin = 1\nmax = 4\nslo = [\"ttft_p99_ms <= 1\"]",
+            "search.kind",
+        ),
+        ("kind = \"pareto\"\nobjectives = [\"min gpu_hours\", \"min ttft_p99_ms\"]", "search.parameters"),
+        (
+            "kind = \"pareto\"\nparameters = { \"simulation.num_workers\" = [1, 2] }\nobjectives = [\"min gpu_hours\"]",
+            "search.objectives",
+        ),
+        (
+            "kind = \"pareto\"\nparameters = { \"simulation.num_workers\" = [1, 2] }\nobjectives = [\"min gpu_hour\", \"min ttft_p99_ms\"]",
+            "search.objectives.0",
+        ),
+        (
+            "kind = \"pareto\"\nparameters = { \"simulation.num_workers\" = [1, 2] }\nobjectives = [\"least gpu_hours\", \"min ttft_p99_ms\"]",
+            "search.objectives.0",
+        ),
+        (
+            "kind = \"pareto\"\nparameters = { \"simulation.num_workers\" = [1, 2] }\nobjectives = [\"min gpu_hours\", \"min ttft_p99_ms\"]\nmin = 1",
+            "search.min",
+        ),
+        (
+            "parameter = \"simulation.num_workers\"\nmin = 1\nmax = 4\nslo = [\"ttft_p99_ms <= 1\"]\nobjectives = [\"min gpu_hours\"]",
+            "search.objectives",
+        ),
+        ("min = 1\nmax = 4\nslo = [\"ttft_p99_ms <= 1\"]", "search.parameter"),
+    ] {
+        std::fs::write(dir.join("spec.toml"), base.replace("{SEARCH}", &format!("[search]\n{search}\n"))).unwrap();
+        let o = crate::sweep::opal_sweep(&["spec.toml", "--dry-run"], &dir);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{search}: {err}");
+        assert!(err.contains(&format!("`{key}`")) && err.contains("fix:"), "{search}: {err}");
+    }
+}

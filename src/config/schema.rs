@@ -51,20 +51,29 @@ pub struct SpecFile {
 }
 
 /// `[search]`: per grid point, the largest (or smallest) value of one
-/// parameter whose runs meet every SLO constraint.
+/// parameter whose runs meet every SLO constraint (`kind = "capacity"`), or
+/// the Pareto frontier of objectives over a lattice of parameter values
+/// (`kind = "pareto"`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct SearchSection {
+    /// `capacity` (the default: one parameter's largest or smallest value meeting the SLO) or `pareto` (the frontier of `objectives` over `parameters`).
+    #[serde(default)]
+    pub kind: Option<String>,
     /// The searched parameter, a dotted scenario path (e.g. `workload.stages.0.workload_params.request_rate`).
-    pub parameter: String,
+    #[serde(default)]
+    pub parameter: Option<String>,
     /// Smallest value searched.
-    pub min: f64,
+    #[serde(default)]
+    pub min: Option<f64>,
     /// Largest value searched.
-    pub max: f64,
+    #[serde(default)]
+    pub max: Option<f64>,
     /// `maximize` (the largest value meeting the SLO, e.g. a rate) or `minimize` (the smallest, e.g. a worker count).
     #[serde(default = "default_direction")]
     pub direction: String,
-    /// Constraints on runs-table columns, all to hold, e.g. `["ttft_p99_ms <= 2000", "tpot_p99_ms <= 50"]`.
+    /// Constraints on runs-table columns, all to hold, e.g. `["ttft_p99_ms <= 2000", "tpot_p99_ms <= 50"]` (a Pareto search may have none).
+    #[serde(default)]
     pub slo: Vec<String>,
     /// Probes lie on a geometric grid of this relative step (so the answer is this precise and does not depend on `min`); integers step by one.
     #[serde(default = "default_tolerance")]
@@ -78,6 +87,15 @@ pub struct SearchSection {
     /// Most replicates a probe grows to (from `sweep.replicates`, doubling) while its 95 % interval straddles a threshold (default 8).
     #[serde(default)]
     pub max_replicates: Option<u32>,
+    /// `pareto`: each parameter's candidate values, in order (dotted path → list; 1 to 3 parameters).
+    #[serde(default)]
+    pub parameters: toml::Table,
+    /// `pareto`: what to optimise, e.g. `["min usd_per_m_output_tokens", "min ttft_p99_ms", "max output_tokens_per_s"]`.
+    #[serde(default)]
+    pub objectives: Vec<String>,
+    /// `pareto`: most lattice points to evaluate per grid point (default: all of them).
+    #[serde(default)]
+    pub max_points: Option<u32>,
 }
 
 fn default_direction() -> String {

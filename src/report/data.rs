@@ -351,17 +351,23 @@ impl SweepData {
             sc25,
             stages,
             search_min: manifest.get("search").and_then(|s| s.get("maximize")).and_then(|v| v.as_bool()) == Some(false),
-            search: manifest.get("search").and_then(|s| s.get("slo")).and_then(|v| v.as_array()).map(|a| {
-                a.iter()
-                    .filter_map(|c| {
-                        Some(crate::stats::Constraint {
-                            metric: c.get("metric")?.as_str()?.to_string(),
-                            at_most: c.get("at_most")?.as_bool()?,
-                            value: c.get("value")?.as_f64()?,
+            // A Pareto search's points are drawn as a sweep's (its parameters are axes).
+            search: manifest
+                .get("search")
+                .filter(|s| s.get("kind").is_none())
+                .and_then(|s| s.get("slo"))
+                .and_then(|v| v.as_array())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|c| {
+                            Some(crate::stats::Constraint {
+                                metric: c.get("metric")?.as_str()?.to_string(),
+                                at_most: c.get("at_most")?.as_bool()?,
+                                value: c.get("value")?.as_f64()?,
+                            })
                         })
-                    })
-                    .collect()
-            }),
+                        .collect()
+                }),
         })
     }
 

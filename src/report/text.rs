@@ -255,6 +255,41 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     out
 }
 
+/// A Pareto search's frontiers: per grid point, its frontier points by the first objective.
+pub fn pareto_table(r: &crate::sweep::pareto::ParetoReport) -> String {
+    let s = &r.spec;
+    let objectives = s.objectives.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+    let mut out = format!("Pareto frontier of {objectives}:\n");
+    let _ = write!(out, "{:>6}", "point");
+    for (p, _, _) in &s.parameters {
+        let _ = write!(out, "  {:>14}", p.rsplit('.').next().unwrap_or(p));
+    }
+    for o in &s.objectives {
+        let _ = write!(out, "  {:>16}", o.metric);
+    }
+    out.push_str("  axis values\n");
+    for (id, desc, st) in &r.points {
+        let mut frontier = st.frontier(s);
+        frontier.sort_by(|&a, &b| st.evaluated[a].objectives[0].total_cmp(&st.evaluated[b].objectives[0]));
+        if frontier.is_empty() {
+            let _ = writeln!(out, "{id:>6}  no evaluated point is feasible  {desc}");
+        }
+        for i in frontier {
+            let e = &st.evaluated[i];
+            let _ = write!(out, "{id:>6}");
+            for ((_, values, _), k) in s.parameters.iter().zip(s.position(e.index)) {
+                let v = values[k].to_string();
+                let _ = write!(out, "  {:>14}", v.trim_matches('"'));
+            }
+            for v in &e.objectives {
+                let _ = write!(out, "  {:>16}", format!("{v:.4}"));
+            }
+            let _ = writeln!(out, "  {desc}");
+        }
+    }
+    out
+}
+
 /// Cold vs warm TTFT per prompt size of an `SC25Workload` stage.
 pub fn sc25_table(rows: &[crate::metrics::Sc25Row]) -> String {
     let mut out = format!(

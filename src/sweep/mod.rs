@@ -17,6 +17,7 @@
 //! negative rate) makes only that point's runs fail.
 
 pub mod lock;
+pub mod pareto;
 mod path;
 pub mod runner;
 pub mod search;
@@ -158,7 +159,7 @@ impl SweepPlan {
 
 const SWEEP_KEYS: [&str; 4] = ["sweep", "grid", "zip", "search"];
 
-fn axis_type(path: &str, values: &[toml::Value], source: &str) -> Result<ColType, ConfigError> {
+pub(crate) fn axis_type(path: &str, values: &[toml::Value], source: &str) -> Result<ColType, ConfigError> {
     use toml::Value as V;
     let all = |f: fn(&V) -> bool| values.iter().all(f);
     if all(|v| matches!(v, V::Integer(_))) {
@@ -182,7 +183,7 @@ fn axis_type(path: &str, values: &[toml::Value], source: &str) -> Result<ColType
     }
 }
 
-fn axis_value(v: &toml::Value, ty: ColType) -> AxisValue {
+pub(crate) fn axis_value(v: &toml::Value, ty: ColType) -> AxisValue {
     match (v, ty) {
         (toml::Value::Integer(i), ColType::I64) => AxisValue::Int(*i),
         (toml::Value::Integer(i), ColType::F64) => AxisValue::Float(*i as f64),

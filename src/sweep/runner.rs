@@ -711,15 +711,23 @@ impl SearchWriter {
     }
 }
 
-/// A sharded search's per-shard `search.parquet` parts into one table,
-/// sorted by grid point (nothing to do for a sweep).
+/// A sharded search's per-shard `search.parquet` (or `pareto.parquet`)
+/// parts into one table, sorted by grid point (nothing to do for a sweep).
 fn merge_search_parts(layout: &Layout) -> Result<(), SweepError> {
+    for table in ["search", "pareto"] {
+        merge_parts_of(layout, table)?;
+    }
+    Ok(())
+}
+
+fn merge_parts_of(layout: &Layout, table: &str) -> Result<(), SweepError> {
     let Ok(entries) = std::fs::read_dir(layout.parts_dir()) else { return Ok(()) };
+    let prefix = format!("{table}.s");
     let mut parts: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("search.s") && n.ends_with(".parquet"))
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".parquet"))
         })
         .collect();
     if parts.is_empty() {
@@ -737,7 +745,7 @@ fn merge_search_parts(layout: &Layout) -> Result<(), SweepError> {
     order.sort_by(|&a, &b| ids[a as usize].partial_cmp(&ids[b as usize]).unwrap_or(std::cmp::Ordering::Equal));
     let sorted = arrow_select::take::take_record_batch(&all, &arrow_array::UInt32Array::from(order))
         .map_err(SweepError::Arrow)?;
-    crate::output::write_batch(&layout.dir.join("search.parquet"), sorted)?;
+    crate::output::write_batch(&layout.dir.join(format!("{table}.parquet")), sorted)?;
     for p in &parts {
         let _ = std::fs::remove_file(p);
     }

@@ -126,6 +126,35 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     let err = |k: &str, msg: String, hint: &str| {
         Err(ConfigError::key(&source, format!("search.{k}"), msg).hint(hint.to_string()).located())
     };
+    match s.kind.as_deref().map(str::to_ascii_lowercase).as_deref() {
+        None | Some("capacity") => {}
+        Some("pareto") => return Ok(None),
+        Some(k) => {
+            return err(
+                "kind",
+                format!("unknown search kind {k:?}"),
+                "use \"capacity\" (one parameter's largest or smallest value meeting the SLO) or \"pareto\"",
+            );
+        }
+    }
+    for (key, set) in [
+        ("parameters", !s.parameters.is_empty()),
+        ("objectives", !s.objectives.is_empty()),
+        ("max_points", s.max_points.is_some()),
+    ] {
+        if set {
+            return err(key, format!("`{key}` belongs to a Pareto search"), "set kind = \"pareto\", or remove it");
+        }
+    }
+    let (Some(parameter), Some(min), Some(max)) = (s.parameter.clone(), s.min, s.max) else {
+        let missing = [("parameter", s.parameter.is_none()), ("min", s.min.is_none()), ("max", s.max.is_none())];
+        let (key, _) = missing.iter().find(|(_, m)| *m).expect("one is missing");
+        return err(
+            key,
+            format!("a capacity search needs `parameter`, `min` and `max`; `{key}` is missing"),
+            "e.g. parameter = \"workload.stages.0.workload_params.request_rate\", min = 1, max = 256",
+        );
+    };
     let maximize = match s.direction.to_ascii_lowercase().as_str() {
         "maximize" | "maximise" | "max" => true,
         "minimize" | "minimise" | "min" => false,
@@ -137,8 +166,8 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
             );
         }
     };
-    if !(s.min.is_finite() && s.max.is_finite() && s.min > 0.0 && s.min < s.max) {
-        return err("min", format!("bounds [{}, {}] are not 0 < min < max", s.min, s.max), "e.g. min = 1, max = 64");
+    if !(min.is_finite() && max.is_finite() && min > 0.0 && min < max) {
+        return err("min", format!("bounds [{min}, {max}] are not 0 < min < max"), "e.g. min = 1, max = 64");
     }
     if !(s.tolerance.is_finite() && s.tolerance >= 1e-4 && s.tolerance < 1.0) {
         return err(
@@ -169,17 +198,17 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
             Err(m) => return err(&format!("slo.{i}"), m, "write e.g. \"tpot_p99_ms <= 50\" (a runs-table column)"),
         }
     }
-    if spec.file.grid.contains_key(&s.parameter) || spec.file.zip.iter().any(|z| z.contains_key(&s.parameter)) {
+    if spec.file.grid.contains_key(&parameter) || spec.file.zip.iter().any(|z| z.contains_key(&parameter)) {
         return err(
             "parameter",
-            format!("`{}` is also a grid axis", s.parameter),
+            format!("`{parameter}` is also a grid axis"),
             "search a parameter the grid does not vary",
         );
     }
     // Whole numbers when the scenario has an integer there (a worker count),
     // written in the spec or, when it is not, as the schema's default is.
     let at = |table: toml::Table| {
-        s.parameter.split('.').try_fold(toml::Value::Table(table), |v, seg| match v {
+        parameter.split('.').try_fold(toml::Value::Table(table), |v, seg| match v {
             toml::Value::Table(mut t) => t.remove(seg),
             toml::Value::Array(mut a) => seg.parse::<usize>().ok().filter(|&i| i < a.len()).map(|i| a.swap_remove(i)),
             _ => None,
@@ -188,17 +217,13 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     let current = at(spec.table.clone())
         .or_else(|| crate::config::effective::effective_table(&spec.file, None, spec.base_dir()).ok().and_then(at));
     let integer = s.integer.unwrap_or(matches!(current, Some(toml::Value::Integer(_))));
-    if integer && (s.min.fract() != 0.0 || s.max.fract() != 0.0) {
-        return err(
-            "min",
-            format!("an integer search needs whole bounds, got [{}, {}]", s.min, s.max),
-            "round the bounds",
-        );
+    if integer && (min.fract() != 0.0 || max.fract() != 0.0) {
+        return err("min", format!("an integer search needs whole bounds, got [{min}, {max}]"), "round the bounds");
     }
     Ok(Some(SearchSpec {
-        parameter: s.parameter.clone(),
-        min: s.min,
-        max: s.max,
+        parameter,
+        min,
+        max,
         maximize,
         integer,
         tolerance: s.tolerance,

@@ -1,0 +1,633 @@
+//! `[search] kind = "pareto"`: per grid point, the Pareto frontier of two or
+//! three objectives (runs-table columns to minimise or maximise) over a
+//! lattice of one to three parameters' candidate values, under optional
+//! SLO constraints — evaluating points near the frontier rather than the
+//! whole lattice.
+//!
+//! The method is **Pareto local search** (Paquete, Chiarandini & Stützle,
+//! "Pareto local optimum sets in the bi-objective traveling salesman
+//! problem", 2004; Paquete & Stützle 2006): start from a coarse design —
+//! each parameter's first, middle and last value, all combinations — then,
+//! round by round, evaluate every not yet evaluated lattice neighbour
+//! (±1 position in any of the parameters, diagonals included) of the
+//! current frontier, until the frontier has no unevaluated neighbour (a
+//! Pareto local optimum set) or `max_points` are evaluated. Every round's
+//! points run in parallel.
+//!
+//! A point is **feasible** when every run succeeded, none was `unstable`
+//! (its queue kept growing) and every SLO constraint holds with 95 %
+//! confidence over the replicates (as a capacity search judges a probe).
+//! Its objectives are the means over the replicates; a feasible point is
+//! on the frontier when no other feasible point is at least as good in
+//! every objective and better in one. `pareto.parquet` has one row per
+//! evaluated point (with `on_frontier`); the runs tables carry the
+//! parameters as axis columns and `lattice_point`, `search_step`
+//! (`initial`, `neighbour`). The points a search evaluates depend only on
+//! the spec and the runs' results, so any `-j` and shard split (shards
+//! split the grid points) give the same frontier.
+
+use super::search::Constraint;
+use super::{RunPlan, Spec, SweepPlan, plan, runner};
+use crate::config::ConfigError;
+use crate::output::table::{Cell, ColType};
+use crate::output::{AxisValue, RunMeta, RunResult};
+
+/// How far behind the frontier (a share of its own value, in every
+/// objective) a point still has its neighbours explored.
+pub const NEAR: f64 = 0.05;
+
+/// Most lattice points a Pareto search may have.
+pub const MAX_LATTICE: usize = 4096;
+
+/// One objective: a numeric runs-table column, minimised or maximised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Objective {
+    /// The column.
+    pub metric: String,
+    /// Minimise (else maximise).
+    pub minimize: bool,
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", if self.minimize { "min" } else { "max" }, self.metric)
+    }
+}
+
+/// A resolved Pareto search.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParetoSpec {
+    /// Each parameter: its dotted path, candidate values in order, and column type.
+    pub parameters: Vec<(String, Vec<toml::Value>, ColType)>,
+    /// What is optimised (two or three).
+    pub objectives: Vec<Objective>,
+    /// Constraints every frontier point meets.
+    pub slo: Vec<Constraint>,
+    /// Most points evaluated per grid point.
+    pub max_points: usize,
+}
+
+impl ParetoSpec {
+    /// Points in the lattice.
+    pub fn lattice_size(&self) -> usize {
+        self.parameters.iter().map(|(_, v, _)| v.len()).product()
+    }
+
+    /// The lattice position of linear index `i` (last parameter fastest).
+    pub fn position(&self, mut i: usize) -> Vec<usize> {
+        let mut at = vec![0; self.parameters.len()];
+        for (a, (_, values, _)) in at.iter_mut().zip(&self.parameters).rev() {
+            *a = i % values.len();
+            i /= values.len();
+        }
+        at
+    }
+
+    /// The linear index of lattice position `at`.
+    pub fn linear(&self, at: &[usize]) -> usize {
+        at.iter().zip(&self.parameters).fold(0, |acc, (&a, (_, v, _))| acc * v.len() + a)
+    }
+}
+
+/// The spec's Pareto search, checked (`None` without one).
+pub fn pareto_spec(spec: &Spec) -> Result<Option<ParetoSpec>, ConfigError> {
+    let Some(s) = &spec.file.search else { return Ok(None) };
+    if !s.kind.as_deref().is_some_and(|k| k.eq_ignore_ascii_case("pareto")) {
+        return Ok(None);
+    }
+    let source = spec.source();
+    let err = |k: &str, msg: String, hint: &str| {
+        Err(ConfigError::key(&source, format!("search.{k}"), msg).hint(hint.to_string()).located())
+    };
+    for (key, set) in [
+        ("parameter", s.parameter.is_some()),
+        ("min", s.min.is_some()),
+        ("max", s.max.is_some()),
+        ("integer", s.integer.is_some()),
+        ("max_replicates", s.max_replicates.is_some()),
+    ] {
+        if set {
+            return err(
+                key,
+                format!("`{key}` belongs to a capacity search"),
+                "a Pareto search takes `parameters` (path → values), `objectives` and `slo`",
+            );
+        }
+    }
+    if !(1..=3).contains(&s.parameters.len()) {
+        return err(
+            "parameters",
+            format!("a Pareto search varies 1 to 3 parameters, got {}", s.parameters.len()),
+            "e.g. parameters = { \"simulation.num_workers\" = [2, 4, 8], \"kvc.CPUMemory.capacity_GB\" = [0, 64, 256] }",
+        );
+    }
+    let mut parameters = Vec::new();
+    for (path, values) in &s.parameters {
+        let key = format!("parameters.\"{path}\"");
+        let Some(values) = values.as_array().filter(|v| !v.is_empty()) else {
+            return err(&key, "must be a non-empty list of values".into(), "e.g. [2, 4, 8]");
+        };
+        if spec.file.grid.contains_key(path) || spec.file.zip.iter().any(|z| z.contains_key(path)) {
+            return err(&key, format!("`{path}` is also a grid axis"), "vary it in the search or the grid, not both");
+        }
+        let ty = super::axis_type(path, values, &source)?;
+        parameters.push((path.clone(), values.clone(), ty));
+    }
+    let lattice: usize = parameters.iter().map(|(_, v, _)| v.len()).product();
+    if lattice > MAX_LATTICE {
+        return err(
+            "parameters",
+            format!("{lattice} lattice points, more than the {MAX_LATTICE} a Pareto search may have"),
+            "offer fewer values per parameter",
+        );
+    }
+    if !(2..=3).contains(&s.objectives.len()) {
+        return err(
+            "objectives",
+            format!("a Pareto search has 2 or 3 objectives, got {}", s.objectives.len()),
+            "e.g. objectives = [\"min usd_per_m_output_tokens\", \"min ttft_p99_ms\"]",
+        );
+    }
+    let mut objectives = Vec::new();
+    for (i, o) in s.objectives.iter().enumerate() {
+        let (dir, metric) = o.trim().split_once(char::is_whitespace).unwrap_or(("", o.trim()));
+        let minimize = match dir.to_ascii_lowercase().as_str() {
+            "min" | "minimize" | "minimise" => true,
+            "max" | "maximize" | "maximise" => false,
+            _ => {
+                return err(
+                    &format!("objectives.{i}"),
+                    format!("{o:?} is not `min <column>` or `max <column>`"),
+                    "e.g. \"min ttft_p99_ms\" or \"max output_tokens_per_s\"",
+                );
+            }
+        };
+        let metric = metric.trim().to_string();
+        if let Err(m) = crate::stats::numeric_column(&metric) {
+            return err(&format!("objectives.{i}"), m, "name a numeric runs-table column");
+        }
+        objectives.push(Objective { metric, minimize });
+    }
+    let mut slo = Vec::new();
+    for (i, c) in s.slo.iter().enumerate() {
+        match Constraint::parse(c) {
+            Ok(c) => slo.push(c),
+            Err(m) => return err(&format!("slo.{i}"), m, "write e.g. \"tpot_p99_ms <= 50\" (a runs-table column)"),
+        }
+    }
+    let max_points = match s.max_points {
+        None => lattice,
+        Some(0) => return err("max_points", "must be at least 1".into(), "leave it out to allow every point"),
+        Some(m) => (m as usize).min(lattice),
+    };
+    let described = ParetoSpec { parameters, objectives, slo, max_points };
+    let budget = spec.file.sweep.replicates.unwrap_or(1) as u64 * lattice as u64;
+    if budget > u64::from(u32::MAX) / 1024 {
+        return err("parameters", "too many lattice points × replicates".into(), "offer fewer values");
+    }
+    Ok(Some(described))
+}
+
+/// One evaluated lattice point.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluated {
+    /// Its linear lattice index.
+    pub index: usize,
+    /// The round it was evaluated in (0: the initial design).
+    pub round: u32,
+    /// Runs, and of them failed and unstable.
+    pub runs: u32,
+    /// Failed runs.
+    pub failed: u32,
+    /// Runs whose queue kept growing.
+    pub unstable: u32,
+    /// Mean of each objective over the successful runs.
+    pub objectives: Vec<f64>,
+    /// Mean of each SLO metric.
+    pub slo_means: Vec<f64>,
+    /// Every run succeeded and was not unstable, every constraint holds, every objective is a number.
+    pub feasible: bool,
+}
+
+/// A grid point's Pareto search.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PointPareto {
+    /// Points evaluated, in order.
+    pub evaluated: Vec<Evaluated>,
+    /// The search is over.
+    pub done: bool,
+    rounds: u32,
+}
+
+/// Whether `a` dominates `b` (objectives as means; `minimize` per objective).
+fn dominates(a: &[f64], b: &[f64], objectives: &[Objective]) -> bool {
+    let better_eq = a.iter().zip(b).zip(objectives).all(|((x, y), o)| if o.minimize { x <= y } else { x >= y });
+    let better = a.iter().zip(b).zip(objectives).any(|((x, y), o)| if o.minimize { x < y } else { x > y });
+    better_eq && better
+}
+
+impl PointPareto {
+    /// Positions in `evaluated` of the points on the frontier.
+    pub fn frontier(&self, s: &ParetoSpec) -> Vec<usize> {
+        let feasible: Vec<usize> = (0..self.evaluated.len()).filter(|&i| self.evaluated[i].feasible).collect();
+        feasible
+            .iter()
+            .copied()
+            .filter(|&i| {
+                !feasible
+                    .iter()
+                    .any(|&j| dominates(&self.evaluated[j].objectives, &self.evaluated[i].objectives, &s.objectives))
+            })
+            .collect()
+    }
+
+    /// Positions in `evaluated` of the feasible points within [`NEAR`] of
+    /// the frontier: no feasible point beats them by more than `NEAR` of
+    /// their value in every objective (they are not ε-dominated, Laumanns,
+    /// Thiele, Deb & Zitzler 2002). The frontier is among them; so are
+    /// points that noise put just behind it, whose neighbours may be on it.
+    pub fn near_frontier(&self, s: &ParetoSpec) -> Vec<usize> {
+        let feasible: Vec<usize> = (0..self.evaluated.len()).filter(|&i| self.evaluated[i].feasible).collect();
+        let beats_by_margin = |q: &[f64], p: &[f64]| {
+            q.iter().zip(p).zip(&s.objectives).all(|((&q, &p), o)| {
+                let margin = NEAR * p.abs();
+                if o.minimize { q + margin < p } else { q - margin > p }
+            })
+        };
+        feasible
+            .iter()
+            .copied()
+            .filter(|&i| {
+                !feasible.iter().any(|&j| beats_by_margin(&self.evaluated[j].objectives, &self.evaluated[i].objectives))
+            })
+            .collect()
+    }
+
+    /// The lattice points to evaluate next (none: the search is over).
+    pub fn next(&mut self, s: &ParetoSpec) -> Vec<usize> {
+        if self.done {
+            return Vec::new();
+        }
+        let seen: std::collections::BTreeSet<usize> = self.evaluated.iter().map(|e| e.index).collect();
+        let mut wanted = std::collections::BTreeSet::new();
+        if self.evaluated.is_empty() {
+            // First, middle and last value of each parameter, all combinations.
+            let coarse: Vec<Vec<usize>> = s
+                .parameters
+                .iter()
+                .map(|(_, v, _)| {
+                    let mut c = vec![0, (v.len() - 1) / 2, v.len() - 1];
+                    c.dedup();
+                    c
+                })
+                .collect();
+            let total: usize = coarse.iter().map(Vec::len).product();
+            for mut k in 0..total {
+                let mut at = vec![0; coarse.len()];
+                for (a, c) in at.iter_mut().zip(&coarse).rev() {
+                    *a = c[k % c.len()];
+                    k /= c.len();
+                }
+                wanted.insert(s.linear(&at));
+            }
+        } else {
+            for f in self.near_frontier(s) {
+                let at = s.position(self.evaluated[f].index);
+                // One position up or down in one parameter.
+                for (k, (_, values, _)) in s.parameters.iter().enumerate() {
+                    for next in [at[k].checked_sub(1), Some(at[k] + 1).filter(|&v| v < values.len())] {
+                        let Some(v) = next else { continue };
+                        let mut n = at.clone();
+                        n[k] = v;
+                        wanted.insert(s.linear(&n));
+                    }
+                }
+            }
+        }
+        let room = s.max_points.saturating_sub(self.evaluated.len());
+        let next: Vec<usize> = wanted.into_iter().filter(|i| !seen.contains(i)).take(room).collect();
+        if next.is_empty() {
+            self.done = true;
+        }
+        next
+    }
+
+    /// Records lattice point `index`'s runs.
+    fn add(&mut self, s: &ParetoSpec, index: usize, results: &[&RunResult]) {
+        let ok: Vec<_> = results.iter().filter_map(|r| r.outcome.as_ref().ok()).collect();
+        let column = |o: &crate::metrics::RunOutput, metric: &str| {
+            o.summary.columns().into_iter().find(|(n, _)| n == metric).map_or(f64::NAN, |(_, v)| match v {
+                crate::metrics::SummaryValue::Count(x) => x as f64,
+                crate::metrics::SummaryValue::Real(x) => x,
+                crate::metrics::SummaryValue::Label(_) => f64::NAN,
+            })
+        };
+        let samples = |metric: &str| ok.iter().map(|o| column(o, metric)).collect::<Vec<f64>>();
+        let mean = |x: &[f64]| crate::stats::mean_ci(x).map_or(f64::NAN, |m| m.0);
+        let objectives: Vec<f64> = s.objectives.iter().map(|o| mean(&samples(&o.metric))).collect();
+        let slo_samples: Vec<Vec<f64>> = s.slo.iter().map(|c| samples(&c.metric)).collect();
+        let failed = (results.len() - ok.len()) as u32;
+        let unstable =
+            ok.iter().filter(|o| o.summary.steady.stability == crate::metrics::steady::Stability::Unstable).count()
+                as u32;
+        let feasible = failed == 0
+            && unstable == 0
+            && objectives.iter().all(|v| v.is_finite())
+            && s.slo.iter().zip(&slo_samples).all(|(c, x)| c.holds(x));
+        self.evaluated.push(Evaluated {
+            index,
+            round: self.rounds,
+            runs: results.len() as u32,
+            failed,
+            unstable,
+            objectives,
+            slo_means: slo_samples.iter().map(|x| mean(x)).collect(),
+            feasible,
+        });
+    }
+}
+
+/// What a Pareto search did, per grid point (in this shard).
+#[derive(Clone, Debug)]
+pub struct ParetoReport {
+    /// The search.
+    pub spec: ParetoSpec,
+    /// (grid point id, its axis values as text, its search).
+    pub points: Vec<(u32, String, PointPareto)>,
+    /// The sweep-level report of every run.
+    pub runs: runner::SweepReport,
+}
+
+/// The tables of a Pareto search: the grid's plus the parameters, `lattice_point` and `search_step`.
+pub fn pareto_tables(base: &SweepPlan, s: &ParetoSpec) -> crate::output::TableSet {
+    let mut tables = base.tables.clone();
+    tables.axis_columns.extend(s.parameters.iter().map(|(p, _, ty)| (p.clone(), *ty)));
+    tables.axis_columns.push(("lattice_point".into(), ColType::I64));
+    tables.axis_columns.push(("search_step".into(), ColType::Str));
+    tables
+}
+
+/// Runs the Pareto search of `spec` (grid expanded in `base`) per `opts`.
+pub fn run_pareto(
+    spec: &Spec,
+    base: &SweepPlan,
+    s: &ParetoSpec,
+    opts: &runner::RunnerOptions,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<ParetoReport, runner::SweepError> {
+    let mut states: Vec<(usize, PointPareto)> = (0..base.points.len())
+        .filter(|&p| opts.shard.is_none_or(|sh| sh.count <= 1 || p as u32 % sh.count == sh.index))
+        .map(|p| (p, PointPareto::default()))
+        .collect();
+    let described = serde_json::json!({
+        "kind": "pareto",
+        "parameters": s.parameters.iter().map(|(p, _, _)| p.clone()).collect::<Vec<_>>(),
+        "objectives": s.objectives.iter().map(|o| serde_json::json!({"metric": o.metric, "minimize": o.minimize})).collect::<Vec<_>>(),
+        "slo": s.slo.iter().map(|c| serde_json::json!({"metric": c.metric, "at_most": c.at_most, "value": c.value})).collect::<Vec<_>>(),
+    });
+    let mut writer = runner::SearchWriter::start(base, pareto_tables(base, s), described, opts)?;
+    let reps = base.replicates;
+    let lattice = s.lattice_size() as u32;
+    loop {
+        // (state, lattice index, step)
+        let mut jobs: Vec<(usize, usize, &'static str)> = Vec::new();
+        for (i, (_, st)) in states.iter_mut().enumerate() {
+            let step = if st.evaluated.is_empty() { "initial" } else { "neighbour" };
+            jobs.extend(st.next(s).into_iter().map(|l| (i, l, step)));
+        }
+        if jobs.is_empty() || stop.load(std::sync::atomic::Ordering::Relaxed) {
+            break;
+        }
+        let round = round_spec(spec, base, s, &jobs.iter().map(|&(i, l, _)| (states[i].0, l)).collect::<Vec<_>>());
+        let round_plan = plan(&round).map_err(runner::SweepError::Plan)?;
+        let runs: Vec<(RunPlan<'_>, Vec<AxisValue>)> = jobs
+            .iter()
+            .enumerate()
+            .flat_map(|(j, &(i, l, step))| {
+                let p = states[i].0;
+                let point = &round_plan.points[j];
+                let mut axes = base.points[p].axis_values.clone();
+                let at = s.position(l);
+                for ((_, values, ty), &k) in s.parameters.iter().zip(&at) {
+                    axes.push(super::axis_value(&values[k], *ty));
+                }
+                axes.push(AxisValue::Int(l as i64));
+                axes.push(AxisValue::Str(step.into()));
+                (0..reps).map(move |r| {
+                    let seed = super::seed_for(base.base_seed, r);
+                    let point_id = base.points[p].id * lattice + l as u32;
+                    let meta = RunMeta {
+                        run_id: point_id * reps + r,
+                        point_id,
+                        replicate: r,
+                        seed,
+                        run_key: super::run_key(point.key, seed),
+                    };
+                    (RunPlan { meta, point }, axes.clone())
+                })
+            })
+            .collect();
+        let results = writer.execute(&runs, stop)?;
+        for (j, &(i, l, _)) in jobs.iter().enumerate() {
+            let mine: Vec<&RunResult> = results[j * reps as usize..(j + 1) * reps as usize].iter().collect();
+            states[i].1.add(s, l, &mine);
+        }
+        for (_, st) in &mut states {
+            st.rounds += 1;
+        }
+        writer.flush(results)?;
+    }
+    let runs = writer.finish()?;
+    let points =
+        states.into_iter().map(|(p, st)| (base.points[p].id, base.points[p].describe(), st)).collect::<Vec<_>>();
+    let report = ParetoReport { spec: s.clone(), points, runs };
+    write_pareto_table(base, &report, opts)?;
+    Ok(report)
+}
+
+/// The spec of one round: the grid replaced by one `[[zip]]` axis whose
+/// rows are the jobs (each grid point's axis values and its lattice point's).
+fn round_spec(spec: &Spec, base: &SweepPlan, s: &ParetoSpec, jobs: &[(usize, usize)]) -> Spec {
+    let mut round = spec.clone();
+    round.file.grid = toml::Table::new();
+    let grid_paths: Vec<String> = base.points[0].overrides.iter().map(|(p, _)| p.clone()).collect();
+    let mut zip = toml::Table::new();
+    for (k, path) in grid_paths.iter().enumerate() {
+        let values = jobs.iter().map(|&(p, _)| base.points[p].overrides[k].1.clone()).collect();
+        zip.insert(path.clone(), toml::Value::Array(values));
+    }
+    for (k, (path, values, _)) in s.parameters.iter().enumerate() {
+        let column = jobs.iter().map(|&(_, l)| values[s.position(l)[k]].clone()).collect();
+        zip.insert(path.clone(), toml::Value::Array(column));
+    }
+    round.file.zip = vec![zip];
+    round
+}
+
+/// `pareto.parquet` (or, for a shard, its part): one row per evaluated point.
+fn write_pareto_table(
+    base: &SweepPlan,
+    r: &ParetoReport,
+    opts: &runner::RunnerOptions,
+) -> Result<(), runner::SweepError> {
+    let s = &r.spec;
+    let mut columns: Vec<(String, ColType)> = vec![("point_id".into(), ColType::U32)];
+    columns.extend(base.tables.axis_columns.iter().cloned());
+    columns.extend(s.parameters.iter().map(|(p, _, ty)| (p.clone(), *ty)));
+    columns.extend([
+        ("lattice_point".into(), ColType::U32),
+        ("round".into(), ColType::U32),
+        ("runs".into(), ColType::U32),
+        ("failed_runs".into(), ColType::U32),
+        ("unstable_runs".into(), ColType::U32),
+        ("feasible".into(), ColType::Bool),
+        ("on_frontier".into(), ColType::Bool),
+    ]);
+    columns.extend(s.objectives.iter().map(|o| (o.metric.clone(), ColType::F64)));
+    let slo_only: Vec<usize> =
+        (0..s.slo.len()).filter(|&i| !s.objectives.iter().any(|o| o.metric == s.slo[i].metric)).collect();
+    columns.extend(slo_only.iter().map(|&i| (s.slo[i].metric.clone(), ColType::F64)));
+    let mut rows: Vec<Vec<Cell<'_>>> = Vec::new();
+    let values: Vec<Vec<Vec<AxisValue>>> = r
+        .points
+        .iter()
+        .map(|(_, _, st)| {
+            st.evaluated
+                .iter()
+                .map(|e| {
+                    let at = s.position(e.index);
+                    s.parameters.iter().zip(&at).map(|((_, v, ty), &k)| super::axis_value(&v[k], *ty)).collect()
+                })
+                .collect()
+        })
+        .collect();
+    for ((id, _, st), point_values) in r.points.iter().zip(&values) {
+        let point = base.points.iter().find(|p| p.id == *id).expect("a searched point is in the plan");
+        let frontier = st.frontier(s);
+        let mut order: Vec<usize> = (0..st.evaluated.len()).collect();
+        order.sort_by_key(|&i| st.evaluated[i].index);
+        for i in order {
+            let e = &st.evaluated[i];
+            let mut row = vec![Cell::U32(*id)];
+            row.extend(point.axis_values.iter().map(AxisValue::cell_of));
+            row.extend(point_values[i].iter().map(AxisValue::cell_of));
+            row.extend([
+                Cell::U32(e.index as u32),
+                Cell::U32(e.round),
+                Cell::U32(e.runs),
+                Cell::U32(e.failed),
+                Cell::U32(e.unstable),
+                Cell::Bool(e.feasible),
+                Cell::Bool(frontier.contains(&i)),
+            ]);
+            let num = |v: f64| if v.is_finite() { Cell::F64(v) } else { Cell::Null };
+            row.extend(e.objectives.iter().map(|&v| num(v)));
+            row.extend(slo_only.iter().map(|&k| num(e.slo_means[k])));
+            rows.push(row);
+        }
+    }
+    let name = match opts.shard.filter(|sh| sh.count > 1) {
+        Some(sh) => {
+            let dir = opts.output.join("parts");
+            std::fs::create_dir_all(&dir).map_err(|e| runner::SweepError::io(&dir, "", e))?;
+            dir.join(format!("pareto.s{}of{}.parquet", sh.index, sh.count))
+        }
+        None => opts.output.join("pareto.parquet"),
+    };
+    crate::output::write_rows(&name, &columns, &rows).map_err(runner::SweepError::Output)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(sizes: &[usize]) -> ParetoSpec {
+        ParetoSpec {
+            parameters: sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (format!("p{k}"), (0..n as i64).map(toml::Value::Integer).collect(), ColType::I64))
+                .collect(),
+            objectives: vec![
+                Objective { metric: "a".into(), minimize: true },
+                Objective { metric: "b".into(), minimize: true },
+            ],
+            slo: vec![],
+            max_points: sizes.iter().product(),
+        }
+    }
+
+    /// Runs the search with objectives `f(position)` (all feasible).
+    fn search(s: &ParetoSpec, f: impl Fn(&[usize]) -> Vec<f64>) -> PointPareto {
+        let mut st = PointPareto::default();
+        loop {
+            let next = st.next(s);
+            if next.is_empty() {
+                break;
+            }
+            for l in next {
+                let objectives = f(&s.position(l));
+                st.evaluated.push(Evaluated {
+                    index: l,
+                    round: st.rounds,
+                    runs: 1,
+                    failed: 0,
+                    unstable: 0,
+                    objectives,
+                    slo_means: vec![],
+                    feasible: true,
+                });
+            }
+            st.rounds += 1;
+        }
+        st
+    }
+
+    #[test]
+    fn dominance_needs_as_good_everywhere_and_better_somewhere() {
+        let o = spec(&[1]).objectives;
+        assert!(dominates(&[1.0, 1.0], &[1.0, 2.0], &o));
+        assert!(!dominates(&[1.0, 2.0], &[1.0, 2.0], &o));
+        assert!(!dominates(&[0.0, 3.0], &[1.0, 2.0], &o));
+        let mixed =
+            [Objective { metric: "a".into(), minimize: true }, Objective { metric: "b".into(), minimize: false }];
+        assert!(dominates(&[1.0, 3.0], &[2.0, 2.0], &mixed));
+    }
+
+    #[test]
+    fn lattice_positions_round_trip() {
+        let s = spec(&[3, 4, 5]);
+        for i in 0..60 {
+            assert_eq!(s.linear(&s.position(i)), i);
+        }
+        assert_eq!(s.position(7), [0, 1, 2]);
+    }
+
+    #[test]
+    fn pareto_local_search_finds_the_exhaustive_frontier_of_a_smooth_trade_off_with_fewer_points() {
+        // Cost rises with workers (x) and cache (y); latency falls with both,
+        // cache with diminishing returns: a trade-off whose frontier runs
+        // across the lattice.
+        let s = spec(&[8, 8]);
+        let f = |at: &[usize]| {
+            let (x, y) = (at[0] as f64, at[1] as f64);
+            vec![2.0 * x + y, 100.0 / (1.0 + x) + 40.0 / (1.0 + y).sqrt()]
+        };
+        let st = search(&s, f);
+        let found: std::collections::BTreeSet<usize> = st.frontier(&s).iter().map(|&i| st.evaluated[i].index).collect();
+        // Exhaustive: every lattice point.
+        let all: Vec<Vec<f64>> = (0..64).map(|i| f(&s.position(i))).collect();
+        let exhaustive: std::collections::BTreeSet<usize> =
+            (0..64).filter(|&i| !(0..64).any(|j| dominates(&all[j], &all[i], &s.objectives))).collect();
+        assert_eq!(found, exhaustive);
+        assert!(st.evaluated.len() < 64, "{} of 64 evaluated", st.evaluated.len());
+    }
+
+    #[test]
+    fn the_budget_caps_the_points() {
+        let mut s = spec(&[8, 8]);
+        s.max_points = 12;
+        let st = search(&s, |at| vec![at[0] as f64, -(at[1] as f64) - at[0] as f64]);
+        assert_eq!(st.evaluated.len(), 12);
+    }
+}
