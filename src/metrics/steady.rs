@@ -29,8 +29,10 @@
 //! freedom, t = 2.896) **and** the fitted rise across the half exceeds a
 //! quarter of the half's mean level. A run is `unstable` when both rise (a
 //! queue that keeps growing: offered load above capacity); `too_short`
-//! when fewer than [`MIN_BATCHES`] batches of requests got a first token or
-//! d* falls in the second half; else `stable`.
+//! when fewer than [`MIN_BATCHES`] batches of requests got a first token,
+//! d* falls in the second half, or the batch means after d* are still
+//! correlated ([`correlated`]: the run is shorter than a few of its own
+//! correlation times, as a queue near saturation is); else `stable`.
 //!
 //! The steady latencies (TTFT, TPOT, E2E, queue wait) are those of the
 //! requests that arrived after the truncation point. They come from
@@ -50,6 +52,8 @@ pub const BATCH: u64 = 5;
 pub const MAX_BATCHES: usize = 8192;
 /// Fewest batches of requests with a first token for a verdict.
 pub const MIN_BATCHES: usize = 20;
+/// Groups the retained batch means are regrouped into for the independence check.
+pub const CORRELATION_GROUPS: usize = 20;
 /// Groups the second half of a series is fitted over.
 pub const TREND_GROUPS: usize = 10;
 /// t(0.99, TREND_GROUPS − 2): the one-sided 1 % point of Student's t, 8 degrees of freedom.
@@ -180,6 +184,33 @@ pub fn rises(z: &[f64]) -> bool {
     let se = (ssr / (g - 2.0) / sxx).sqrt();
     let significant = if se > 0.0 { slope / se > T99_8 } else { slope > 0.0 };
     significant && slope * (g - 1.0) > MATERIAL_RISE * ym.abs()
+}
+
+/// Whether the batch means `z` after the warm-up, regrouped into
+/// [`CORRELATION_GROUPS`] consecutive groups, still have a lag-1
+/// autocorrelation above the one-sided 5 % point for independent means
+/// (1.645/√groups): the run is then shorter than a few of its own
+/// correlation times (a queue near saturation wanders slowly), so its
+/// percentiles still depend on its length (the batch-means independence
+/// check, Law & Carson 1979; Fishman 1978).
+pub fn correlated(z: &[f64]) -> bool {
+    let g = CORRELATION_GROUPS;
+    if z.len() < g {
+        return true;
+    }
+    let y: Vec<f64> = (0..g)
+        .map(|i| {
+            let (a, b) = (i * z.len() / g, (i + 1) * z.len() / g);
+            z[a..b].iter().sum::<f64>() / (b - a) as f64
+        })
+        .collect();
+    let mean = y.iter().sum::<f64>() / g as f64;
+    let var: f64 = y.iter().map(|v| (v - mean).powi(2)).sum();
+    if var == 0.0 {
+        return false;
+    }
+    let cov: f64 = y.windows(2).map(|w| (w[0] - mean) * (w[1] - mean)).sum();
+    cov / var > 1.645 / (g as f64).sqrt()
 }
 
 /// The latencies of one segment of consecutive arrivals.
@@ -332,7 +363,7 @@ impl SteadyState {
             return SteadySummary { stability: Stability::Unstable, ..SteadySummary::default() };
         }
         let d = match mser(&z) {
-            Some(d) if z.len() >= MIN_BATCHES && d <= z.len() / 2 => d,
+            Some(d) if z.len() >= MIN_BATCHES && d <= z.len() / 2 && !correlated(&z[d..]) => d,
             _ => return SteadySummary::default(),
         };
         let cut = starts[d];
@@ -433,6 +464,18 @@ mod tests {
         let falling: Vec<f64> = (0..200).map(|j| 200.0 - j as f64).collect();
         assert!(!rises(&falling));
         assert!(!rises(&line[..15]), "too few batches to fit");
+    }
+
+    #[test]
+    fn a_slow_wander_is_correlated_and_independent_noise_is_not() {
+        // One slow period over the run: neighbouring group means are alike.
+        let slow: Vec<f64> = (0..400).map(|j| (j as f64 / 400.0 * std::f64::consts::TAU).sin()).collect();
+        assert!(correlated(&slow));
+        // Alternating groups of 20 (group means alternate): negative correlation.
+        let fast: Vec<f64> = (0..400).map(|j| if (j / 20) % 2 == 0 { 1.0 } else { -1.0 }).collect();
+        assert!(!correlated(&fast));
+        assert!(!correlated(&[2.0; 100]), "constant: nothing to correlate");
+        assert!(correlated(&[1.0; 10]), "fewer batches than groups cannot be judged");
     }
 
     #[test]

@@ -240,14 +240,24 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     if unstable > 0 {
         let _ = writeln!(out, "{unstable} run(s) were unstable (their queue kept growing): their probes failed");
     }
-    let short = points(&|st| st.too_short() > 0);
-    if !short.is_empty() {
+    // Too-short runs where they matter: at the answer and the first failing value beyond it.
+    let mut at_answer = Vec::new();
+    for (id, _, st) in &r.points {
+        let (pass, fail) = st.bracket(s);
+        let probes = st.probes.iter().filter(|p| Some(p.value) == pass || Some(p.value) == fail);
+        let (short, runs) = probes.fold((0, 0), |(a, b), p| (a + p.too_short, b + p.runs));
+        if short > 0 {
+            at_answer.push(format!("point {id}: {short} of {runs}"));
+        }
+    }
+    if !at_answer.is_empty() {
         let _ = writeln!(
             out,
-            "warning: {} run(s) at point(s) {} were too short to tell whether they reached a steady state: run more requests per probe before trusting these answers",
-            r.points.iter().map(|(_, _, st)| st.too_short()).sum::<u32>(),
-            short.join(", ")
+            "warning: runs at the answer and the first failing value were too short to tell whether they reached a steady state ({}): the answer may still move with the run's length — run more requests per probe",
+            at_answer.join("; ")
         );
+    } else if r.points.iter().any(|(_, _, st)| st.too_short() > 0) {
+        out.push_str("note: some probes far from the answers had runs too short to judge (the stability column of runs.parquet)\n");
     }
     if s.max_replicates == 1 {
         out.push_str("warning: one replicate per probe (max_replicates = 1) gives no confidence interval: the answer may be optimistic by the run-to-run noise\n");
