@@ -232,7 +232,7 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     if !odd.is_empty() {
         let _ = writeln!(
             out,
-            "non-monotone at point(s) {}: a probe below the answer failed or one beyond the first failure passed; the answer is only the first boundary (see the probes in runs.parquet)",
+            "non-monotone at point(s) {}: a value beyond the first failing one passed (noise, or a metric not monotone in the parameter); the answer is the best value short of the first failure (the probes are in runs.parquet)",
             odd.join(", ")
         );
     }

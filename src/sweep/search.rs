@@ -38,6 +38,8 @@ pub use crate::stats::{Constraint, Verdict};
 pub const MAX_PROBES: u32 = 64;
 /// Most replicates a probe may have.
 pub const MAX_REPLICATES: u32 = 64;
+/// Runs a passing verdict needs (fewer when `max_replicates` allows fewer).
+pub const MIN_PASS_REPLICATES: u32 = 4;
 /// Replicates a probe may grow to unless `search.max_replicates` says otherwise.
 pub const DEFAULT_MAX_REPLICATES: u32 = 8;
 
@@ -93,27 +95,45 @@ impl SearchSpec {
         (lo <= hi).then_some((lo, hi))
     }
 
-    /// The grid value halfway (by index) between `a` and `b`, if any lies between.
+    /// The grid value between `a` and `b` at the coarsest dyadic level:
+    /// the index with the most trailing zero bits (the midpoint of an
+    /// aligned power-of-two interval). So bisection visits the same grid
+    /// values whatever end it starts from — the answer does not depend on
+    /// `min` — in as many steps as halving would take.
     fn midway(&self, a: f64, b: f64) -> Option<f64> {
+        self.between(a, b).map(|(lo, hi)| {
+            // Offset so that negative indices (values below 1) order alike.
+            let level = |i: i64| (i + (1 << 40)).trailing_zeros();
+            let best = (lo..=hi).max_by_key(|&i| (level(i), std::cmp::Reverse((2 * i - lo - hi).abs())));
+            self.at(best.expect("a non-empty range"))
+        })
+    }
+
+    /// The grid value halfway by index between `a` and `b`, if any lies between.
+    fn halfway(&self, a: f64, b: f64) -> Option<f64> {
         self.between(a, b).map(|(lo, hi)| self.at(lo + (hi - lo) / 2))
     }
 
-    /// One bracketing step from `f` towards `far`: twice (half) the value,
-    /// on the grid, or `far` itself when that is as far or farther.
+    /// Grid steps in one doubling: ⌈ln 2 / ln(1 + tolerance)⌉ (integers: none; they double by value).
+    fn doubling(&self) -> i64 {
+        (std::f64::consts::LN_2 / self.step()).ceil() as i64
+    }
+
+    /// One bracketing step from `f` towards `far`: the next grid value
+    /// whose index is a multiple of a doubling (so the bracket points are
+    /// the same whatever `min` is; whole numbers: the next power of two),
+    /// or `far` itself when that is as far or farther.
     fn bracket_from(&self, f: f64, far: f64) -> f64 {
         let next = if self.integer {
-            if self.maximize { (2.0 * f).ceil() } else { (f / 2.0).floor() }
+            let p = (f.max(1.0)).log2();
+            let k = if self.maximize { p.floor() + 1.0 } else { p.ceil() - 1.0 };
+            if self.maximize { 2f64.powf(k) } else { 2f64.powf(k.max(0.0)).min(f - 1.0).max(1.0) }
         } else {
-            let doubling = (std::f64::consts::LN_2 / self.step()).ceil() as i64;
-            let (i, on) = self.index(f);
-            let i = if on {
-                i.round() as i64
-            } else if self.maximize {
-                i.floor() as i64
-            } else {
-                i.ceil() as i64
-            };
-            self.at(if self.maximize { i + doubling } else { i - doubling })
+            let d = self.doubling();
+            let (i, _) = self.index(f);
+            let i = i.round() as i64;
+            let k = if self.maximize { i.div_euclid(d) + 1 } else { (i - 1).div_euclid(d) };
+            self.at(k * d)
         };
         if self.maximize { next.min(far) } else { next.max(far) }
     }
@@ -245,9 +265,10 @@ pub enum Status {
     Infeasible,
     /// The probe budget ran out (the answer is the last passing value).
     ProbeLimit,
-    /// The bracket closed, but a check probe below the answer failed or
-    /// one beyond the bracket passed: the metric is not monotone in the
-    /// parameter, and the answer is only the first boundary found.
+    /// The bracket closed, but a value beyond the first failing one passed
+    /// (a check above it, or an earlier answer a failing check undercut):
+    /// verdicts are not monotone in the parameter; the answer is the best
+    /// value short of the first failure.
     NonMonotone,
 }
 
@@ -339,14 +360,17 @@ impl Probe {
     fn judge(&mut self, s: &SearchSpec) {
         self.means = self.samples.iter().map(|x| crate::stats::mean_ci(x).map_or(f64::NAN, |m| m.0)).collect();
         let verdicts: Vec<Verdict> = s.slo.iter().zip(&self.samples).map(|(c, x)| c.verdict(x)).collect();
-        // One run has no interval: unless it failed outright, a second decides.
+        // One run has no interval: unless it failed outright, a second
+        // decides. A pass needs MIN_PASS_REPLICATES runs (or all allowed):
+        // tail percentiles near saturation are heavy-tailed, and two close
+        // low samples can make a clear-looking interval far from the mean.
         let verdict = if self.failed + self.unstable > 0 {
             Verdict::Fail
         } else if self.runs < 2 && s.max_replicates >= 2 {
             Verdict::Unclear
         } else if verdicts.contains(&Verdict::Fail) {
             Verdict::Fail
-        } else if verdicts.contains(&Verdict::Unclear) {
+        } else if verdicts.contains(&Verdict::Unclear) || self.runs < MIN_PASS_REPLICATES.min(s.max_replicates) {
             Verdict::Unclear
         } else {
             Verdict::Pass
@@ -380,16 +404,18 @@ pub struct PointSearch {
 }
 
 impl PointSearch {
-    /// The last passing value and the nearest failing one beyond it
-    /// (settled bracketing probes only: check probes do not move them).
+    /// The nearest failing value to the good bound, and the best passing
+    /// value short of it (settled probes): so the answer is a value every
+    /// probe up to which passed — conservative when noise or the metric
+    /// makes verdicts non-monotone.
     pub fn bracket(&self, s: &SearchSpec) -> (Option<f64>, Option<f64>) {
         let better = |a: f64, b: f64| if s.maximize { a > b } else { a < b };
-        let settled = || self.probes.iter().filter(|p| p.settled && p.step != "check");
-        let pass = settled().filter(|p| p.pass).map(|p| p.value).reduce(|a, b| if better(a, b) { a } else { b });
-        let fail = settled()
-            .filter(|p| !p.pass && pass.is_none_or(|f| better(p.value, f)))
+        let settled = || self.probes.iter().filter(|p| p.settled);
+        let fail = settled().filter(|p| !p.pass).map(|p| p.value).reduce(|a, b| if better(a, b) { b } else { a });
+        let pass = settled()
+            .filter(|p| p.pass && fail.is_none_or(|u| better(u, p.value)))
             .map(|p| p.value)
-            .reduce(|a, b| if better(a, b) { b } else { a });
+            .reduce(|a, b| if better(a, b) { a } else { b });
         (pass, fail)
     }
 
@@ -405,30 +431,11 @@ impl PointSearch {
         }
         let (good, far) = if s.maximize { (s.min, s.max) } else { (s.max, s.min) };
         let Some(first) = self.probes.first() else { return Some(Next::Probe(good, "bound")) };
-        if !first.pass {
+        let (pass, fail) = self.bracket(s);
+        let Some(f) = pass.filter(|_| first.pass) else {
             self.status = Some(Status::Infeasible);
             return None;
-        }
-        let (pass, fail) = self.bracket(s);
-        let f = pass.expect("the first probe passed");
-        if let Some(u) = fail
-            && s.between(f, u).is_none()
-        {
-            // The bracket is closed: check below the answer and beyond the
-            // first failure (each once, where a grid value lies and the
-            // budget allows), then conclude.
-            let wanted = [s.midway(good, f), if u == far { None } else { s.midway(u, far) }];
-            let probed = |v: f64| self.probes.iter().any(|p| p.value == v);
-            if self.probes.len() < s.max_probes as usize
-                && let Some(v) = wanted.into_iter().flatten().find(|&v| !probed(v))
-            {
-                return Some(Next::Probe(v, "check"));
-            }
-            let below = |v: f64| if s.maximize { v < f } else { v > f };
-            let odd = self.probes.iter().filter(|p| p.step == "check").any(|c| c.pass != below(c.value));
-            self.status = Some(if odd { Status::NonMonotone } else { Status::Found });
-            return None;
-        }
+        };
         if self.probes.len() as u32 >= s.max_probes {
             self.status = Some(Status::ProbeLimit);
             return None;
@@ -440,8 +447,25 @@ impl PointSearch {
             }
             return Some(Next::Probe(s.bracket_from(f, far), "bracket"));
         };
-        let mid = s.midway(f, u).expect("an open bracket has a grid value inside");
-        Some(Next::Probe(mid, "bisect"))
+        if let Some(mid) = s.midway(f, u) {
+            return Some(Next::Probe(mid, "bisect"));
+        }
+        // The bracket is closed: check the grid value just short of the
+        // answer, one halfway back to the good bound and one halfway from
+        // the failure to the far bound (each once). A failing check below
+        // moves the bracket down and the search goes on from there.
+        let short_of = s.between(good, f).map(|(lo, hi)| s.at(if s.maximize { hi } else { lo }));
+        let wanted = [short_of, s.halfway(good, f), if u == far { None } else { s.halfway(u, far) }];
+        let probed = |v: f64| self.probes.iter().any(|p| p.value == v);
+        if let Some(v) = wanted.into_iter().flatten().find(|&v| !probed(v)) {
+            return Some(Next::Probe(v, "check"));
+        }
+        // Non-monotone: a value beyond the first failure passed (a check
+        // above it, or an earlier answer a check below has undercut).
+        let beyond = |v: f64| if s.maximize { v > u } else { v < u };
+        let odd = self.probes.iter().any(|p| p.settled && p.pass && beyond(p.value));
+        self.status = Some(if odd { Status::NonMonotone } else { Status::Found });
+        None
     }
 
     /// The answer: the last passing value.
@@ -745,6 +769,8 @@ mod tests {
         // A failure below the answer is caught too.
         let (st, _) = search_with(&s, |v| v <= 20.0 && v != 10.0);
         assert_eq!(st.status, Some(Status::NonMonotone), "{:?}", st.probes);
+        // And the answer moves below it: every probe up to the answer passed.
+        assert_eq!(st.answer(&s), Some(9.0));
     }
 
     #[test]
@@ -773,12 +799,21 @@ mod tests {
         p.runs = 8;
         p.judge(&s);
         assert!(p.settled && !p.pass, "unclear at the cap fails: never optimistic");
-        // A clear pass settles at once.
+        // A clear pass needs four runs; a clear failure settles at two.
         let mut q = Probe::new(5.0, "bound", 1);
         q.samples[0].extend([50.0, 51.0]);
         q.runs = 2;
         q.judge(&s);
+        assert!(!q.settled);
+        q.samples[0].extend([50.5, 50.0]);
+        q.runs = 4;
+        q.judge(&s);
         assert!(q.settled && q.pass);
+        let mut r = Probe::new(5.0, "bound", 1);
+        r.samples[0].extend([300.0, 301.0]);
+        r.runs = 2;
+        r.judge(&s);
+        assert!(r.settled && !r.pass);
     }
 
     #[test]
