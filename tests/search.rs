@@ -281,6 +281,13 @@ fn a_pareto_search_finds_the_exhaustive_grids_frontier_with_fewer_runs() {
     // (33 of 48 when written.)
     assert!(evaluated < 36, "{evaluated} of 48 evaluated");
     assert_eq!(read(&dir.join("p/runs.parquet")).num_rows(), evaluated);
+    // The report draws the evaluated points and the frontier (figure 10).
+    let r = crate::sweep::opal_sweep(&["report", "p"], &dir);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let svg = std::fs::read_to_string(dir.join("p/report/fig10-pareto.svg")).unwrap();
+    assert!(svg.contains("gpu_hours (lower is better)"), "{svg:.300}");
+    let page = std::fs::read_to_string(dir.join("p/report/index.html")).unwrap();
+    assert!(page.contains("fig10-pareto.svg") && !page.contains("fig9-search"));
     // The same points give the same objectives as the grid (same seed, same scenario).
     let pwait = col(&table, "queue_wait_mean_ms");
     for i in 0..evaluated {

@@ -156,6 +156,49 @@ pub struct SweepData {
     pub search: Option<Vec<crate::stats::Constraint>>,
     /// For a search: it minimises.
     pub search_min: bool,
+    /// For a Pareto search: its evaluated points (`pareto.parquet`).
+    pub pareto: Option<ParetoData>,
+}
+
+/// What a Pareto search evaluated, for figure 10.
+#[derive(Clone, Debug, Default)]
+pub struct ParetoData {
+    /// The first two objectives: (column, minimised).
+    pub objectives: Vec<(String, bool)>,
+    /// Per evaluated point: the two objectives' means (None if missing), feasible, on the frontier.
+    pub points: Vec<(Option<f64>, Option<f64>, bool, bool)>,
+}
+
+/// `pareto.parquet` of a Pareto search's directory (`None` for anything else).
+fn pareto_data(dir: &Path, manifest: &serde_json::Value) -> Result<Option<ParetoData>, ReportError> {
+    let Some(search) = manifest.get("search").filter(|s| s.get("kind").and_then(|k| k.as_str()) == Some("pareto"))
+    else {
+        return Ok(None);
+    };
+    let objectives: Vec<(String, bool)> = search
+        .get("objectives")
+        .and_then(|o| o.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| Some((o.get("metric")?.as_str()?.to_string(), o.get("minimize")?.as_bool()?)))
+                .take(2)
+                .collect()
+        })
+        .unwrap_or_default();
+    let path = dir.join("pareto.parquet");
+    let Some(batch) = table(&path)? else { return Ok(Some(ParetoData { objectives, points: Vec::new() })) };
+    if objectives.len() < 2 {
+        return Err(rerr(&path, "the manifest names fewer than two objectives"));
+    }
+    let flag = |name: &str| -> Result<Vec<bool>, ReportError> {
+        let col = column(&batch, &path, name)?;
+        let b = col.as_boolean_opt().ok_or_else(|| rerr(&path, format!("column `{name}` is not boolean")))?;
+        Ok((0..b.len()).map(|i| !b.is_null(i) && b.value(i)).collect())
+    };
+    let (x, y) = (numbers(&batch, &path, &objectives[0].0)?, numbers(&batch, &path, &objectives[1].0)?);
+    let (feasible, frontier) = (flag("feasible")?, flag("on_frontier")?);
+    let points = (0..batch.num_rows()).map(|i| (x[i], y[i], feasible[i], frontier[i])).collect();
+    Ok(Some(ParetoData { objectives, points }))
 }
 
 fn rerr(path: &Path, msg: impl std::fmt::Display) -> ReportError {
@@ -351,6 +394,7 @@ impl SweepData {
             sc25,
             stages,
             search_min: manifest.get("search").and_then(|s| s.get("maximize")).and_then(|v| v.as_bool()) == Some(false),
+            pareto: pareto_data(dir, &manifest)?,
             // A Pareto search's points are drawn as a sweep's (its parameters are axes).
             search: manifest
                 .get("search")

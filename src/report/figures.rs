@@ -1100,6 +1100,88 @@ fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
     })
 }
 
+// ---------------------------------------------------------------- figure 10
+
+/// A Pareto search: every evaluated lattice point by its first two
+/// objectives (means over replicates), feasible and infeasible apart, with
+/// the frontier `pareto.parquet` marks joined by a dashed line.
+fn pareto_figure(data: &SweepData) -> Result<Figure, String> {
+    let Some(p) = &data.pareto else { return Err("only for searches with kind = \"pareto\"".into()) };
+    let mut feasible = Vec::new();
+    let mut infeasible = Vec::new();
+    let mut frontier = Vec::new();
+    for &(x, y, ok, on) in &p.points {
+        let (Some(x), Some(y)) = (x, y) else { continue };
+        if !(x.is_finite() && y.is_finite()) {
+            continue;
+        }
+        if ok {
+            feasible.push((x, y))
+        } else {
+            infeasible.push((x, y))
+        }
+        if on {
+            frontier.push((x, y));
+        }
+    }
+    if feasible.len() + infeasible.len() < 2 {
+        return Err("fewer than two evaluated points with both objectives".into());
+    }
+    frontier.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let line =
+        |color, stroke, points, marker| Line { color, stroke, points, band: Vec::new(), errors: Vec::new(), marker };
+    let desc = |(name, min): &(String, bool)| format!("{name} ({} is better)", if *min { "lower" } else { "higher" });
+    let all: Vec<f64> = feasible.iter().chain(&infeasible).map(|q| q.0).collect();
+    let (lo, hi) = all.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+    let mut lf = LineFigure {
+        legend_title: "evaluated points".into(),
+        legend: vec![
+            Key { label: "feasible".into(), color: color(0, 2), stroke: Stroke::None, marker: Some(Marker::nth(0)) },
+            Key {
+                label: "infeasible (SLO, failed or unstable)".into(),
+                color: RGBColor(150, 150, 150),
+                stroke: Stroke::None,
+                marker: Some(Marker::nth(1)),
+            },
+            Key { label: "Pareto frontier".into(), color: BLACK, stroke: Stroke::Dashed, marker: None },
+        ],
+        panels: vec![Panel {
+            title: String::new(),
+            x_desc: desc(&p.objectives[0]),
+            y_desc: desc(&p.objectives[1]),
+            x_log: lo > 0.0 && hi / lo > 100.0,
+            y_log: false,
+            quantity: 0,
+            x_range: None,
+            y_range: None,
+            x_categories: None,
+            lines: [
+                line(color(0, 2), Stroke::None, feasible, Some(Marker::nth(0))),
+                line(RGBColor(150, 150, 150), Stroke::None, infeasible, Some(Marker::nth(1))),
+                line(BLACK, Stroke::Dashed, frontier, None),
+            ]
+            .into_iter()
+            .filter(|l| !l.points.is_empty())
+            .collect(),
+            empty_note: "no point has both objectives",
+        }],
+        columns: 1,
+        panel_size: (900, 560),
+    };
+    harmonise(&mut lf);
+    Ok(Figure {
+        stem: "fig10-pareto",
+        title: "The Pareto frontier the search found".into(),
+        caption: format!(
+            "Each marker is a lattice point the Pareto search evaluated: the mean over its replicates of {} against {}. \
+             Grey markers are infeasible (an SLO missed, a run failed or unstable). The dashed line joins the frontier \
+             (on_frontier in pareto.parquet): the feasible points no other beats on every objective.",
+            p.objectives[0].0, p.objectives[1].0
+        ),
+        body: Body::Lines(lf),
+    })
+}
+
 // ---------------------------------------------------------------- figure 9
 
 /// A search: each SLO metric against the searched value (the last axis),
@@ -1777,6 +1859,7 @@ pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, Report
             (7, "E2E and queue-wait CDFs", per_point(e2e_and_wait_cdf(data))),
             (8, "cost vs TTFT p99", cost_frontier(data)),
             (9, "search", search_figure(data)),
+            (10, "Pareto search", pareto_figure(data)),
         ];
         for (n, what, f) in candidates {
             match f.and_then(without_degenerate_panels) {
@@ -1866,6 +1949,7 @@ mod tests {
             stages: None,
             search: None,
             search_min: false,
+            pareto: None,
         };
         let rate = SeriesMetric {
             title: "",
