@@ -238,7 +238,8 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     }
     let unstable: u32 = r.points.iter().map(|(_, _, st)| st.unstable()).sum();
     if unstable > 0 {
-        let _ = writeln!(out, "{unstable} run(s) were unstable (their queue kept growing): their probes failed");
+        let _ =
+            writeln!(out, "{unstable} run(s) were unstable (their queue kept growing); a probe where most were failed");
     }
     // Too-short runs where they matter: at the answer and the first failing value beyond it.
     let mut at_answer = Vec::new();
