@@ -168,3 +168,42 @@ fn the_effective_configuration_runs_to_the_same_results() {
     assert_eq!(key(&alone, 0), key(&all, 5), "the point's run has the same identity alone");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every shipped study's terminal table, piped (120 columns): no line is
+/// wider, and every row's axis values (continuation lines included) tell
+/// it apart from the others (issue 27: paths were printed whole and cut).
+#[test]
+fn every_shipped_studys_sweep_table_fits_120_columns_and_tells_its_rows_apart() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut specs: Vec<_> = std::fs::read_dir(root.join("sweeps")).unwrap().map(|e| e.unwrap().path()).collect();
+    specs.retain(|p| p.extension().is_some_and(|e| e == "toml"));
+    specs.sort();
+    assert!(specs.len() >= 10);
+    for path in specs {
+        let spec = opal::config::load_spec(&path).unwrap_or_else(|e| panic!("{e}"));
+        let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{e}"));
+        let points = (0..plan.points.len() as u32).map(|id| (id, Default::default())).collect();
+        let table = opal::report::text::sweep_table(&plan, &points, 120);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines.iter().all(|l| l.chars().count() <= 120), "{}:\n{table}", path.display());
+        // Rows: a line starting with its point id; continuation lines start with blanks.
+        let header = lines.iter().find(|l| l.starts_with("point")).expect("a header");
+        let at = header.find("axis values").expect("an axis column");
+        let mut rows: Vec<String> = Vec::new();
+        for l in &lines {
+            if l.starts_with("steady state") || l.starts_with("axis values, in this order") || l.starts_with("point") {
+                continue;
+            }
+            if l.split_whitespace().next().is_some_and(|w| w.parse::<u32>().is_ok()) && !l.starts_with("      ") {
+                rows.push(l.chars().skip(at).collect());
+            } else {
+                rows.last_mut().expect("a continuation follows a row").push_str(l.trim());
+            }
+        }
+        assert_eq!(rows.len(), plan.points.len(), "{}:\n{table}", path.display());
+        let distinct: std::collections::BTreeSet<&String> = rows.iter().collect();
+        if plan.points.len() > 1 {
+            assert_eq!(distinct.len(), rows.len(), "{}:\n{table}", path.display());
+        }
+    }
+}

@@ -244,7 +244,7 @@ fn strings(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<Option<St
 
 /// Short labels for dotted paths: the last component, or as many trailing
 /// components as make the labels distinct.
-fn short_labels(paths: &[String]) -> Vec<String> {
+pub(crate) fn short_labels(paths: &[String]) -> Vec<String> {
     let tail = |p: &str, n: usize| -> String {
         let parts: Vec<&str> = p.split('.').collect();
         parts[parts.len().saturating_sub(n)..].join(".")

@@ -387,9 +387,32 @@ pub fn sweep_table(
             cells[0], cells[1], cells[2], cells[3], cells[4], cells[5], cells[6], cells[7]
         )
     };
-    let mut out = fixed(["point", "ok", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "req/s", "busy %", "hit %"]);
+    let head = fixed(["point", "ok", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "req/s", "busy %", "hit %"]);
+    // Axis values, abbreviated: each path to its last distinct component,
+    // strings unquoted. If `label=value` pairs do not fit beside the
+    // numbers, the header names the axes once and rows give values only;
+    // what still does not fit wraps onto continuation lines — the column
+    // that tells rows apart is never cut.
+    let room = width.saturating_sub(head.chars().count() + 2).max(20);
+    let paths: Vec<String> =
+        plan.points.first().map_or_else(Vec::new, |p| p.overrides.iter().map(|(k, _)| k.clone()).collect());
+    let labels = crate::report::data::short_labels(&paths);
+    let value = |v: &toml::Value| match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string().replace('"', ""),
+    };
+    let cells = |id: u32| -> Vec<String> { plan.points[id as usize].overrides.iter().map(|(_, v)| value(v)).collect() };
+    let pairs = |id: u32| labels.iter().zip(cells(id)).map(|(l, v)| format!("{l}={v}")).collect::<Vec<_>>();
+    let widest = points.keys().map(|&id| pairs(id).join(", ").chars().count()).max().unwrap_or(0);
+    let named = widest <= room;
+    let mut out = String::new();
+    if !named && !paths.is_empty() {
+        let _ = writeln!(out, "axis values, in this order: {}", labels.join(" · "));
+    }
+    out.push_str(&head);
     out.push_str("  axis values\n");
     let number = |v: f64, digits: usize| if v.is_nan() { MISSING.to_string() } else { format!("{v:.digits$}") };
+    let indent = " ".repeat(width.saturating_sub(room).min(200));
     for (&id, t) in points {
         let [ttft50, ttft99, tpot50, rps, busy, hit] = t.means();
         let mut line = fixed([
@@ -403,12 +426,37 @@ pub fn sweep_table(
             &number(100.0 * hit, 1),
         ]);
         line.push_str("  ");
-        line.push_str(&plan.points[id as usize].describe());
-        if line.chars().count() > width {
-            line = line.chars().take(width.saturating_sub(1)).collect::<String>() + "…";
+        let parts = if paths.is_empty() {
+            vec!["(base scenario)".to_string()]
+        } else if named {
+            pairs(id)
+        } else {
+            cells(id)
+        };
+        let sep = if named { ", " } else { " · " };
+        // Greedy wrap at separators.
+        let mut current = String::new();
+        let mut wrapped = Vec::new();
+        for part in parts {
+            let add =
+                if current.is_empty() { part.chars().count() } else { sep.chars().count() + part.chars().count() };
+            if !current.is_empty() && current.chars().count() + add > room {
+                wrapped.push(std::mem::take(&mut current));
+            }
+            if !current.is_empty() {
+                current.push_str(sep);
+            }
+            current.push_str(&part);
         }
+        wrapped.push(current);
+        line.push_str(&wrapped[0]);
         out.push_str(&line);
         out.push('\n');
+        for more in &wrapped[1..] {
+            out.push_str(&indent);
+            out.push_str(more);
+            out.push('\n');
+        }
     }
     out.push_str(&steady_note(points));
     out
