@@ -387,3 +387,22 @@ default_prefix_length = 0
     assert!(o.status.success());
     assert!(close || text.contains("were too short to tell"), "{text}");
 }
+
+/// An infeasible point shows the metrics its good bound reached, and says so.
+#[test]
+fn an_infeasible_search_shows_what_its_bound_reached() {
+    let dir = crate::temp_dir("search-infeasible");
+    let text = MD1.replace("{REQUESTS}", "2000").replace(
+        "{SEARCH}",
+        "[search]\nparameter = \"workload.stages.0.workload_params.request_rate\"\nmin = 0.2\nmax = 0.99\nslo = [\"queue_wait_mean_ms <= 1\"]\nmax_replicates = 1\n",
+    );
+    std::fs::write(dir.join("spec.toml"), text).unwrap();
+    let o = crate::sweep::opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{stdout}");
+    let row = stdout.lines().find(|l| l.contains("infeasible") && l.trim_start().starts_with('0')).expect("a row");
+    // M/D/1 at λ = 0.2 of 1 s jobs: Wq = 0.2/(2 · 0.8) s = 125 ms, near enough in 2,000 requests.
+    let wait: f64 = row.split_whitespace().nth(4).unwrap().parse().unwrap_or_else(|_| panic!("{row}"));
+    assert!((wait - 125.0).abs() < 25.0, "{row}");
+    assert!(stdout.contains("even workload.stages.0.workload_params.request_rate = 0.2 misses the SLO"), "{stdout}");
+}

@@ -218,7 +218,12 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
             st.status.map_or("interrupted", crate::sweep::search::Status::name),
             st.probes.len()
         );
-        let at = found.and_then(|v| st.probes.iter().find(|p| p.pass && p.value == v));
+        // An infeasible point shows what its good bound reached, so the
+        // reader sees how far from the SLO it is.
+        let at = match found {
+            Some(v) => st.probes.iter().find(|p| p.pass && p.value == v),
+            None => st.probes.first(),
+        };
         for i in 0..s.slo.len() {
             let v = at.map_or(f64::NAN, |p| p.means[i]);
             let _ = write!(out, "  {:>14}", if v.is_nan() { MISSING.to_string() } else { format!("{v:.2}") });
@@ -234,6 +239,16 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
             out,
             "non-monotone at point(s) {}: a value beyond the first failing one passed (noise, or a metric not monotone in the parameter); the answer is the best value short of the first failure (the probes are in runs.parquet)",
             odd.join(", ")
+        );
+    }
+    let infeasible = points(&|st| st.status == Some(crate::sweep::search::Status::Infeasible));
+    if !infeasible.is_empty() {
+        let bound = if s.maximize { s.min } else { s.max };
+        let _ = writeln!(
+            out,
+            "infeasible at point(s) {}: even {} = {bound} misses the SLO (the metrics shown are that probe's means)",
+            infeasible.join(", "),
+            s.parameter
         );
     }
     let unstable: u32 = r.points.iter().map(|(_, _, st)| st.unstable()).sum();
