@@ -259,6 +259,18 @@ enum Failure {
     Run(String),
 }
 
+impl From<opal::sweep::runner::SweepError> for Failure {
+    /// An output directory that holds other results (another spec, a busy
+    /// lock, results without `--overwrite`) is the user's to fix: exit 2,
+    /// like any bad input; everything else happened while running.
+    fn from(e: opal::sweep::runner::SweepError) -> Failure {
+        match e {
+            opal::sweep::runner::SweepError::Directory(_) => Failure::Input(e.to_string()),
+            e => Failure::Run(e.to_string()),
+        }
+    }
+}
+
 static STOP: AtomicBool = AtomicBool::new(false);
 
 fn main() -> ExitCode {
@@ -379,9 +391,15 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
     });
     let started = std::time::Instant::now();
     let spec = opal::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
+    if args.resume && spec.file.search.is_some() && Shard::from_slurm_env().is_none() {
+        // A Slurm array task always passes --resume; by hand it is a request this cannot honour.
+        eprintln!(
+            "warning: a search cannot resume (each probe depends on the results before it): it starts over in {}",
+            output.display()
+        );
+    }
     if let Some(pareto) = opal::sweep::pareto::pareto_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
-        let report = opal::sweep::pareto::run_pareto(&spec, &plan, &pareto, &opts, &STOP)
-            .map_err(|e| Failure::Run(e.to_string()))?;
+        let report = opal::sweep::pareto::run_pareto(&spec, &plan, &pareto, &opts, &STOP)?;
         if !args.quiet {
             out(&opal::report::text::pareto_table(&report));
         }
@@ -404,8 +422,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
     }
     if let Some(search) = opal::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
-        let report = opal::sweep::search::run_search(&spec, &plan, &search, &opts, &STOP)
-            .map_err(|e| Failure::Run(e.to_string()))?;
+        let report = opal::sweep::search::run_search(&spec, &plan, &search, &opts, &STOP)?;
         if !args.quiet {
             out(&opal::report::text::search_table(&report));
         }
@@ -426,7 +443,7 @@ fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         }
         return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
     }
-    let report = run_sweep(&plan, &opts, &STOP).map_err(|e| Failure::Run(e.to_string()))?;
+    let report = run_sweep(&plan, &opts, &STOP)?;
     let wall = started.elapsed().as_secs_f64();
     if !report.dropped.is_empty() {
         eprintln!(
@@ -617,6 +634,7 @@ fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
     }
     let _lock = opal::sweep::lock::DirLock::acquire(dir, None, opal::sweep::lock::Purpose::Merge)
         .map_err(|e| Failure::Input(e.to_string()))?;
+    // A gap (shards not yet run) is incomplete results, like a failed run: exit 1.
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
     out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
     if opal::sweep::runner::report_requested(dir) {

@@ -406,3 +406,18 @@ fn an_infeasible_search_shows_what_its_bound_reached() {
     assert!((wait - 125.0).abs() < 25.0, "{row}");
     assert!(stdout.contains("even workload.stages.0.workload_params.request_rate = 0.2 misses the SLO"), "{stdout}");
 }
+
+/// A search given --resume by hand says it starts over; into a directory
+/// with results and no --overwrite it is refused as input (exit 2).
+#[test]
+fn a_search_says_it_cannot_resume_and_protects_existing_results() {
+    let dir = crate::temp_dir("search-resume");
+    std::fs::write(dir.join("spec.toml"), mdc("[5.0]", true)).unwrap();
+    let first = crate::sweep::opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(first.status.success());
+    let resumed = crate::sweep::opal_sweep(&["spec.toml", "-o", "out", "-q", "--resume"], &dir);
+    let err = String::from_utf8_lossy(&resumed.stderr);
+    assert!(resumed.status.success() && err.contains("a search cannot resume"), "{err}");
+    let again = crate::sweep::opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert_eq!(again.status.code(), Some(2), "{}", String::from_utf8_lossy(&again.stderr));
+}

@@ -273,7 +273,11 @@ fn resume_after_a_killed_sweep_runs_only_the_missing_runs_and_matches_a_clean_ru
     assert!(done > 0 && done < RUNS, "the kill should land mid-sweep ({done} runs done)");
 
     let again = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
-    assert_eq!(again.status.code(), Some(1), "without --resume the existing results are protected");
+    assert_eq!(
+        again.status.code(),
+        Some(2),
+        "without --resume the existing results are protected (the user's to fix: exit 2)"
+    );
     assert!(String::from_utf8_lossy(&again.stderr).contains("--resume"));
 
     let resumed = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
@@ -306,7 +310,7 @@ fn resume_after_adding_a_grid_value_and_a_replicate_runs_only_the_new_runs() {
         .replace("replicates = 2", "replicates = 3");
     std::fs::write(dir.join("spec.toml"), &grown).unwrap();
     let plain = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
-    assert_eq!(plain.status.code(), Some(1), "without --resume a changed spec is refused");
+    assert_eq!(plain.status.code(), Some(2), "without --resume a changed spec is refused (exit 2)");
     assert!(String::from_utf8_lossy(&plain.stderr).contains("--resume"));
     let resumed = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
     ok(&resumed);
