@@ -374,6 +374,12 @@ fn config_prints_the_defaults_and_presets_lists_models_and_gpus() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("deepseek-v3") && text.contains("H200") && text.contains("4.80"), "{text}");
     std::fs::write(dir.join("one.toml"), "[model.model_params]\nname = \"llama-3.1-8b\"\n").unwrap();
+    // A spec's effective configuration writes the GPU's board-power model out.
+    let o = opal_sweep(&["config", "one.toml"], &dir);
+    let text = String::from_utf8_lossy(&o.stdout);
+    for key in ["max_watts = ", "idle_watts = ", "active_watts = ", "compute_watts = ", "memory_watts = "] {
+        assert!(o.status.success() && text.contains(key), "{key} missing:\n{text}");
+    }
     let o = opal_sweep(&["config", "one.toml", "--point", "3"], &dir);
     assert_input_error(&o, &["one.toml", "1 grid points; there is no point 3", "fix:"]);
 }

@@ -48,6 +48,15 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
             hw.tflops_fp8 = scenario.gpu.fp8_tflops;
         }
         hw.mem_bw_TBps.get_or_insert(scenario.gpu.mem_bw_tbps);
+        // The board-power model the energy figures use (none when unknown).
+        let power = &scenario.gpu.power;
+        if power.max_w > 0.0 {
+            hw.max_watts.get_or_insert(power.max_w);
+            hw.idle_watts.get_or_insert(power.idle_w);
+            hw.active_watts.get_or_insert(power.active_w);
+            hw.compute_watts.get_or_insert(power.compute_w);
+            hw.memory_watts.get_or_insert(power.memory_w);
+        }
         f.worker.vllm_params.max_model_len.get_or_insert(scenario.worker.max_model_len);
         f.worker.slots.io_slots.get_or_insert(scenario.worker.io_slots);
         f.worker.slots.gpu_slots.get_or_insert(f.worker.vllm_params.max_num_seqs);
