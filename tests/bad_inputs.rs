@@ -15,6 +15,9 @@ struct Case {
     file: String,
     line: Option<usize>,
     key: Option<String>,
+    /// Text standard error must hold, and text it must not.
+    text: Option<String>,
+    absent: Option<String>,
 }
 
 fn cases() -> Vec<Case> {
@@ -34,6 +37,8 @@ fn cases() -> Vec<Case> {
             file: header("expect-file").unwrap(),
             line: header("expect-line").and_then(|l| l.parse().ok()),
             key: header("expect-key"),
+            text: header("expect-text"),
+            absent: header("expect-absent"),
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -71,6 +76,16 @@ fn every_bad_input_names_its_file_line_key_and_fix() {
             && !err.contains(&format!("`{k}`"))
         {
             wrong.push(format!("does not name `{k}`"));
+        }
+        if let Some(t) = &c.text
+            && !err.contains(t.as_str())
+        {
+            wrong.push(format!("does not say {t:?}"));
+        }
+        if let Some(t) = &c.absent
+            && err.contains(t.as_str())
+        {
+            wrong.push(format!("says {t:?}"));
         }
         if !err.contains("fix:") {
             wrong.push("gives no fix".into());

@@ -125,9 +125,43 @@ fn resolve_pool(
         merged.extend(over.clone());
         f.worker.vllm_params = super::from_table::<VllmParams>(&merged, cx.source, &key("vllm_params"))?;
     }
-    let gpu = resolve_gpu(cx, &f)?;
+    // An error about a key the pool sets names the pool's key (and so its
+    // line), not the `[worker]` key it stands in for; one about the fit of
+    // the pool's workers says which pool.
+    let in_pool = |mut e: ConfigError| {
+        let pool_key = match e.key.as_deref() {
+            Some(k) if k.starts_with("worker.hw.gpu") && p.gpu.is_some() => Some(key("gpu")),
+            Some("worker.hw.tp") if p.tp.is_some() => Some(key("tp")),
+            Some(k) => k
+                .strip_prefix("worker.vllm_params.")
+                .filter(|v| p.vllm_params.as_ref().is_some_and(|o| o.contains_key(*v)))
+                .map(|v| key(&format!("vllm_params.{v}"))),
+            None => None,
+        };
+        match pool_key {
+            Some(k) if k.ends_with(".gpu") => {
+                // A pool names a preset; a custom GPU's numbers are [worker.hw]'s.
+                e.message = e.message.replace(" and `worker.hw.memory_gb` is not set", "");
+                e.hint = e.hint.map(|h| {
+                    h.replace(
+                        " or set memory_gb, tflops and mem_bw_TBps",
+                        " (a pool's GPU is a preset, or [worker.hw]'s own)",
+                    )
+                });
+                e.key = Some(k);
+            }
+            Some(k) => e.key = Some(k),
+            None if e.key.as_deref() == Some("worker.hw") && (p.gpu.is_some() || p.tp.is_some()) => {
+                e.key = Some(at.to_string());
+                e.message = format!("in the [{at}] pool: {}", e.message);
+            }
+            None => {}
+        }
+        e
+    };
+    let gpu = resolve_gpu(cx, &f).map_err(in_pool)?;
     let tp = cx.at_least(&key("tp"), i64::from(f.worker.hw.tp), 1)?;
-    let mut worker = resolve_worker(cx, &f, model, &gpu, tp, stages, base_dir)?;
+    let mut worker = resolve_worker(cx, &f, model, &gpu, tp, stages, base_dir).map_err(in_pool)?;
     if worker.block_size != base.block_size {
         return Err(cx.err(
             &key("vllm_params.block_size"),

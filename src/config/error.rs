@@ -88,12 +88,46 @@ impl fmt::Display for ConfigError {
         if let Some(key) = &self.key {
             write!(f, "`{key}`: ")?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", compact_numbers(&self.message))?;
         if let Some(hint) = &self.hint {
-            write!(f, "\n  fix: {hint}")?;
+            write!(f, "\n  fix: {}", compact_numbers(hint))?;
         }
         Ok(())
     }
+}
+
+/// Rewrites every decimal numeral of more than 20 characters in `text` in
+/// scientific notation: Rust prints an `f64` such as 1e300 as a 301-digit
+/// integer (and 1e-300 as 302 characters), which buries the message.
+pub fn compact_numbers(text: &str) -> std::borrow::Cow<'_, str> {
+    const LONGEST: usize = 20;
+    let is_num = |c: char| c.is_ascii_digit() || c == '.';
+    let mut out = String::new();
+    let mut last = 0;
+    let mut i = 0;
+    let bytes = text.as_bytes();
+    while i < bytes.len() {
+        if !is_num(bytes[i] as char) {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < bytes.len() && is_num(bytes[i] as char) {
+            i += 1;
+        }
+        if i - start > LONGEST
+            && let Ok(v) = text[start..i].parse::<f64>()
+        {
+            out.push_str(&text[last..start]);
+            out.push_str(&format!("{v:e}"));
+            last = i;
+        }
+    }
+    if last == 0 {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    out.push_str(&text[last..]);
+    std::borrow::Cow::Owned(out)
 }
 
 impl std::error::Error for ConfigError {}
@@ -201,6 +235,14 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_and_tiny_numbers_are_written_in_scientific_notation() {
+        let msg = format!("got {}, and {} s; keep 123456789 and 0.25", 1e300, 1e-300);
+        assert_eq!(compact_numbers(&msg), "got 1e300, and 1e-300 s; keep 123456789 and 0.25");
+        let e = ConfigError::key("s.toml", "simulation.simulation_time", format!("got {}", 1e300)).hint("use -1");
+        assert_eq!(e.to_string(), "s.toml: `simulation.simulation_time`: got 1e300\n  fix: use -1");
+    }
 
     #[test]
     fn closest_finds_typos_and_rejects_unrelated_words() {

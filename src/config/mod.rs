@@ -160,9 +160,25 @@ fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String
     let mut err = match path {
         Some(p) if p != "." && !p.is_empty() => describe_serde(e.message().to_string(), source, p),
         Some(_) => describe_serde(e.message().to_string(), source, String::new()),
-        None => ConfigError::file(source, format!("invalid TOML: {}", e.message().trim()))
-            .hint("fix the syntax at that line (strings need quotes, tables need [brackets])")
-            .schema(),
+        None => match e.span().map(|s| text.get(s).unwrap_or_default().trim().trim_matches(['"', '\''])) {
+            // The toml crate says only "duplicate key": name it.
+            Some(key) if e.message().trim() == "duplicate key" && !key.is_empty() => {
+                let at = e.span().map_or(0, |s| s.start);
+                let header = text[..at].rsplit('\n').next().is_some_and(|l| l.trim_start().starts_with('['));
+                let (what, fix) = if header {
+                    (format!("table [{key}] is written twice"), format!("merge the two [{key}] tables into one"))
+                } else {
+                    (
+                        format!("duplicate key `{key}` (set twice in the same table)"),
+                        format!("set `{key}` once: remove one of the two lines"),
+                    )
+                };
+                ConfigError::file(source, format!("invalid TOML: {what}")).hint(fix).schema()
+            }
+            _ => ConfigError::file(source, format!("invalid TOML: {}", e.message().trim()))
+                .hint("fix the syntax at that line (strings need quotes, tables need [brackets])")
+                .schema(),
+        },
     };
     err.line = line;
     if err.key.as_deref() == Some("") {

@@ -62,7 +62,7 @@ struct OpalDefault {
 }
 
 /// Set when the JSON leaves them out.
-const OPAL_DEFAULTS: [OpalDefault; 3] = [
+const OPAL_DEFAULTS: [OpalDefault; 4] = [
     OpalDefault {
         section: "worker.inference_params",
         key: "model",
@@ -81,13 +81,19 @@ const OPAL_DEFAULTS: [OpalDefault; 3] = [
         value: || toml::Value::Float(1.0),
         why: "Opal gives vLLM all of memory_gb",
     },
+    OpalDefault {
+        section: "worker.worker_params",
+        key: "periodic_infra_update_time",
+        value: || toml::Value::Float(30.0),
+        why: "Opal's configs/defaults.json reports load every 30 s",
+    },
 ];
 
 /// Keys of the Python Opal's configuration that have no counterpart here
 /// (dotted, `*` for any list index), from its `configs/defaults.json`,
 /// `configs/defaults_apc.json` and its wiki's configuration reference:
 /// removed with a warning.
-pub const OPAL_ONLY_KEYS: [&str; 16] = [
+pub const OPAL_ONLY_KEYS: [&str; 18] = [
     "simulation.save_simulation_data",
     "simulation.show_progress",
     "simulation.max_wall_time_sec",
@@ -104,6 +110,9 @@ pub const OPAL_ONLY_KEYS: [&str; 16] = [
     "worker.inference_params.memory_efficiency",
     "workload.stages.*.workload_params.a_override",
     "workload.stages.*.workload_params.b_override",
+    // IBM/opal-sim's later `configs/defaults.json` (its latency-window router knobs).
+    "router.router_params.latency_percentile",
+    "router.router_params.latency_window",
 ];
 
 /// Whether dotted `key` matches `pattern` (`*` matches any list index).
@@ -284,7 +293,9 @@ fn trace_seconds(out: &mut Imported) {
         return;
     };
     for (i, stage) in stages.iter_mut().enumerate() {
-        let Some(stage) = stage.as_table_mut().filter(|s| s.get("type").and_then(|t| t.as_str()) == Some("Trace"))
+        let Some(stage) = stage
+            .as_table_mut()
+            .filter(|s| s.get("type").and_then(|t| t.as_str()).is_some_and(|t| t.eq_ignore_ascii_case("trace")))
         else {
             continue;
         };
@@ -540,6 +551,20 @@ mod tests {
         assert!(notes.contains("simulation.seed is null"), "{notes}");
         assert!(notes.contains("enable_gpu_apc → worker.vllm_params.enable_prefix_caching"), "{notes}");
         assert!(notes.contains("gpu_memory_utilization = 1.0"), "{notes}");
+        // The original's defaults.json reports load every 30 s (ours: 5).
+        assert_eq!(out.table["worker"]["worker_params"]["periodic_infra_update_time"].as_float(), Some(30.0));
+        assert!(notes.contains("periodic_infra_update_time = 30.0"), "{notes}");
+    }
+
+    #[test]
+    fn ibm_opal_router_keys_are_listed_and_left_out() {
+        let json = r#"{"router": {"router_params": {"policy": "MaxPrefix", "latency_percentile": "p95", "latency_window": 50}}}"#;
+        let (_, out) = crate::config::Spec::from_opal_json(json, Path::new("c.json")).unwrap();
+        let router = out.table["router"]["router_params"].as_table().unwrap();
+        assert_eq!(router.keys().collect::<Vec<_>>(), ["policy"]);
+        let mut ignored = out.ignored.clone();
+        ignored.sort();
+        assert_eq!(ignored, ["router.router_params.latency_percentile", "router.router_params.latency_window"]);
     }
 
     #[test]
@@ -547,11 +572,13 @@ mod tests {
         let json = r#"{"workload": {"stages": [
             {"type": "Trace", "workload_params": {"trace_file": "t.jsonl"}},
             {"type": "Trace", "workload_params": {"trace_file": "t.jsonl", "multiplier_to_sec": 0.001}},
-            {"type": "UniformReqRate", "workload_params": {}}]}}"#;
+            {"type": "UniformReqRate", "workload_params": {}},
+            {"type": "trace", "workload_params": {"trace_file": "t.jsonl"}}]}}"#;
         let out = import(json, Path::new("c.json"), |_| Ok(())).unwrap();
         let stages = out.table["workload"]["stages"].as_array().unwrap();
         let m = |i: usize| stages[i]["workload_params"].get("multiplier_to_sec").and_then(|v| v.as_float());
-        assert_eq!((m(0), m(1), m(2)), (Some(1.0), Some(0.001), None));
+        // Stage 3 is written as Opal's own defaults.json writes it ("trace").
+        assert_eq!((m(0), m(1), m(2), m(3)), (Some(1.0), Some(0.001), None, Some(1.0)));
         assert!(out.notes.iter().any(|n| n.starts_with("workload.stages.0.workload_params.multiplier_to_sec = 1.0")));
     }
 

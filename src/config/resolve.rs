@@ -220,8 +220,14 @@ fn resolve_router(
     if p.max_event_batch_size == 0 {
         return Err(cx.err(&key("max_event_batch_size"), "must be at least 1", "Opal's default is 64"));
     }
+    // The scaling keys are checked whether or not scaling is on: a bad value
+    // is a mistake even where it is not read yet.
+    cx.workers(&key("max_workers"), p.max_workers)?;
+    if p.max_workers == 0 {
+        return Err(cx.err(&key("max_workers"), "must be at least 1", "Opal's default is 50"));
+    }
+    let scale_latency = secs0(&key("scale_latency"), p.scale_latency)?;
     let autoscale = if p.enable_scaling {
-        cx.workers(&key("max_workers"), p.max_workers)?;
         if p.max_workers < num_workers {
             return Err(cx.err(
                 &key("max_workers"),
@@ -229,11 +235,7 @@ fn resolve_router(
                 "raise max_workers or start with fewer workers",
             ));
         }
-        Some(AutoscaleConfig {
-            max_queue_threshold: p.max_queue_threshold,
-            scale_latency: secs0(&key("scale_latency"), p.scale_latency)?,
-            max_workers: p.max_workers,
-        })
+        Some(AutoscaleConfig { max_queue_threshold: p.max_queue_threshold, scale_latency, max_workers: p.max_workers })
     } else {
         None
     };
@@ -242,7 +244,7 @@ fn resolve_router(
         return Err(cx.err(
             "worker.worker_params.periodic_infra_update_time",
             format!("must be a positive number of seconds, got {system}"),
-            "Opal's default is 5",
+            "the default is 5 (Opal's configs/defaults.json has 30)",
         ));
     }
     Ok(RouterConfig {
@@ -337,6 +339,8 @@ fn resolve_kvc(
             format!("use a multiple of worker.vllm_params.block_size, e.g. {}", block * 16),
         ));
     }
+    let all = [Tier::Cpu, Tier::Nvme, Tier::Dfs].map(|t| tier_config(cx, k, t));
+    let all: Vec<TierConfig> = all.into_iter().collect::<Result<_, _>>()?;
     let mut tiers: Vec<TierConfig> = Vec::new();
     for (i, name) in k.kvc_tiers.iter().enumerate() {
         let key = format!("kvc.kvc_tiers.{i}");
@@ -351,58 +355,7 @@ fn resolve_kvc(
         if tiers.iter().any(|t| t.tier == tier) {
             return Err(cx.err(&key, format!("{name} is listed twice"), "list each tier once, fastest first"));
         }
-        let p: &TierParams = match tier {
-            Tier::Cpu => &k.CPUMemory,
-            Tier::Nvme => &k.LocalNVMe,
-            Tier::Dfs => &k.DistributedFS,
-            Tier::Gpu => unreachable!("not a kvc tier"),
-        };
-        let defaults = tier_defaults(tier);
-        let at = |f: &str| format!("kvc.{}.{f}", tier.opal_name());
-        let bandwidth = cx.positive(&at("bandwidth_GBps"), p.bandwidth_GBps.unwrap_or(defaults.0))?;
-        let latency = p.latency_nsec.unwrap_or(defaults.1);
-        if !(latency.is_finite() && latency >= 0.0) {
-            return Err(cx.err(&at("latency_nsec"), format!("must be ≥ 0, got {latency}"), "use e.g. 200 for DRAM"));
-        }
-        let concurrency = p.concurrency.unwrap_or(defaults.2);
-        if concurrency == 0 {
-            return Err(cx.err(&at("concurrency"), "must be at least 1", "use e.g. 1000"));
-        }
-        let capacity = p.capacity_GB.unwrap_or(defaults.3);
-        if !(capacity.is_finite() && capacity >= 0.0) {
-            return Err(cx.err(&at("capacity_GB"), format!("must be ≥ 0 GiB, got {capacity}"), "use e.g. 64"));
-        }
-        let eviction = match &p.eviction_policy {
-            None => EvictionPolicy::Lru,
-            Some(e) => EvictionPolicy::from_name(e).ok_or_else(|| {
-                cx.err(&at("eviction_policy"), format!("unknown eviction policy {e:?}"), "use lru, lfu or fifo")
-                    .schema()
-            })?,
-        };
-        let client = match (tier, p.client_bandwidth_GBps) {
-            (_, None) => None,
-            (Tier::Dfs, Some(c)) => Some(cx.positive(&at("client_bandwidth_GBps"), c)? * 1e9),
-            (_, Some(_)) => {
-                return Err(cx.err(
-                    &at("client_bandwidth_GBps"),
-                    "a per-client link cap only applies to the shared DistributedFS",
-                    "remove it; a per-worker tier has one client",
-                ));
-            }
-        };
-        tiers.push(TierConfig {
-            tier,
-            device: DeviceConfig {
-                bandwidth_bps: bandwidth * 1e9,
-                latency: SimDuration::from_secs_f64(latency / 1e9),
-                concurrency: concurrency.min(u64::from(u32::MAX)) as u32,
-                client_bandwidth_bps: client,
-            },
-            capacity_bytes: (capacity * (1u64 << 30) as f64) as u64,
-            eviction,
-            usd_per_gib_hour: non_negative(cx, &at("usd_per_gb_hour"), p.usd_per_gb_hour, "e.g. 0.0036 for DRAM")?,
-            watts_per_gib: non_negative(cx, &at("watts_per_gb"), p.watts_per_gb, "e.g. 0.375 for DDR5 RDIMMs")?,
-        });
+        tiers.push(all[tier as usize - 1].clone());
     }
     let write_policy = match k.write_policy.to_ascii_lowercase().as_str() {
         "write_through" => WritePolicy::WriteThrough,
@@ -462,6 +415,62 @@ fn resolve_kvc(
         block_bytes: block * model.kv_bytes_per_token(),
         event_coalesce: SimDuration::from_secs_f64(coalesce),
         publish_events: false,
+    })
+}
+
+/// Tier `tier`'s section of `[kvc]`, checked (whether or not `kvc_tiers`
+/// lists it: a bad value is a mistake even where it is not read yet).
+fn tier_config(cx: &Ctx<'_>, k: &KvcSection, tier: Tier) -> Result<TierConfig, ConfigError> {
+    let p: &TierParams = match tier {
+        Tier::Cpu => &k.CPUMemory,
+        Tier::Nvme => &k.LocalNVMe,
+        Tier::Dfs => &k.DistributedFS,
+        Tier::Gpu => unreachable!("not a kvc tier"),
+    };
+    let defaults = tier_defaults(tier);
+    let at = |f: &str| format!("kvc.{}.{f}", tier.opal_name());
+    let bandwidth = cx.positive(&at("bandwidth_GBps"), p.bandwidth_GBps.unwrap_or(defaults.0))?;
+    let latency = p.latency_nsec.unwrap_or(defaults.1);
+    if !(latency.is_finite() && latency >= 0.0) {
+        return Err(cx.err(&at("latency_nsec"), format!("must be ≥ 0, got {latency}"), "use e.g. 200 for DRAM"));
+    }
+    let concurrency = p.concurrency.unwrap_or(defaults.2);
+    if concurrency == 0 {
+        return Err(cx.err(&at("concurrency"), "must be at least 1", "use e.g. 1000"));
+    }
+    let capacity = p.capacity_GB.unwrap_or(defaults.3);
+    if !(capacity.is_finite() && capacity >= 0.0) {
+        return Err(cx.err(&at("capacity_GB"), format!("must be ≥ 0 GiB, got {capacity}"), "use e.g. 64"));
+    }
+    let eviction = match &p.eviction_policy {
+        None => EvictionPolicy::Lru,
+        Some(e) => EvictionPolicy::from_name(e).ok_or_else(|| {
+            cx.err(&at("eviction_policy"), format!("unknown eviction policy {e:?}"), "use lru, lfu or fifo").schema()
+        })?,
+    };
+    let client = match (tier, p.client_bandwidth_GBps) {
+        (_, None) => None,
+        (Tier::Dfs, Some(c)) => Some(cx.positive(&at("client_bandwidth_GBps"), c)? * 1e9),
+        (_, Some(_)) => {
+            return Err(cx.err(
+                &at("client_bandwidth_GBps"),
+                "a per-client link cap only applies to the shared DistributedFS",
+                "remove it; a per-worker tier has one client",
+            ));
+        }
+    };
+    Ok(TierConfig {
+        tier,
+        device: DeviceConfig {
+            bandwidth_bps: bandwidth * 1e9,
+            latency: SimDuration::from_secs_f64(latency / 1e9),
+            concurrency: concurrency.min(u64::from(u32::MAX)) as u32,
+            client_bandwidth_bps: client,
+        },
+        capacity_bytes: (capacity * (1u64 << 30) as f64) as u64,
+        eviction,
+        usd_per_gib_hour: non_negative(cx, &at("usd_per_gb_hour"), p.usd_per_gb_hour, "e.g. 0.0036 for DRAM")?,
+        watts_per_gib: non_negative(cx, &at("watts_per_gb"), p.watts_per_gb, "e.g. 0.375 for DDR5 RDIMMs")?,
     })
 }
 

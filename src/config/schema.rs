@@ -690,6 +690,9 @@ pub struct WorkerParams {
     /// Seconds a worker gathers KV events before sending them to the router.
     pub kvcevent_coalesce_time: f64,
     /// Seconds between a worker's load reports (system events) to the router.
+    /// Default 5, as IBM/opal-sim's current `configs/defaults.json`; the
+    /// original's (animeshtrivedi/opal-sim 819f7dec) says 30, which an
+    /// imported Opal JSON that leaves the key out gets.
     pub periodic_infra_update_time: f64,
 }
 

@@ -428,11 +428,13 @@ impl Layout {
     }
 }
 
-/// Removes temporary files left in the parts directory by processes that
-/// no longer exist (a killed sweep); files of live processes are kept.
+/// Removes temporary files (`*.tmp-PID`) left in the sweep directory and
+/// its parts directory by processes that no longer exist (a sweep killed
+/// while writing a part, or during the final merge); files of live
+/// processes are kept.
 pub fn remove_stale_temporaries(layout: &Layout) {
-    let Ok(entries) = std::fs::read_dir(layout.parts_dir()) else { return };
-    for e in entries.filter_map(Result::ok) {
+    let entries = [layout.parts_dir(), layout.dir.clone()].into_iter().filter_map(|d| std::fs::read_dir(d).ok());
+    for e in entries.flatten().filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some((_, pid)) = name.rsplit_once(".tmp-") else { continue };
         let alive = pid
@@ -960,6 +962,27 @@ pub fn f64_column(batch: &RecordBatch, name: &str) -> Option<Vec<Option<f64>>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temporaries_of_dead_processes_are_removed_from_the_directory_and_its_parts() {
+        let dir = std::env::temp_dir().join(format!("opal-stale-{}", std::process::id()));
+        let layout = Layout { dir: dir.clone() };
+        std::fs::create_dir_all(layout.parts_dir()).unwrap();
+        // No process has id u32::MAX; this one is alive.
+        let dead = [dir.join("runs.parquet.tmp-4294967295"), dir.join("manifest.json.tmp-4294967295")];
+        let dead_part = layout.parts_dir().join("runs-0001.parquet.tmp-4294967295");
+        let live = dir.join(format!("requests.parquet.tmp-{}", std::process::id()));
+        let kept = dir.join("runs.parquet");
+        for f in dead.iter().chain([&dead_part, &live, &kept]) {
+            std::fs::write(f, b"x").unwrap();
+        }
+        remove_stale_temporaries(&layout);
+        for f in dead.iter().chain([&dead_part]) {
+            assert!(!f.exists(), "{} left behind", f.display());
+        }
+        assert!(live.exists() && kept.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn hdr_v2_round_trip_keeps_every_count() {

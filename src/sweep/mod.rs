@@ -24,7 +24,7 @@ pub mod search;
 
 pub use path::set_path;
 
-use crate::config::{ConfigError, ErrorKind, Scenario, Spec, closest, resolve, spec_from_table};
+use crate::config::{ConfigError, ErrorKind, Scenario, Spec, SpecFile, closest, resolve, spec_from_table};
 use crate::engine::Fnv64;
 use crate::output::table::ColType;
 use crate::output::{AxisValue, RunMeta, TableKind, TableSet};
@@ -258,11 +258,7 @@ fn axes_of(spec: &Spec, source: &str) -> Result<Vec<Axis>, ConfigError> {
     Ok(axes)
 }
 
-fn tables_of(
-    spec: &Spec,
-    scenario: &crate::config::SpecFile,
-    source: &str,
-) -> Result<BTreeSet<TableKind>, ConfigError> {
+fn tables_of(spec: &Spec, scenario: &SpecFile, source: &str) -> Result<BTreeSet<TableKind>, ConfigError> {
     let names = spec.file.sweep.tables.clone().unwrap_or_else(|| {
         let mut names = ["runs", "histograms", "timeseries", "workers", "stages"].map(String::from).to_vec();
         if scenario.workload.stages.iter().any(|s| s.kind.eq_ignore_ascii_case("SC25Workload")) {
@@ -534,8 +530,8 @@ fn trace_burst_notes(points: &[Point]) -> Vec<String> {
 pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, ConfigError> {
     let source = spec.source();
     let plan = plan(spec)?;
-    let (mut table, base_dir, scenario_source, _) = base_scenario(spec, &source)?;
-    if let Some(n) = point {
+    let (base, base_dir, scenario_source, _) = base_scenario(spec, &source)?;
+    let with_point = |n: usize| -> Result<(SpecFile, Scenario), ConfigError> {
         let p = plan.points.get(n).ok_or_else(|| {
             ConfigError::file(
                 &source,
@@ -543,12 +539,34 @@ pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, Con
             )
             .hint("points count from 0; --dry-run lists them")
         })?;
+        let mut table = base.clone();
         for (path, v) in &p.overrides {
             set_path(&mut table, path, v.clone()).map_err(|e| ConfigError::key(&source, path.as_str(), e))?;
         }
-    }
-    let file = spec_from_table(&table, &scenario_source)?;
-    let scenario = resolve(&file, &scenario_source, &base_dir)?;
+        let file = spec_from_table(&table, &scenario_source)?;
+        let scenario = resolve(&file, &scenario_source, &base_dir)?;
+        Ok((file, scenario))
+    };
+    // A base scenario that only fits once an axis sets a key (a `[[zip]]`
+    // of `worker.hw.tp` with a model too big for one GPU) is written with
+    // the first grid point that resolves, and says so.
+    let mut fallback = None;
+    let (file, scenario) = match point {
+        Some(n) => with_point(n)?,
+        None => {
+            let file = spec_from_table(&base, &scenario_source)?;
+            match resolve(&file, &scenario_source, &base_dir) {
+                Ok(scenario) => (file, scenario),
+                Err(e) => match plan.points.iter().position(|p| p.scenario.is_ok()) {
+                    Some(n) if !plan.points[n].overrides.is_empty() => {
+                        fallback = Some((n, e));
+                        with_point(n)?
+                    }
+                    _ => return Err(e),
+                },
+            }
+        }
+    };
     let effective = crate::config::effective::effective_table(&file, Some(&scenario), &base_dir)
         .map_err(|e| ConfigError::file(&source, e))?;
     let mut head = toml::Table::new();
@@ -574,6 +592,12 @@ pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, Con
         "# The effective configuration of {what}: every key, defaults filled in\n# (opal-sweep {}). It runs to the same results.\n",
         env!("CARGO_PKG_VERSION")
     );
+    if let Some((n, e)) = &fallback {
+        let why = e.to_string().lines().next().unwrap_or_default().to_string();
+        out.push_str(&format!(
+            "# The base scenario alone does not resolve ({why}); the keys below\n# are grid point {n}'s, the first that does (its axis values applied).\n"
+        ));
+    }
     out.push_str(&crate::config::effective::commented(&head));
     out.push_str(&crate::config::effective::commented(&effective));
     Ok(out)

@@ -131,6 +131,9 @@ pub fn pareto_spec(spec: &Spec) -> Result<Option<ParetoSpec>, ConfigError> {
             return err(&key, format!("`{path}` is also a grid axis"), "vary it in the search or the grid, not both");
         }
         let ty = super::axis_type(path, values, &source)?;
+        if let Err((msg, hint)) = super::search::settable(spec, path, values[0].clone()) {
+            return err(&key, msg, &hint);
+        }
         parameters.push((path.clone(), values.clone(), ty));
     }
     let lattice: usize = parameters.iter().map(|(_, v, _)| v.len()).product();

@@ -11,8 +11,21 @@ pub fn set_path(table: &mut toml::Table, path: &str, value: toml::Value) -> Resu
         return Err("a path is dot-separated keys, such as router.router_params.policy".into());
     }
     let (first, rest) = segs.split_first().expect("split always yields one segment");
+    missing_list(table, first, rest, first)?;
     let slot = table.entry(first.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
     set_in(slot, rest, value, first)
+}
+
+/// A path that indexes (`….0.…`) a list the spec does not have: it cannot
+/// be made up (a stage needs its type), so it is an error naming the list.
+fn missing_list(t: &toml::Table, seg: &str, tail: &[&str], here: &str) -> Result<(), String> {
+    match tail.first() {
+        Some(i) if !t.contains_key(seg) && i.parse::<usize>().is_ok() => Err(format!(
+            "`{here}` is a list the spec does not have, so it has no entry {i}: write the list first \
+             (e.g. [[{here}]] with its type), then vary its keys"
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn set_in(cur: &mut toml::Value, rest: &[&str], value: toml::Value, at: &str) -> Result<(), String> {
@@ -23,6 +36,7 @@ fn set_in(cur: &mut toml::Value, rest: &[&str], value: toml::Value, at: &str) ->
     let here = format!("{at}.{seg}");
     match cur {
         toml::Value::Table(t) => {
+            missing_list(t, seg, tail, &here)?;
             let slot = t.entry(seg.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
             set_in(slot, tail, value, &here)
         }

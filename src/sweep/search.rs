@@ -137,6 +137,30 @@ impl SearchSpec {
     }
 }
 
+/// Whether a search can set `parameter` to `value` in the spec's base
+/// scenario: a path the scenario does not have (a typo), or a value of the
+/// wrong type there, is an input error before any run — not a failed first
+/// probe. The error is (what is wrong, the fix).
+pub(super) fn settable(spec: &Spec, parameter: &str, value: toml::Value) -> Result<(), (String, String)> {
+    let source = spec.source();
+    let Ok((mut table, base_dir, scenario_source, _)) = super::base_scenario(spec, &source) else {
+        return Ok(()); // the base's own error comes out when the sweep is planned
+    };
+    if let Err(m) = super::set_path(&mut table, parameter, value) {
+        return Err((format!("`{parameter}` cannot be set: {m}"), "name a key of the scenario".into()));
+    }
+    // (A stage's keys are known only once its type is: resolve, too.)
+    let checked = crate::config::spec_from_table(&table, &scenario_source)
+        .and_then(|f| crate::config::resolve(&f, &scenario_source, &base_dir).map(|_| ()));
+    match checked {
+        Err(e) if e.kind == crate::config::ErrorKind::Schema => Err((
+            format!("`{parameter}` is not a key a search can set: {}", e.message),
+            e.hint.unwrap_or_else(|| "name a key of the scenario".into()),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The spec's `[search]`, checked (`None` without one).
 pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     let Some(s) = &spec.file.search else { return Ok(None) };
@@ -237,6 +261,10 @@ pub fn search_spec(spec: &Spec) -> Result<Option<SearchSpec>, ConfigError> {
     let integer = s.integer.unwrap_or(matches!(current, Some(toml::Value::Integer(_))));
     if integer && (min.fract() != 0.0 || max.fract() != 0.0) {
         return err("min", format!("an integer search needs whole bounds, got [{min}, {max}]"), "round the bounds");
+    }
+    let v = if integer { toml::Value::Integer(min as i64) } else { toml::Value::Float(min) };
+    if let Err((msg, hint)) = settable(spec, &parameter, v) {
+        return err("parameter", msg, &hint);
     }
     Ok(Some(SearchSpec {
         parameter,
