@@ -740,13 +740,20 @@ fn model(args: &ModelArgs) -> Result<ExitCode, Failure> {
     use opal::worker::model::ModelReport;
     let mut model = load_model(&args.model)?;
     model.set_kv_cache_dtype(&args.kv_cache_dtype).map_err(|e| Failure::Input(format!("--kv-cache-dtype: {e}")))?;
-    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0)
-        || args.tp == 0
-        || args.block_size == 0
-    {
-        return Err(Failure::Input(
-            "--gpu-memory-utilization must be in (0, 1], --tp and --block-size at least 1".into(),
-        ));
+    if !(args.gpu_memory_utilization > 0.0 && args.gpu_memory_utilization <= 1.0) {
+        return Err(Failure::Input(format!(
+            "--gpu-memory-utilization must be in (0, 1], got {}\n  fix: vLLM's default is 0.9",
+            args.gpu_memory_utilization
+        )));
+    }
+    if args.block_size == 0 {
+        return Err(Failure::Input("--block-size must be at least 1\n  fix: vLLM's default is 16".into()));
+    }
+    if let Some(why) = model.tp_problem(u64::from(args.tp)) {
+        return Err(Failure::Input(format!(
+            "--tp {}: {why}\n  fix: use a degree that divides the head count",
+            args.tp
+        )));
     }
     let gpu = args.gpu.as_deref().map(load_gpu).transpose()?;
     let fit = gpu
@@ -765,8 +772,20 @@ fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
     use opal::calibrate::{FitOptions, ModelRef, ProfileChoice, Setup};
     let gpu = load_gpu(&args.gpu)?;
     if args.tp == 0 {
-        return Err(Failure::Input("--tp must be at least 1".into()));
+        return Err(Failure::Input(
+            "--tp must be at least 1\n  fix: give the GPUs per worker the rows were measured on (e.g. --tp 2), or a tp column".into(),
+        ));
     }
+    const CSV_FIX: &str = "\n  fix: rows are phase,batch_size,tokens,latency_ms[,tp,output_tokens,power_w], e.g. prefill,1,512,30.5 (see opal-sweep calibrate --help)";
+    let read = |path: &std::path::Path| {
+        if !path.is_file() {
+            return Err(Failure::Input(format!("{}: no such file\n  fix: check the path", path.display())));
+        }
+        opal::worker::perf::read_measured(path).map_err(|e| Failure::Input(format!("{e}{CSV_FIX}")))
+    };
+    // Both files are read before the fit, so a bad --predict path costs nothing.
+    let rows = read(&args.measurements)?;
+    let other = args.predict.as_deref().map(read).transpose()?;
     let model_path = PathBuf::from(&args.model);
     let model = if model_path.is_file() || args.model.ends_with(".json") {
         ModelRef::Path(std::fs::canonicalize(&model_path).unwrap_or(model_path))
@@ -777,23 +796,28 @@ fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
     let profile = match args.profile.as_str() {
         "auto" => ProfileChoice::Auto,
         "analytic" => ProfileChoice::Analytic,
-        dir => {
-            ProfileChoice::Dir(std::fs::canonicalize(dir).map_err(|e| Failure::Input(format!("--profile {dir}: {e}")))?)
-        }
+        dir => ProfileChoice::Dir(std::fs::canonicalize(dir).map_err(|e| {
+            Failure::Input(format!(
+                "--profile {dir}: {e}\n  fix: use auto, analytic, or a directory of aiconfigurator or Vidur tables"
+            ))
+        })?),
     };
     let opts = match &args.fit {
-        Some(list) => FitOptions::parse(list).map_err(Failure::Input)?,
+        Some(list) => FitOptions::parse(list).map_err(|e| {
+            Failure::Input(format!(
+                "{e}\n  fix: name constants from that list, comma-separated (e.g. --fit compute_scale,memory_scale)"
+            ))
+        })?,
         None => FitOptions::default(),
     };
     let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile };
     let file = args.measurements.display().to_string();
-    let rows = opal::worker::perf::read_measured(&args.measurements).map_err(Failure::Input)?;
-    let fit = opal::calibrate::calibrate(&setup, &rows, &opts).map_err(|e| Failure::Input(format!("{file}: {e}")))?;
+    let fit = opal::calibrate::calibrate(&setup, &rows, &opts)
+        .map_err(|e| Failure::Input(format!("{file}: {e}{CSV_FIX}")))?;
     eprint!("{}", opal::report::text::calibration_table(&fit));
-    if let Some(path) = &args.predict {
-        let other = opal::worker::perf::read_measured(path).map_err(Failure::Input)?;
+    if let (Some(path), Some(other)) = (&args.predict, other) {
         let (predicted, warnings) = opal::calibrate::fit::predict(&setup, fit.constants, &rows, &other)
-            .map_err(|e| Failure::Input(format!("{}: {e}", path.display())))?;
+            .map_err(|e| Failure::Input(format!("{}: {e}{CSV_FIX}", path.display())))?;
         eprintln!("predicted ({}):", path.display());
         for (r, tp, s) in &predicted {
             eprintln!(

@@ -383,3 +383,45 @@ fn config_prints_the_defaults_and_presets_lists_models_and_gpus() {
     let o = opal_sweep(&["config", "one.toml", "--point", "3"], &dir);
     assert_input_error(&o, &["one.toml", "1 grid points; there is no point 3", "fix:"]);
 }
+
+#[test]
+fn model_and_calibrate_refuse_bad_options_with_a_fix() {
+    let dir = temp_dir("model-calibrate-options");
+    // vLLM refuses a tensor-parallel degree that does not divide the heads.
+    let o = opal_sweep(&["model", "llama-3.1-8b", "--tp", "3"], &dir);
+    assert_input_error(&o, &["--tp 3", "32 attention heads", "1, 2, 4, 8, 16, 32", "fix:"]);
+    for args in [["--tp", "0"], ["--block-size", "0"], ["--gpu-memory-utilization", "1.5"]] {
+        let o = opal_sweep(&["model", "llama-3.1-8b", args[0], args[1]], &dir);
+        assert_input_error(&o, &[args[0], "fix:"]);
+    }
+    std::fs::write(dir.join("ok.csv"), "phase,batch_size,tokens,latency_ms\nprefill,1,512,30\n").unwrap();
+    std::fs::write(dir.join("empty.csv"), "phase,batch_size,tokens,latency_ms\n").unwrap();
+    std::fs::write(dir.join("inf.csv"), "phase,batch_size,tokens,latency_ms\nprefill,1,512,inf\n").unwrap();
+    let base = ["calibrate", "--model", "llama-3.1-8b", "--gpu", "H100"];
+    for (extra, needle) in [
+        (&["--tp", "0", "ok.csv"][..], "--tp"),
+        (&["--profile", "no/such/dir", "ok.csv"][..], "--profile"),
+        (&["--fit", "banana", "ok.csv"][..], "banana"),
+        (&["empty.csv"][..], "no measurements"),
+        (&["inf.csv"][..], "inf.csv:2"),
+        (&["no-such.csv"][..], "no-such.csv"),
+        // The file to predict is read before the fit.
+        (&["--predict", "no-such.csv", "ok.csv"][..], "no-such.csv"),
+    ] {
+        let o = opal_sweep(&[&base[..], extra].concat(), &dir);
+        assert_input_error(&o, &[needle, "fix:"]);
+        assert!(!stderr(&o).contains("residual"), "the fit ran before the error:\n{}", stderr(&o));
+    }
+}
+
+#[test]
+fn config_writes_a_spec_whose_base_only_fits_once_an_axis_sets_tp() {
+    let dir = temp_dir("config-zip-tp");
+    let spec = "[model.model_params]\nname = \"llama-3.1-70b\"\n[[zip]]\n\"worker.hw.tp\" = [4, 8]\n\"simulation.seed\" = [1, 2]\n";
+    std::fs::write(dir.join("spec.toml"), spec).unwrap();
+    let o = opal_sweep(&["config", "spec.toml"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("does not resolve") && text.contains("grid point 0's"), "{text}");
+    assert!(text.contains("tp = 4"), "{text}");
+}

@@ -346,3 +346,48 @@ fn a_one_run_sweep_gets_no_degenerate_figure_and_says_why() {
     assert!(stages.contains("<td>1</td><td class=\"l\">UniformReqRate</td><td>20</td>"), "{stages}");
     assert!(!html.contains("single point per line"), "no figure is left with lone dots");
 }
+
+#[test]
+fn rejected_requests_are_in_the_terminal_table_and_on_the_page() {
+    // A trace of 40 requests, every fourth longer than the 1,024-token context (rejected, as vLLM does).
+    let trace: String = (0..40)
+        .map(|i| {
+            let input = if i % 4 == 0 { 1500 } else { 300 };
+            format!(
+                "{{\"timestamp\": {}, \"input_length\": {input}, \"output_length\": 20, \"hash_ids\": [{i}]}}\n",
+                i * 100
+            )
+        })
+        .collect();
+    let spec = |limit: u32| {
+        format!(
+            "[sweep]\nname = \"rej\"\nreport = true\n[grid]\n\"simulation.num_workers\" = [1, 2]\n\
+             [model.model_params]\nname = \"llama-3.1-8b\"\n[worker.vllm_params]\nmax_model_len = {limit}\n\
+             [[workload.stages]]\ntype = \"Trace\"\n[workload.stages.workload_params]\ntrace_file = \"t.jsonl\"\n"
+        )
+    };
+    let dir = setup("report-rejected", &spec(1024));
+    std::fs::write(dir.join("t.jsonl"), &trace).unwrap();
+    let o = opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("rejected: ")).unwrap_or_else(|| panic!("{}", text(&o)));
+    assert_eq!(
+        line,
+        "rejected: 20 requests (25.0 %) over max_model_len, in no latency; at points 0: 25.0 %, 1: 25.0 %"
+    );
+    let html = std::fs::read_to_string(dir.join("out/report/index.html")).unwrap();
+    assert!(html.contains("rejected (%)</th>"), "the summary table has a rejected column");
+    assert!(html.contains("<td>25</td>"), "with each point's share");
+    assert!(
+        html.contains("were rejected (as vLLM does) at grid points 0 (25 %), 1 (25 %)"),
+        "and a warning names the points"
+    );
+    // Without rejections, neither.
+    let dir = setup("report-not-rejected", &spec(4096));
+    std::fs::write(dir.join("t.jsonl"), &trace).unwrap();
+    let o = opal_sweep(&["spec.toml", "-o", "out"], &dir);
+    assert!(o.status.success() && !String::from_utf8_lossy(&o.stdout).contains("rejected"), "{}", text(&o));
+    let html = std::fs::read_to_string(dir.join("out/report/index.html")).unwrap();
+    assert!(!html.contains("rejected"), "no rejected column or warning without rejections");
+}

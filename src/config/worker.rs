@@ -295,6 +295,9 @@ pub(super) fn resolve_worker(
     stages: &[StageConfig],
     base_dir: &Path,
 ) -> Result<WorkerConfig, ConfigError> {
+    if let Some(why) = model.tp_problem(u64::from(tp)) {
+        return Err(cx.err("worker.hw.tp", why, "use a degree that divides the head count"));
+    }
     let v = &file.worker.vllm_params;
     let key = |k: &str| format!("worker.vllm_params.{k}");
     let max_num_seqs = cx.at_least(&key("max_num_seqs"), i64::from(v.max_num_seqs), 1)?;

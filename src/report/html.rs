@@ -49,12 +49,49 @@ const COLUMNS: [(&str, &str, f64); 13] = [
     ("preemptions", "preemptions", 1.0),
 ];
 
+/// Each run's share of requests rejected (longer than `max_model_len`), %.
+fn rejected_pct(r: &super::data::RunRow) -> Option<f64> {
+    let (rejected, generated) = (r.metrics.get("requests_rejected")?, r.metrics.get("requests_generated")?);
+    (*generated > 0.0).then(|| 100.0 * rejected / generated)
+}
+
+/// Whether any run rejected requests.
+fn any_rejected(data: &SweepData) -> bool {
+    data.points.iter().flat_map(|p| &p.runs).any(|r| rejected_pct(r).is_some_and(|v| v > 0.0))
+}
+
+/// A warning naming the points that rejected requests: those requests are
+/// in no latency figure (an empty string when none did).
+fn rejected_warning(data: &SweepData) -> String {
+    let hit: Vec<String> = data
+        .points
+        .iter()
+        .filter_map(|p| {
+            let v: Vec<f64> = p.runs.iter().filter_map(rejected_pct).collect();
+            let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+            (mean > 0.0).then(|| format!("{} ({})", p.id, sig(mean, 2) + " %"))
+        })
+        .collect();
+    if hit.is_empty() {
+        return String::new();
+    }
+    format!(
+        "<p class=\"warn\">Requests longer than <code>max_model_len</code> were rejected (as vLLM does) at grid point{} {}: they are counted in <code>requests_rejected</code> and in no latency figure, so those points' latencies describe only the requests that fit.</p>\n",
+        if hit.len() == 1 { "" } else { "s" },
+        esc(&hit.join(", "))
+    )
+}
+
 fn summary_table(data: &SweepData, out: &mut String) {
+    let rejected = any_rejected(data);
     out.push_str("<div class=\"scroll\"><table>\n<tr><th>point</th>");
     for a in &data.axes {
         let _ = write!(out, "<th class=\"l\" title=\"{}\">{}</th>", esc(&a.path), esc(&a.label));
     }
     out.push_str("<th>runs ok</th>");
+    if rejected {
+        out.push_str("<th title=\"longer than max_model_len\">rejected (%)</th>");
+    }
     for (h, _, _) in COLUMNS {
         let _ = write!(out, "<th>{}</th>", esc(h));
     }
@@ -65,6 +102,11 @@ fn summary_table(data: &SweepData, out: &mut String) {
             let _ = write!(out, "<td class=\"l\">{}</td>", esc(&a.values[v]));
         }
         let _ = write!(out, "<td>{}/{}</td>", p.runs.len(), p.total_runs);
+        if rejected {
+            let v: Vec<f64> = p.runs.iter().filter_map(rejected_pct).collect();
+            let cell = mean_ci(&v).map_or_else(|| "—".to_string(), |(m, _)| esc(&sig(m, 2)));
+            let _ = write!(out, "<td>{cell}</td>");
+        }
         for (_, col, scale) in COLUMNS {
             let cell = match mean_ci(&p.samples(col)) {
                 None => "—".to_string(),
@@ -204,6 +246,7 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
     );
     failures(data, &mut out);
     out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
+    out.push_str(&rejected_warning(data));
     summary_table(data, &mut out);
     stage_table(data, &mut out);
     for f in &drawn.figures {

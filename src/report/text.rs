@@ -497,7 +497,37 @@ fn steady_note(points: &std::collections::BTreeMap<u32, crate::sweep::runner::Po
     if n > 0 {
         let _ = writeln!(out, "steady state: {n} run(s) too short to judge (points {at}): run more requests");
     }
+    out.push_str(&rejected_note(points));
     out
+}
+
+/// The points that rejected requests (longer than `max_model_len`), with
+/// the share at each: those requests are in no latency column (within 120
+/// columns; the most-rejecting points first when many).
+fn rejected_note(points: &std::collections::BTreeMap<u32, crate::sweep::runner::PointTally>) -> String {
+    let mut hit: Vec<(u32, f64)> = points
+        .iter()
+        .filter(|(_, t)| t.rejected > 0)
+        .map(|(&id, t)| (id, 100.0 * t.rejected as f64 / t.generated.max(1) as f64))
+        .collect();
+    if hit.is_empty() {
+        return String::new();
+    }
+    let total: u64 = points.values().map(|t| t.rejected).sum();
+    let generated: u64 = points.values().map(|t| t.generated).sum();
+    let n = hit.len();
+    if n > 4 {
+        hit.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    }
+    let shown: Vec<String> =
+        hit.iter().take(if n > 4 { 3 } else { 4 }).map(|(id, pct)| format!("{id}: {pct:.1} %")).collect();
+    let more = if n > 4 { format!(" … ({n} points)") } else { String::new() };
+    format!(
+        "rejected: {total} request{} ({:.1} %) over max_model_len, in no latency; at points {}{more}\n",
+        if total == 1 { "" } else { "s" },
+        100.0 * total as f64 / generated.max(1) as f64,
+        shown.join(", ")
+    )
 }
 
 /// What goes into a Slurm job-array script.
@@ -732,6 +762,31 @@ mod tests {
         assert!(!summary_table(&s).contains("rejected"));
         s.requests_rejected = 86;
         assert!(summary_table(&s).contains("914 completed, 86 rejected (8.6 %: longer than max_model_len)"));
+    }
+
+    #[test]
+    fn the_sweep_table_says_which_points_rejected_requests() {
+        use crate::sweep::runner::PointTally;
+        let tally = |generated, rejected| {
+            let mut t = PointTally::default();
+            (t.runs, t.ok, t.generated, t.rejected) = (1, 1, generated, rejected);
+            t
+        };
+        let mut points: std::collections::BTreeMap<u32, PointTally> =
+            [(0, tally(1000, 0)), (1, tally(1000, 86)), (2, tally(2000, 10))].into_iter().collect();
+        assert_eq!(
+            rejected_note(&points),
+            "rejected: 96 requests (2.4 %) over max_model_len, in no latency; at points 1: 8.6 %, 2: 0.5 %\n"
+        );
+        // Many points: the most-rejecting first, and a count.
+        for id in 3..10 {
+            points.insert(id, tally(100, u64::from(id)));
+        }
+        let note = rejected_note(&points);
+        assert!(note.ends_with("at points 9: 9.0 %, 1: 8.6 %, 8: 8.0 % … (9 points)\n"), "{note}");
+        assert!(note.chars().count() <= 120, "{note}");
+        points.values_mut().for_each(|t| t.rejected = 0);
+        assert_eq!(rejected_note(&points), "");
     }
 
     #[test]

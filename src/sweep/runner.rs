@@ -154,6 +154,10 @@ pub struct PointTally {
     pub unstable: u32,
     /// Successful runs too short to tell whether they reached a steady state.
     pub too_short: u32,
+    /// Requests generated and rejected (longer than `max_model_len`) over its successful runs.
+    pub generated: u64,
+    /// See `generated`.
+    pub rejected: u64,
     sums: [f64; 6],
 }
 
@@ -162,6 +166,8 @@ impl PointTally {
         self.runs += 1;
         if let Some(s) = s {
             self.ok += 1;
+            self.generated += s.requests_generated;
+            self.rejected += s.requests_rejected;
             match s.steady.stability {
                 crate::metrics::steady::Stability::Unstable => self.unstable += 1,
                 crate::metrics::steady::Stability::TooShort => self.too_short += 1,

@@ -177,6 +177,24 @@ impl ModelArch {
         self.hidden_size
     }
 
+    /// Why `tp` GPUs cannot split this model's attention (`None`: they
+    /// can). vLLM refuses the same (`ModelConfig.verify_with_parallel_config`,
+    /// `vllm/config/model.py`): "Total number of attention heads (…) must be
+    /// divisible by tensor parallel size (…)".
+    pub fn tp_problem(&self, tp: u64) -> Option<String> {
+        let heads = match self.attention {
+            Attention::Gqa { heads, .. } | Attention::Mla { heads, .. } => heads,
+        };
+        (tp == 0 || heads % tp != 0).then(|| {
+            let fit: Vec<String> = (1..=heads.min(64)).filter(|t| heads % t == 0).map(|t| t.to_string()).collect();
+            format!(
+                "{} has {heads} attention heads, which {tp} GPUs cannot split evenly (vLLM requires the head count to be divisible by the tensor-parallel size); degrees that divide it: {}",
+                self.name,
+                fit.join(", ")
+            )
+        })
+    }
+
     /// Weights of one layer's attention projections.
     pub fn attention_linear_params(&self) -> u64 {
         let d = self.d();
@@ -730,6 +748,15 @@ mod tests {
         assert!(e.contains("`mamba`") && e.contains("state-space") && e.contains("deepseek_v3"), "{e}");
         let e = config::parse(r#"{"model_type": "t5"}"#, "m").unwrap_err();
         assert!(e.contains("`t5`") && e.contains("supported"), "{e}");
+    }
+
+    #[test]
+    fn the_tensor_parallel_degree_must_divide_the_heads() {
+        let m = ModelArch::preset("llama-3.1-8b").unwrap();
+        assert_eq!(m.tp_problem(1), None);
+        assert_eq!(m.tp_problem(8), None);
+        let e = m.tp_problem(3).unwrap();
+        assert!(e.contains("32 attention heads") && e.ends_with("1, 2, 4, 8, 16, 32"), "{e}");
     }
 
     #[test]
