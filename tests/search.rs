@@ -168,6 +168,15 @@ fn a_search_gives_the_same_probes_and_answers_at_any_thread_count_and_shard_spli
     let o = crate::sweep::opal_sweep(&["report", "out"], &one);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(one.join("out/report/fig9-search.svg").exists());
+    // And lists the answers: one row per grid point, as search.parquet has them.
+    let page = std::fs::read_to_string(one.join("out/report/index.html")).unwrap();
+    let answers = page.split("<h2>Answers</h2>").nth(1).expect("the page has an answers table");
+    let answers = &answers[..answers.find("</table>").unwrap()];
+    assert!(answers.contains("<th>found</th>") && answers.contains("<th>status</th>"), "{answers}");
+    for f in &found {
+        assert!(answers.contains(&format!("<td>{}</td>", opal::report::figures::sig(*f, 4))), "{f} in {answers}");
+    }
+    assert_eq!(answers.matches("<tr>").count(), 1 + found.len(), "a header and a row per grid point");
 }
 
 /// Needs a running single-node Slurm (scripts/slurm-local.sh start).

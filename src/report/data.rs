@@ -30,6 +30,61 @@ pub struct Axis {
     pub numbers: Vec<f64>,
 }
 
+impl Axis {
+    /// The axis's label with its unit, for an axis description
+    /// (`request_rate (req/s)`); the label alone when the unit is unknown
+    /// or the axis is not numeric.
+    pub fn desc(&self) -> String {
+        let last = self.path.split(" / ").next().unwrap_or_default().rsplit('.').next().unwrap_or_default();
+        match unit_of(last).filter(|_| self.numeric) {
+            Some(u) => format!("{} ({u})", self.label),
+            None => self.label.clone(),
+        }
+    }
+}
+
+/// The unit of a scenario key, by its last component.
+fn unit_of(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "request_rate" => "req/s",
+        "num_workers" | "max_workers" | "count" => "workers",
+        "tp" => "GPUs per worker",
+        "capacity_GB" | "memory_gb" => "GiB",
+        "bandwidth_GBps" | "link_bandwidth_GBps" | "client_bandwidth_GBps" | "link_GBps" => "GB/s",
+        "mem_bw_TBps" => "TB/s",
+        "latency_nsec" => "ns",
+        "link_latency_usec" => "µs",
+        "tflops" | "tflops_fp8" => "TFLOP/s",
+        "chunk_size"
+        | "block_size"
+        | "max_num_batched_tokens"
+        | "max_model_len"
+        | "default_prefix_length"
+        | "prompt_size"
+        | "prompt_size_min"
+        | "prompt_size_max"
+        | "output_tokens"
+        | "output_tokens_min"
+        | "output_tokens_max"
+        | "max_local_prefill_length" => "tokens",
+        "max_num_seqs" => "sequences",
+        "total_requests" | "max_outstanding_requests" | "max_prefill_queue_size" => "requests",
+        "periodic_infra_update_time"
+        | "periodic_infra_update_collection_time"
+        | "kvcevent_coalesce_time"
+        | "event_batch_time"
+        | "scale_latency"
+        | "simulation_time"
+        | "time_duration_sec"
+        | "gap_sec" => "s",
+        "usd_per_gpu_hour" => "$ per GPU-hour",
+        "usd_per_gb_hour" => "$ per GiB-hour",
+        "max_watts" | "idle_watts" | "active_watts" => "W",
+        "gpu_memory_utilization" => "fraction",
+        _ => return None,
+    })
+}
+
 /// One run's numbers from the runs table (every numeric column, by name).
 #[derive(Clone, Debug)]
 pub struct RunRow {
@@ -158,6 +213,50 @@ pub struct SweepData {
     pub search_min: bool,
     /// For a Pareto search: its evaluated points (`pareto.parquet`).
     pub pareto: Option<ParetoData>,
+    /// For a capacity search: its answers (`search.parquet`).
+    pub answers: Option<Answers>,
+}
+
+/// A capacity search's answers, one row per grid point, as `search.parquet`
+/// has them: every column.
+#[derive(Clone, Debug, Default)]
+pub struct Answers {
+    /// Column names.
+    pub columns: Vec<String>,
+    /// Cells, row by row (`None`: null).
+    pub rows: Vec<Vec<Option<AnswerCell>>>,
+}
+
+/// One cell of [`Answers`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum AnswerCell {
+    /// A text column's value.
+    Text(String),
+    /// A numeric column's value.
+    Number(f64),
+}
+
+/// `search.parquet` of a capacity search's directory (`None` for anything else).
+fn read_answers(dir: &Path) -> Result<Option<Answers>, ReportError> {
+    let path = dir.join("search.parquet");
+    if !path.exists() {
+        return Ok(None);
+    }
+    let Some(b) = table(&path)? else { return Ok(Some(Answers::default())) };
+    let columns: Vec<String> = b.schema().fields().iter().map(|f| f.name().clone()).collect();
+    let cells: Vec<Vec<Option<AnswerCell>>> = columns
+        .iter()
+        .map(|name| {
+            if column(&b, &path, name)?.as_string_opt::<i32>().is_some() {
+                return Ok(strings(&b, &path, name)?.into_iter().map(|v| v.map(AnswerCell::Text)).collect());
+            }
+            let v = f64_column(&b, name)
+                .ok_or_else(|| rerr(&path, format!("column `{name}` is neither text nor a number")))?;
+            Ok(v.into_iter().map(|x| x.map(AnswerCell::Number)).collect())
+        })
+        .collect::<Result<_, ReportError>>()?;
+    let rows = (0..b.num_rows()).map(|i| cells.iter().map(|c| c[i].clone()).collect()).collect();
+    Ok(Some(Answers { columns, rows }))
 }
 
 /// What a Pareto search evaluated, for figure 10.
@@ -245,8 +344,16 @@ fn strings(batch: &RecordBatch, path: &Path, name: &str) -> Result<Vec<Option<St
 /// Short labels for dotted paths: the last component, or as many trailing
 /// components as make the labels distinct.
 pub(crate) fn short_labels(paths: &[String]) -> Vec<String> {
+    // A tier's or a P/D pool's key keeps its section: `capacity_GB` alone
+    // does not say which tier.
+    let sectioned = |p: &str| {
+        ["kvc.CPUMemory.", "kvc.LocalNVMe.", "kvc.DistributedFS.", "disaggregation.prefill.", "disaggregation.decode."]
+            .iter()
+            .any(|s| p.starts_with(s))
+    };
     let tail = |p: &str, n: usize| -> String {
         let parts: Vec<&str> = p.split('.').collect();
+        let n = if sectioned(p) { n.max(2) } else { n };
         parts[parts.len().saturating_sub(n)..].join(".")
     };
     let mut n = 1;
@@ -395,6 +502,7 @@ impl SweepData {
             stages,
             search_min: manifest.get("search").and_then(|s| s.get("maximize")).and_then(|v| v.as_bool()) == Some(false),
             pareto: pareto_data(dir, &manifest)?,
+            answers: read_answers(dir)?,
             // A Pareto search's points are drawn as a sweep's (its parameters are axes).
             search: manifest
                 .get("search")
@@ -690,5 +798,29 @@ mod tests {
             short_labels(&p(&["workload.stages.0.request_rate", "workload.stages.1.request_rate"])),
             ["0.request_rate", "1.request_rate"]
         );
+        // A tier's key keeps its tier, even alone.
+        assert_eq!(short_labels(&p(&["kvc.CPUMemory.capacity_GB"])), ["CPUMemory.capacity_GB"]);
+        assert_eq!(short_labels(&p(&["disaggregation.decode.count"])), ["decode.count"]);
+    }
+
+    #[test]
+    fn axis_descriptions_carry_the_unit_when_it_is_known() {
+        let axis = |path: &str, label: &str, numeric| Axis {
+            path: path.into(),
+            label: label.into(),
+            numeric,
+            values: Vec::new(),
+            numbers: Vec::new(),
+        };
+        assert_eq!(
+            axis("workload.stages.0.workload_params.request_rate", "request_rate", true).desc(),
+            "request_rate (req/s)"
+        );
+        assert_eq!(
+            axis("kvc.CPUMemory.capacity_GB", "CPUMemory.capacity_GB", true).desc(),
+            "CPUMemory.capacity_GB (GiB)"
+        );
+        assert_eq!(axis("router.router_params.policy", "policy", false).desc(), "policy");
+        assert_eq!(axis("simulation.seed", "seed", true).desc(), "seed");
     }
 }

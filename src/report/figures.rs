@@ -468,16 +468,11 @@ fn harmonise(f: &mut LineFigure) {
         let xs = same().flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.0)));
         let x_range = (!categorical).then(|| data_range(xs, x_log));
         let fixed_y = same().any(|p| p.y_range.is_some());
+        // The scale follows the values drawn, not their intervals: with two
+        // replicates an interval's lower end is often clamped to 0, which
+        // would force a linear axis over decades (its bar is drawn clipped).
         let ys: Vec<f64> = same()
-            .flat_map(|p| {
-                p.lines.iter().flat_map(|l| {
-                    l.points
-                        .iter()
-                        .map(|q| q.1)
-                        .chain(l.band.iter().flat_map(|b| [b.1, b.2]))
-                        .chain(l.errors.iter().flat_map(|e| [e.1, e.3]))
-                })
-            })
+            .flat_map(|p| p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.1)))
             .filter(|v| v.is_finite())
             .collect();
         let (lo, hi) = ys.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
@@ -798,7 +793,7 @@ fn percentiles(data: &SweepData) -> Result<Figure, String> {
             Panel {
                 title: title.into(),
                 x_desc: match x_axis {
-                    Some(a) => data.axes[a].label.clone(),
+                    Some(a) => data.axes[a].desc(),
                     None => "(the sweep has no axes)".into(),
                 },
                 y_desc: y_desc.into(),
@@ -908,13 +903,26 @@ fn cache_bars(data: &SweepData) -> Result<Figure, String> {
         stem: "fig4-cache",
         title: "Prefix-cache hits and storage traffic per grid point".into(),
         caption,
-        body: Body::Bars(BarFigure { tiers: Tier::ALL.to_vec(), panels }),
+        body: Body::Bars(BarFigure { tiers: tiers_drawn(&panels), panels }),
     })
+}
+
+/// The tiers a bar figure's legend lists: those with a segment to draw
+/// (a tier the sweep does not configure has none).
+fn tiers_drawn(panels: &[BarPanel]) -> Vec<Tier> {
+    Tier::ALL
+        .iter()
+        .copied()
+        .filter(|&t| panels.iter().flat_map(|p| p.segments.iter().flatten()).any(|&(s, v)| s == t && v > 0.0))
+        .collect()
 }
 
 // ---------------------------------------------------------------- figure 6
 
 const NOT_APPLICABLE: &str = "only for sweeps with an SC25Workload stage";
+/// Why figure 8 is not drawn for a sweep or search over load.
+const PLATFORM_ONLY: &str = "only when every axis is a platform choice (GPU, TP, workers, tiers, policy): \
+    across loads a cost frontier only shows idle power being amortised";
 
 fn sc25(data: &SweepData) -> Result<Figure, String> {
     let Some(rows) = &data.sc25 else { return Err(NOT_APPLICABLE.into()) };
@@ -1006,6 +1014,12 @@ fn pareto(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
 /// replicates), coloured by the first axis, with the Pareto frontier: the
 /// points no other point beats on both.
 fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
+    // A frontier compares platforms serving the same load. Over load (a
+    // rate axis, a search's probes) it only shows idle power amortised.
+    let load = |a: &super::data::Axis| a.path.split(" / ").all(|p| p.starts_with("workload."));
+    if data.search.is_some() || data.pareto.is_some() || data.axes.is_empty() || data.axes.iter().any(load) {
+        return Err(PLATFORM_ONLY.into());
+    }
     let pick = |col: &str| -> Vec<Option<(f64, f64)>> {
         data.points
             .iter()
@@ -1222,6 +1236,7 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
     let xs: Vec<f64> = data.points.iter().map(x_of).collect();
     let (lo, hi) = xs.iter().fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
     let mut panels = Vec::new();
+    let mut capped = false;
     for c in slo {
         let mut lines: Vec<Line> = groups
             .iter()
@@ -1267,16 +1282,26 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
             errors: Vec::new(),
             marker: None,
         });
+        // An overloaded probe can sit orders of magnitude above the
+        // threshold and squash the answers against the axis: an upper
+        // bound stops the axis at 4 × the threshold (or the highest
+        // answer), and probes above it are drawn on the top edge.
+        let answers_top =
+            lines.iter().filter(|l| l.marker == Some(Marker::Cross)).flat_map(|l| l.points.iter().map(|q| q.1));
+        let cap = 4.0 * answers_top.fold(c.value, f64::max);
+        let top = lines.iter().flat_map(|l| l.points.iter().map(|q| q.1)).filter(|v| v.is_finite()).fold(0.0, f64::max);
+        let y_range = (c.at_most && c.value > 0.0 && top > cap).then_some((0.0, cap));
+        capped |= y_range.is_some();
         panels.push(Panel {
             title: c.to_string(),
-            x_desc: data.axes[x_axis].label.clone(),
+            x_desc: data.axes[x_axis].desc(),
             y_desc: c.metric.clone(),
             x_log: lo > 0.0 && hi / lo > 100.0,
             y_log: false,
             // Each constraint is its own quantity.
             quantity: panels.len(),
             x_range: None,
-            y_range: None,
+            y_range,
             x_categories: None,
             lines,
             empty_note: "no probe succeeded",
@@ -1301,11 +1326,17 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
     Ok(Figure {
         stem: "fig9-search",
         title: format!("Search: the SLO against {}", data.axes[x_axis].label),
-        caption: "Each line is a grid point's probes (means over replicates), in the order of the searched value; \
-                  the dashed line is the SLO threshold; the cross is the grid point's answer — its best probe that \
-                  met every constraint with 95 % confidence (so it can sit below a threshold the mean alone \
-                  would cross)."
-            .into(),
+        caption: format!(
+            "Each line is a grid point's probes (means over replicates), in the order of the searched value; \
+             the dashed line is the SLO threshold; the cross is the grid point's answer — its best probe that \
+             met every constraint with 95 % confidence (so it can sit below a threshold the mean alone \
+             would cross). The answers are also listed in the table above.{}",
+            if capped {
+                " Where probes lie far above a threshold, that panel's axis stops at 4 × the threshold (or the highest answer) and they are drawn on its top edge."
+            } else {
+                ""
+            }
+        ),
         body: Body::Lines(lf),
     })
 }
@@ -1412,6 +1443,27 @@ fn data_range(values: impl Iterator<Item = f64>, log: bool) -> (f64, f64) {
     }
 }
 
+/// A panel's y limits from its data. On a log axis, lower ends of bands and
+/// intervals more than a decade below the smallest value do not stretch
+/// the axis (they are drawn clipped at its bottom).
+fn y_extent(p: &Panel) -> (f64, f64) {
+    let values = || p.lines.iter().flat_map(|l| l.points.iter().map(|q| q.1));
+    let floor = if p.y_log {
+        values().filter(|v| v.is_finite() && *v > 0.0).fold(f64::INFINITY, f64::min) / 10.0
+    } else {
+        f64::NEG_INFINITY
+    };
+    let ys = p.lines.iter().flat_map(|l| {
+        l.points
+            .iter()
+            .map(|q| q.1)
+            .chain(l.band.iter().flat_map(|b| [b.2, b.1].into_iter().filter(|v| *v >= floor)))
+            .chain(l.errors.iter().flat_map(|e| [e.3, e.1].into_iter().filter(|v| *v >= floor)))
+    });
+    let (lo, hi) = data_range(ys, p.y_log);
+    if p.y_log { (lo, hi) } else { (lo.min(0.0), hi) }
+}
+
 fn draw_panel<DB: DrawingBackend>(p: &Panel, area: &DrawingArea<DB, Shift>) -> DrawResult
 where
     DB::ErrorType: 'static,
@@ -1421,17 +1473,7 @@ where
     if let Some(c) = &p.x_categories {
         (x0, x1) = (-0.5, c.len() as f64 - 0.5);
     }
-    let (y0, y1) = p.y_range.unwrap_or_else(|| {
-        let ys = p.lines.iter().flat_map(|l| {
-            l.points
-                .iter()
-                .map(|q| q.1)
-                .chain(l.band.iter().flat_map(|b| [b.1, b.2]))
-                .chain(l.errors.iter().flat_map(|e| [e.1, e.3]))
-        });
-        let (lo, hi) = data_range(ys, p.y_log);
-        if p.y_log { (lo, hi) } else { (lo.min(0.0), hi) }
-    });
+    let (y0, y1) = p.y_range.unwrap_or_else(|| y_extent(p));
     match (p.x_log, p.y_log) {
         (false, false) => panel_in(p, area, x0..x1, y0..y1),
         (true, false) => panel_in(p, area, log_axis(x0, x1), y0..y1),
@@ -1673,7 +1715,8 @@ where
             let y = (k - 1 - i) as f64;
             let mut x = 0.0;
             for &(tier, v) in segs {
-                if v > 0.0 {
+                // (Nothing of a segment beyond a fixed axis end is drawn.)
+                if v > 0.0 && x < x1 {
                     chart.draw_series(std::iter::once(Rectangle::new(
                         [(x, y - 0.36), ((x + v).min(x1), y + 0.36)],
                         tier_color(tier).filled(),
@@ -1864,7 +1907,7 @@ pub fn draw_all(data: &SweepData, dir: &Path, png: bool) -> Result<Drawn, Report
         for (n, what, f) in candidates {
             match f.and_then(without_degenerate_panels) {
                 Ok(f) => figures.push((n, f)),
-                Err(why) if why == NOT_APPLICABLE || why.starts_with("only for searches") => {
+                Err(why) if why == NOT_APPLICABLE || why == PLATFORM_ONLY || why.starts_with("only for searches") => {
                     not_applicable.push(format!("Figure {n} ({what}): {why}."))
                 }
                 Err(why) => skipped.push(format!("Figure {n} ({what}): {why}.")),
@@ -1915,6 +1958,122 @@ mod tests {
         assert_eq!(sig(12_345.0, 2), "12k");
     }
 
+    /// A sweep of `points` over `axes`, two replicates each, no other tables.
+    fn sweep_data(axes: Vec<super::super::data::Axis>, points: Vec<Point>) -> SweepData {
+        SweepData {
+            dir: ".".into(),
+            name: String::new(),
+            spec_file: String::new(),
+            replicates: 2,
+            base_seed: 0,
+            axes,
+            points,
+            failed: Vec::new(),
+            latency: None,
+            series: None,
+            sc25: None,
+            stages: None,
+            search: None,
+            search_min: false,
+            pareto: None,
+            answers: None,
+        }
+    }
+
+    /// Point `id` at value index `id` of one axis, with a run per value of `metric`.
+    fn point_of(id: u32, metric: &str, values: &[f64]) -> Point {
+        use super::super::data::RunRow;
+        let runs = values
+            .iter()
+            .enumerate()
+            .map(|(r, &v)| RunRow {
+                run_id: id * 10 + r as u32,
+                replicate: r as u32,
+                metrics: [(metric.to_string(), v)].into_iter().collect(),
+                unstable: false,
+            })
+            .collect();
+        Point { id, at: vec![id as usize], runs, total_runs: values.len() }
+    }
+
+    #[test]
+    fn a_search_figure_stops_its_axis_near_the_threshold_so_the_answer_stays_visible() {
+        use super::super::data::Axis;
+        let rate = Axis {
+            path: "workload.stages.0.workload_params.request_rate".into(),
+            label: "request_rate".into(),
+            numeric: true,
+            values: vec!["10".into(), "20".into(), "40".into()],
+            numbers: vec![10.0, 20.0, 40.0],
+        };
+        // Probes at 10 and 20 req/s meet TTFT p99 ≤ 500 ms; 40 req/s is overloaded (30 s).
+        let points = vec![
+            point_of(0, "ttft_p99_ms", &[100.0, 101.0]),
+            point_of(1, "ttft_p99_ms", &[300.0, 302.0]),
+            point_of(2, "ttft_p99_ms", &[30_000.0, 30_500.0]),
+        ];
+        let slo = crate::stats::Constraint::parse("ttft_p99_ms <= 500").unwrap();
+        let data = SweepData { search: Some(vec![slo]), ..sweep_data(vec![rate], points) };
+        let f = search_figure(&data).unwrap();
+        let Body::Lines(l) = &f.body else { unreachable!() };
+        let p = &l.panels[0];
+        let answer = p.lines.iter().find(|l| l.marker == Some(Marker::Cross)).unwrap();
+        assert_eq!(answer.points, [(20.0, 301.0)]);
+        assert_eq!(p.y_range, Some((0.0, 2000.0)), "4 × the 500 ms threshold");
+        assert!(f.caption.contains("drawn on its top edge"), "{}", f.caption);
+        // Without an outlier, the axis follows the data.
+        let near = vec![point_of(0, "ttft_p99_ms", &[100.0, 101.0]), point_of(1, "ttft_p99_ms", &[300.0, 302.0])];
+        let rate = data.axes[0].clone();
+        let data = SweepData { search: data.search.clone(), ..sweep_data(vec![rate], near) };
+        let Body::Lines(l) = &search_figure(&data).unwrap().body else { unreachable!() };
+        assert_eq!(l.panels[0].y_range, None);
+    }
+
+    #[test]
+    fn the_cache_figure_lists_only_the_tiers_it_draws() {
+        // A sweep with a CPU tier only: GPU and CPU hits, CPU traffic.
+        let point = |id: u32| {
+            let mut p = point_of(id, "hit_ratio_gpu", &[0.25]);
+            p.runs[0].metrics.extend([
+                ("hit_ratio_cpu".to_string(), 0.5),
+                ("bytes_read_cpu".to_string(), 2e9),
+                ("bytes_written_cpu".to_string(), 1e9),
+            ]);
+            p
+        };
+        let f = cache_bars(&sweep_data(Vec::new(), vec![point(0), point(1)])).unwrap();
+        let Body::Bars(b) = &f.body else { unreachable!() };
+        assert_eq!(b.tiers, [Tier::Gpu, Tier::Cpu]);
+        assert_eq!(b.panels[1].segments[0], [(Tier::Cpu, 3.0), (Tier::Nvme, 0.0), (Tier::Dfs, 0.0)]);
+    }
+
+    #[test]
+    fn percentiles_spanning_three_decades_get_a_log_axis_whatever_their_intervals() {
+        use super::super::data::Axis;
+        let axis = Axis {
+            path: "simulation.num_workers".into(),
+            label: "num_workers".into(),
+            numeric: true,
+            values: vec!["1".into(), "2".into(), "4".into()],
+            numbers: vec![1.0, 2.0, 4.0],
+        };
+        // Means 15.5, 110 and 5500 ms. Point 0's two replicates differ so much
+        // that its interval's lower end is clamped to 0.
+        let points = vec![
+            point_of(0, "ttft_p99_ms", &[1.0, 30.0]),
+            point_of(1, "ttft_p99_ms", &[100.0, 120.0]),
+            point_of(2, "ttft_p99_ms", &[5000.0, 6000.0]),
+        ];
+        let f = percentiles(&sweep_data(vec![axis], points)).unwrap();
+        let Body::Lines(l) = &f.body else { unreachable!() };
+        let p99 = l.panels.iter().find(|p| p.title == "TTFT p99 (ms)").unwrap();
+        assert!(l.panels.iter().all(|p| p.y_log), "one log scale for the four panels");
+        assert_eq!(p99.lines[0].errors[0].1, 0.0, "the interval's lower end is clamped to 0");
+        // The axis spans the values (and the bars' upper ends), not down to the clamped 0.
+        let (lo, hi) = y_extent(p99);
+        assert!(lo > 1.0 && lo < 15.5 && hi > 6000.0, "{lo}..{hi}");
+    }
+
     fn interval(start_s: f64, generated_tokens: f64) -> Interval {
         Interval { start_s, generated_tokens, ..Interval::default() }
     }
@@ -1934,23 +2093,7 @@ mod tests {
             (0, vec![interval(0.0, 100.0), interval(2.0, 300.0), interval(4.0, 50.0)]),
             (1, vec![interval(0.0, 300.0), interval(2.0, 500.0), interval(4.0, 7.0)]),
         ];
-        let data = SweepData {
-            dir: ".".into(),
-            name: String::new(),
-            spec_file: String::new(),
-            replicates: 2,
-            base_seed: 0,
-            axes: Vec::new(),
-            points: vec![point],
-            failed: Vec::new(),
-            latency: None,
-            series: Some(series.into_iter().collect()),
-            sc25: None,
-            stages: None,
-            search: None,
-            search_min: false,
-            pareto: None,
-        };
+        let data = SweepData { series: Some(series.into_iter().collect()), ..sweep_data(Vec::new(), vec![point]) };
         let rate = SeriesMetric {
             title: "",
             y_desc: "",

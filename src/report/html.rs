@@ -82,6 +82,32 @@ fn rejected_warning(data: &SweepData) -> String {
     )
 }
 
+/// A capacity search's answers (`search.parquet`), one row per grid point.
+fn answers_table(data: &SweepData, out: &mut String) {
+    let Some(a) = &data.answers else { return };
+    out.push_str("<h2>Answers</h2>\n<p class=\"meta\">One row per grid point, as <code>search.parquet</code> has it: the answer (<code>found</code>), how the search ended (<code>status</code>), the bracket, the probes and runs it took, and each SLO metric at the answer (mean over its replicates).</p>\n<div class=\"scroll\"><table>\n<tr>");
+    for c in &a.columns {
+        let _ = write!(out, "<th>{}</th>", esc(c));
+    }
+    out.push_str("</tr>\n");
+    for row in &a.rows {
+        out.push_str("<tr>");
+        for c in row {
+            let shown = match c {
+                None => "–".to_string(),
+                Some(super::data::AnswerCell::Text(t)) => t.clone(),
+                Some(super::data::AnswerCell::Number(v)) => sig(*v, 4),
+            };
+            let _ = write!(out, "<td>{}</td>", esc(&shown));
+        }
+        out.push_str("</tr>\n");
+    }
+    if a.rows.is_empty() {
+        let _ = writeln!(out, "<tr><td colspan=\"{}\">no grid point was searched</td></tr>", a.columns.len().max(1));
+    }
+    out.push_str("</table></div>\n");
+}
+
 fn summary_table(data: &SweepData, out: &mut String) {
     let rejected = any_rejected(data);
     out.push_str("<div class=\"scroll\"><table>\n<tr><th>point</th>");
@@ -246,6 +272,7 @@ pub fn page(data: &SweepData, drawn: &Drawn) -> String {
     );
     failures(data, &mut out);
     out.push_str("<h2>Summary per grid point</h2>\n<p class=\"meta\">Means over successful replicates, ± the half-width of a 95 % Student-t interval when there are several.</p>\n");
+    answers_table(data, &mut out);
     out.push_str(&rejected_warning(data));
     summary_table(data, &mut out);
     stage_table(data, &mut out);
