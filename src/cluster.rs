@@ -407,6 +407,7 @@ impl<'a> Cluster<'a> {
                 // prefill worker), and the request moves to its decode worker.
                 let seq = r.chunked(u64::from(r.prompt_tokens), self.scenario.worker.block_size);
                 self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+                self.workers[worker.index()].log_saved(seq.tokens.saturating_sub(r.seq.saved));
                 if !self.connector.finish_saves(id) {
                     self.hand_over(now, id, sched);
                 }
@@ -420,6 +421,7 @@ impl<'a> Cluster<'a> {
             if tokens > r.seq.saved || self.scenario.kvc.save_timing == SaveTiming::OnFinish {
                 let seq = r.chunked(tokens, self.scenario.worker.block_size);
                 self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+                self.workers[worker.index()].log_saved(tokens.saturating_sub(r.seq.saved));
             }
             if !self.connector.finish_saves(id) {
                 self.respond(now, id, sched);
@@ -439,6 +441,7 @@ impl<'a> Cluster<'a> {
         let chunk = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
         let upto = if computed >= prompt { prompt } else { computed / chunk * chunk };
         if upto > r.seq.saved {
+            self.workers[worker.index()].log_saved(upto - r.seq.saved);
             r.seq.saved = upto;
             let seq = r.chunked(upto, self.scenario.worker.block_size);
             self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);

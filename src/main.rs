@@ -76,6 +76,26 @@ enum Command {
         #[arg(long)]
         png: bool,
     },
+    /// Write one run's scheduler steps as a trace-event JSON file to open in
+    /// Perfetto (ui.perfetto.dev) or chrome://tracing.
+    ///
+    /// Reads the run's rows of steps.parquet (a sweep with "steps" in
+    /// [sweep] tables): per worker, each step with its batch (prefill chunks
+    /// and tokens, decodes, context), the requests it preempted, and the KV
+    /// it loaded from and saved to the tiers.
+    Timeline {
+        /// The sweep's results directory.
+        dir: PathBuf,
+        /// The run (a runs-table run_id; default: the first with steps).
+        #[arg(long)]
+        run: Option<u32>,
+        /// The file to write (default: <dir>/timeline-run<N>.json).
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+        /// Steps written at most (the earliest; about 300 bytes each).
+        #[arg(long, value_name = "N", default_value_t = opal::report::timeline::DEFAULT_MAX_STEPS)]
+        max_steps: usize,
+    },
     /// Print the effective configuration: every key of a spec's scenario,
     /// defaults filled in, each with a comment — TOML that runs to the same
     /// results.
@@ -281,6 +301,7 @@ fn main() -> ExitCode {
         Some(Command::Slurm(args)) => slurm(&args),
         Some(Command::Convert { config, output, force }) => convert(&config, output.as_deref(), force),
         Some(Command::Report { dir, output, png }) => report(&dir, output.as_deref(), png),
+        Some(Command::Timeline { dir, run, output, max_steps }) => timeline(&dir, run, output.as_deref(), max_steps),
         Some(Command::Model(args)) => model(&args),
         Some(Command::Config { spec, point, defaults }) => config(spec.as_deref(), point, defaults),
         Some(Command::Presets) => presets(),
@@ -491,6 +512,34 @@ fn config(spec: Option<&std::path::Path>, point: Option<usize>, defaults: bool) 
         None => opal::sweep::default_config(),
     };
     out(&text.map_err(|e| Failure::Input(e.to_string()))?);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn timeline(
+    dir: &std::path::Path,
+    run: Option<u32>,
+    output: Option<&std::path::Path>,
+    max_steps: usize,
+) -> Result<ExitCode, Failure> {
+    let t = opal::report::timeline::write_timeline(dir, run, output, max_steps).map_err(|e| match e {
+        opal::report::ReportError::Input(m) => Failure::Input(m),
+        opal::report::ReportError::Output(m) => Failure::Run(m),
+    })?;
+    let cut = if t.steps < t.total_steps {
+        format!(" (the first {} of {}: --max-steps)", t.steps, t.total_steps)
+    } else {
+        String::new()
+    };
+    out(&format!(
+        "timeline: {} (run {}, {} steps{cut} on {} worker{}, {} events; open in ui.perfetto.dev)
+",
+        t.path.display(),
+        t.run_id,
+        t.steps,
+        t.workers,
+        if t.workers == 1 { "" } else { "s" },
+        t.events
+    ));
     Ok(ExitCode::SUCCESS)
 }
 

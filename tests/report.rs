@@ -386,3 +386,115 @@ fn rejected_requests_are_in_the_terminal_table_and_on_the_page() {
     let html = std::fs::read_to_string(dir.join("out/report/index.html")).unwrap();
     assert!(!html.contains("rejected"), "no rejected column or warning without rejections");
 }
+
+/// Checks `doc` against the Trace Event Format (the Chrome / Perfetto JSON
+/// trace format, "JSON Object Format"): the events this file writes — `X`
+/// complete events with a non-negative `dur`, `i` instant events with a
+/// scope `s`, `C` counters with numeric `args`, `M` metadata naming
+/// processes and threads — each with its required fields and types, and no
+/// two complete events on one track overlapping (Perfetto draws a track's
+/// slices as a nested stack). Returns the events.
+fn trace_events(doc: &serde_json::Value) -> &Vec<serde_json::Value> {
+    let top = doc.as_object().expect("a JSON object");
+    assert!(top.get("displayTimeUnit").is_none_or(|u| u == "ms" || u == "ns"));
+    let events = top["traceEvents"].as_array().expect("traceEvents is an array");
+    let mut slices: std::collections::BTreeMap<(u64, u64), Vec<(f64, f64)>> = Default::default();
+    for e in events {
+        let name = e["name"].as_str().unwrap_or_else(|| panic!("name: {e}"));
+        let ph = e["ph"].as_str().unwrap_or_else(|| panic!("ph: {e}"));
+        let pid = e["pid"].as_u64().unwrap_or_else(|| panic!("pid: {e}"));
+        match ph {
+            "M" => {
+                assert!(
+                    ["process_name", "thread_name", "process_sort_index", "thread_sort_index"].contains(&name),
+                    "{e}"
+                );
+                assert!(e["args"].is_object() && e["tid"].is_u64(), "{e}");
+                continue;
+            }
+            "X" | "i" | "C" => {}
+            other => panic!("phase {other} is not written: {e}"),
+        }
+        let ts = e["ts"].as_f64().unwrap_or_else(|| panic!("ts: {e}"));
+        assert!(ts >= 0.0, "{e}");
+        match ph {
+            "X" => {
+                let dur = e["dur"].as_f64().unwrap_or_else(|| panic!("dur: {e}"));
+                assert!(dur >= 0.0 && e["tid"].is_u64(), "{e}");
+                slices.entry((pid, e["tid"].as_u64().unwrap())).or_default().push((ts, ts + dur));
+            }
+            "i" => assert!(["g", "p", "t"].contains(&e["s"].as_str().unwrap_or("t")), "{e}"),
+            _ => assert!(e["args"].as_object().unwrap().values().all(serde_json::Value::is_number), "{e}"),
+        }
+    }
+    for (track, mut s) in slices {
+        s.sort_by(|a, b| a.0.total_cmp(&b.0));
+        assert!(s.windows(2).all(|w| w[0].1 <= w[1].0 + 1e-3), "slices overlap on track {track:?}");
+    }
+    events
+}
+
+#[test]
+fn a_runs_steps_become_a_trace_event_timeline_perfetto_opens() {
+    // Two workers, prompts up to 8k tokens at a rate that preempts, a CPU tier.
+    let spec = r#"
+[sweep]
+name = "tl"
+tables = ["runs", "steps", "workers"]
+[simulation]
+num_workers = 2
+[model.model_params]
+name = "llama-3.1-8b"
+[kvc]
+kvc_tiers = ["CPUMemory"]
+[[workload.stages]]
+type = "ExponentialReqRate"
+[workload.stages.workload_params]
+request_rate = 30.0
+total_requests = 400
+prompt_size_min = 512
+prompt_size_max = 8192
+output_tokens_min = 32
+output_tokens_max = 256
+"#;
+    let dir = setup("timeline", spec);
+    assert!(opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir).status.success());
+    let o = opal_sweep(&["timeline", "out", "-o", "t.json"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("timeline: t.json (run 0, "), "{}", text(&o));
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("t.json")).unwrap()).unwrap();
+    let events = trace_events(&doc);
+    // One complete event per step, whose durations add up to each worker's busy time.
+    let steps = read(&dir.join("out/steps.parquet"));
+    let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(slices.len(), steps.num_rows());
+    let workers = read(&dir.join("out/workers.parquet"));
+    let busy = opal::output::f64_column(&workers, "busy_s").unwrap();
+    for (w, busy) in busy.iter().enumerate() {
+        let sum: f64 =
+            slices.iter().filter(|e| e["pid"] == w as u64 + 1).map(|e| e["dur"].as_f64().unwrap()).sum::<f64>() / 1e6;
+        assert!((sum - busy.unwrap()).abs() < 1e-6, "worker {w}: {sum} s of steps, {busy:?} s busy");
+    }
+    // The preemptions marked are the run's, and KV saves are marked (a CPU tier, saved as computed).
+    let runs = read(&dir.join("out/runs.parquet"));
+    let preemptions = opal::output::f64_column(&runs, "preemptions").unwrap()[0].unwrap();
+    let marked: f64 =
+        events.iter().filter(|e| e["name"] == "preempt").map(|e| e["args"]["requests"].as_f64().unwrap()).sum();
+    assert!(preemptions > 0.0, "the scenario preempts");
+    assert_eq!(marked, preemptions);
+    assert!(events.iter().any(|e| e["name"] == "KV save"));
+    // Bounded: --max-steps keeps the earliest steps and says where it cut.
+    let o = opal_sweep(&["timeline", "out", "-o", "cut.json", "--max-steps", "10"], &dir);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("(the first 10 of "), "{}", text(&o));
+    let cut: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("cut.json")).unwrap()).unwrap();
+    assert_eq!(trace_events(&cut).iter().filter(|e| e["ph"] == "X").count(), 10);
+    assert!(cut["otherData"]["cut_at_s"].is_number());
+    // Without a steps table: exit 2 with the fix.
+    let o = opal_sweep(&["timeline", "out", "--run", "5"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("run 5 has no steps"), "{}", text(&o));
+    std::fs::remove_file(dir.join("out/steps.parquet")).unwrap();
+    let o = opal_sweep(&["timeline", "out"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fix: add \"steps\""), "{}", text(&o));
+}

@@ -677,6 +677,15 @@ pub struct StepRow {
     pub decodes: u64,
     /// Σ over the decoding sequences of their cached tokens.
     pub decode_context_tokens: u64,
+    /// Requests preempted (by recompute) to make room for it.
+    pub preempted: u32,
+    /// KV loads from the tiers (or a P/D link) its scheduling started.
+    pub kv_loads: u32,
+    /// Tokens of KV those loads bring.
+    pub kv_load_tokens: u64,
+    /// Tokens of KV sent to the tiers when it ended (saved as computed, or
+    /// at a request's finish).
+    pub kv_saved_tokens: u64,
     /// Compute-bound GPU seconds (scaled), `operators` only.
     pub gpu_compute_s: Option<f64>,
     /// Memory-bound GPU seconds (scaled), `operators` only.

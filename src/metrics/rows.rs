@@ -213,6 +213,10 @@ impl Row for StepRow {
         s.col(format_args!("prefill_cached_tokens"), U64, Cell::U64(self.prefill_cached_tokens));
         s.col(format_args!("decodes"), U64, Cell::U64(self.decodes));
         s.col(format_args!("decode_context_tokens"), U64, Cell::U64(self.decode_context_tokens));
+        s.col(format_args!("preempted"), U32, Cell::U32(self.preempted));
+        s.col(format_args!("kv_loads"), U32, Cell::U32(self.kv_loads));
+        s.col(format_args!("kv_load_tokens"), U64, Cell::U64(self.kv_load_tokens));
+        s.col(format_args!("kv_saved_tokens"), U64, Cell::U64(self.kv_saved_tokens));
         s.col(format_args!("gpu_compute_s"), F64, opt(self.gpu_compute_s));
         s.col(format_args!("gpu_memory_s"), F64, opt(self.gpu_memory_s));
         s.col(format_args!("gpu_comm_s"), F64, opt(self.gpu_comm_s));

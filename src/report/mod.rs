@@ -7,6 +7,7 @@ pub mod data;
 pub mod figures;
 mod html;
 pub mod text;
+pub mod timeline;
 
 use std::path::{Path, PathBuf};
 

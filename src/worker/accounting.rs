@@ -8,6 +8,9 @@ use super::*;
 pub(super) struct StepLog {
     /// Steps done.
     pub(super) rows: Vec<StepRow>,
+    /// The worker's preemptions and KV loads (count, tokens) when the last
+    /// step started: a step's row gets what happened since.
+    pub(super) counted: (u64, u64, u64),
     /// The step (or sub-step) in flight; its start and duration are set when it ends.
     pub(super) current: Option<StepRow>,
     /// The later sub-steps of the run in flight.
@@ -55,10 +58,35 @@ impl Worker {
             prefill_cached_tokens: work.prefill.iter().map(|c| c.cached).sum(),
             decodes: work.decodes,
             decode_context_tokens: work.decode_context_tokens,
+            preempted: 0,
+            kv_loads: 0,
+            kv_load_tokens: 0,
+            kv_saved_tokens: 0,
             gpu_compute_s: split.map(|s| s[0]),
             gpu_memory_s: split.map(|s| s[1]),
             gpu_comm_s: split.map(|s| s[2]),
             cpu_s: split.map(|s| s[3]),
+        }
+    }
+
+    /// `tokens` of KV went to the tiers at the end of the last step done
+    /// (counted in its row, when steps are logged).
+    pub fn log_saved(&mut self, tokens: u64) {
+        if let Some(row) = self.log.as_mut().and_then(|l| l.rows.last_mut()) {
+            row.kv_saved_tokens += tokens;
+        }
+    }
+
+    /// A step starting now with `row`: it gets the preemptions and KV loads
+    /// since the last one started.
+    pub(super) fn log_start(&mut self, mut row: StepRow) {
+        let now = (self.preemptions, self.kv_loads.0, self.kv_loads.1);
+        if let Some(log) = &mut self.log {
+            let (p, l, t) = log.counted;
+            (row.preempted, row.kv_loads, row.kv_load_tokens) = ((now.0 - p) as u32, (now.1 - l) as u32, now.2 - t);
+            log.counted = now;
+            log.current = Some(row);
+            log.pending.clear();
         }
     }
 

@@ -254,6 +254,8 @@ pub struct Worker {
     busy: SimDuration,
     steps: u64,
     preemptions: u64,
+    /// KV loads started and the tokens they bring (for the step log).
+    kv_loads: (u64, u64),
     /// The new request whose load last could not start for lack of blocks
     /// or an I/O slot, with the cache epoch, the I/O slots in use and the
     /// KV-holding waiting requests then: until one of them changes it cannot
@@ -320,6 +322,7 @@ impl Worker {
             busy: SimDuration::ZERO,
             steps: 0,
             preemptions: 0,
+            kv_loads: (0, 0),
             blocked: None,
             load_pass: None,
             run: VecDeque::new(),
@@ -736,9 +739,8 @@ impl Worker {
         };
         let mut end = now + cfg.perf.step_time(&work);
         self.step_peak = cfg.usage.peak_seconds(&work);
-        if let Some(log) = &mut self.log {
-            log.current = Some(Self::row_of(self.id, &work, cfg));
-            log.pending.clear();
+        if self.log.is_some() {
+            self.log_start(Self::row_of(self.id, &work, cfg));
         }
         debug_assert!(self.run.is_empty());
         if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 {

@@ -168,6 +168,8 @@ impl Worker {
         self.take_io_slot(id, reqs);
         self.kv_waiting += 1;
         self.loading += 1;
+        self.kv_loads.0 += 1;
+        self.kv_loads.1 += external.tokens;
         debug_assert!(
             self.kv_waiting <= cfg.io_slots,
             "KV-holding waiting requests are within the first io_slots places"
