@@ -265,6 +265,13 @@ impl TraceReader {
                 row.timestamp
             )));
         }
+        let horizon = crate::time::HORIZON.as_secs_f64();
+        if secs > horizon {
+            return Err(Bad::Line(format!(
+                "field `timestamp`: {} puts this request {secs:.3e} s after the stage start, beyond the {horizon:.0e} s a run may reach",
+                row.timestamp
+            )));
+        }
         if row.timestamp < self.last {
             self.counts.reordered += 1;
         }
