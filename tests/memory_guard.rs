@@ -130,7 +130,12 @@ fn a_run_that_would_need_more_intervals_than_the_limit_fails_naming_the_interval
 
 #[test]
 fn a_run_whose_next_event_lies_beyond_the_horizon_fails_naming_the_likely_causes() {
-    // 10¹³ ms = 10¹⁰ s after the first request.
+    // 10¹³ ms = 10¹⁰ s after the first request: the trace line says so.
     let trace = line(0.0) + &line(1e13);
-    check("horizon", &trace_spec(""), Some(&trace), &["run: ", "the next arrival is at 1.000e10", "trace timestamps"]);
+    check(
+        "horizon",
+        &trace_spec(""),
+        Some(&trace),
+        &["run: ", "t.jsonl:2: field `timestamp`", "1.000e10 s after the stage start", "multiplier_to_sec"],
+    );
 }

@@ -224,6 +224,10 @@ impl TraceReader {
                 }
                 Err(_) if self.cfg.skip_bad_lines => self.counts.skipped += 1,
                 Err(Bad::Line(e)) => return Err(TraceError { hint: LINE_FIX.into(), ..err(e, "") }),
+                Err(Bad::Late(e)) => {
+                    let hint = "check multiplier_to_sec (Mooncake timestamps are milliseconds, 0.001) and time_scale, or set skip_bad_lines = true";
+                    return Err(TraceError { hint: hint.into(), ..err(e, "") });
+                }
             }
         }
     }
@@ -267,7 +271,7 @@ impl TraceReader {
         }
         let horizon = crate::time::HORIZON.as_secs_f64();
         if secs > horizon {
-            return Err(Bad::Line(format!(
+            return Err(Bad::Late(format!(
                 "field `timestamp`: {} puts this request {secs:.3e} s after the stage start, beyond the {horizon:.0e} s a run may reach",
                 row.timestamp
             )));
@@ -306,6 +310,9 @@ enum Bad {
     Line(String),
     /// The timestamps are absolute: every line would be, so never skipped.
     Absolute(String),
+    /// The line's request would arrive after the latest time a run may
+    /// reach (skippable with `skip_bad_lines`).
+    Late(String),
 }
 
 /// The generator of a trace stage: the reader and the next request, read
