@@ -88,12 +88,41 @@ impl fmt::Display for ConfigError {
         if let Some(key) = &self.key {
             write!(f, "`{key}`: ")?;
         }
-        write!(f, "{}", compact_numbers(&self.message))?;
+        write!(f, "{}", shorten(&compact_numbers(&self.message)))?;
         if let Some(hint) = &self.hint {
-            write!(f, "\n  fix: {}", compact_numbers(hint))?;
+            write!(f, "\n  fix: {}", shorten(&compact_numbers(hint)))?;
         }
         Ok(())
     }
+}
+
+/// Cuts every word (a run without whitespace) of more than 160 characters
+/// in `text` to its first 100 and last 20, saying how much is left out: a
+/// value of megabytes (a spec may hold 16 MiB) is echoed in a line, not whole.
+pub fn shorten(text: &str) -> std::borrow::Cow<'_, str> {
+    const LONGEST: usize = 160;
+    if !text.split_whitespace().any(|w| w.len() > LONGEST) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len().min(4096));
+    let mut rest = text;
+    while !rest.is_empty() {
+        let start = rest.find(|c: char| !c.is_whitespace()).unwrap_or(rest.len());
+        out.push_str(&rest[..start]);
+        rest = &rest[start..];
+        let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let word = &rest[..end];
+        if word.len() > LONGEST {
+            let head = word.char_indices().nth(100).map_or(word.len(), |(i, _)| i);
+            let tail = word.char_indices().rev().nth(19).map_or(0, |(i, _)| i).max(head);
+            let left = word[head..tail].chars().count();
+            out.push_str(&format!("{}…[{left} characters]…{}", &word[..head], &word[tail..]));
+        } else {
+            out.push_str(word);
+        }
+        rest = &rest[end..];
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Rewrites every decimal numeral of more than 20 characters in `text` in
@@ -235,6 +264,21 @@ pub fn closest<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_value_of_megabytes_is_echoed_in_a_line_not_whole() {
+        let name = "x".repeat(16 << 20);
+        let e = ConfigError::key("s.toml", "model.model_params.name", format!("unknown model {name:?}"))
+            .hint(format!("did you mean {name:?}?"));
+        let text = e.to_string();
+        assert!(text.len() < 600, "{} bytes", text.len());
+        assert!(
+            text.contains(&format!("unknown model \"{}…[16777098 characters]…{}\"", "x".repeat(99), "x".repeat(19))),
+            "{text}"
+        );
+        // Ordinary messages are untouched.
+        assert_eq!(shorten("must be ≥ 0, got -1"), "must be ≥ 0, got -1");
+    }
 
     #[test]
     fn huge_and_tiny_numbers_are_written_in_scientific_notation() {
