@@ -35,6 +35,11 @@ pub(super) struct Grid {
     dims: usize,
     /// The smallest and largest coordinate on each axis.
     ranges: Vec<(f64, f64)>,
+    /// The axis with the most distinct values (the one that best tells
+    /// points apart), and the points with a positive latency (those the
+    /// hold can use) ordered by the log₂ of their coordinate on it: (that
+    /// log, point index).
+    by_axis: (usize, Vec<(f64, usize)>),
 }
 
 impl Grid {
@@ -52,9 +57,22 @@ impl Grid {
         // Points of another dimension (a malformed table) are left out of the hold.
         let points: Vec<(Vec<f64>, f64)> = points.into_iter().filter(|p| p.0.len() == dims).collect();
         let coords: Vec<f64> = points.iter().flat_map(|p| p.0.iter().copied()).collect();
-        let logs = coords.iter().map(|&x| log(x)).collect();
-        let latency = points.iter().map(|p| p.1).collect();
-        Grid { root, coords, logs, latency, dims, ranges }
+        let logs: Vec<f64> = coords.iter().map(|&x| log(x)).collect();
+        let latency: Vec<f64> = points.iter().map(|p| p.1).collect();
+        let distinct = |a: usize| {
+            let mut v: Vec<u64> = (0..latency.len()).map(|i| logs[i * dims + a].to_bits()).collect();
+            v.sort_unstable();
+            v.dedup();
+            v.len()
+        };
+        let axis = (0..dims).max_by_key(|&a| (distinct(a), std::cmp::Reverse(a))).unwrap_or(0);
+        let mut order: Vec<(f64, usize)> = (0..latency.len())
+            // (As the hold has always read them: a NaN latency is not ≤ 0.)
+            .filter(|&i| latency[i] > 0.0 || latency[i].is_nan())
+            .map(|i| (logs[i * dims + axis], i))
+            .collect();
+        order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        Grid { root, coords, logs, latency, dims, ranges, by_axis: (axis, order) }
     }
 
     /// Whether the grid holds no point.
@@ -171,6 +189,57 @@ fn log(v: f64) -> f64 {
 }
 
 impl Grid {
+    /// The `k` points (of positive latency) nearest `logq` in log₂ space,
+    /// as (distance, index) — the `k` least in (distance, index) order, so
+    /// equally distant points are taken in table order.
+    ///
+    /// Points are visited outwards from `logq`'s coordinate on the sorting
+    /// axis, and the walk stops once that coordinate alone puts the points
+    /// left farther than the `k`-th found: a distance is at least any one
+    /// axis's term (a sum of non-negative terms only grows, and so does its
+    /// root, in floating point too), so no skipped point could rank. The
+    /// result is exactly a scan of every point's.
+    fn nearest(&self, logq: &[f64], k: usize) -> Vec<(f64, usize)> {
+        let d = self.dims;
+        let dist = |i: usize| {
+            self.logs[i * d..(i + 1) * d].iter().zip(logq).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt()
+        };
+        let (axis, order) = (self.by_axis.0, &self.by_axis.1);
+        let bound = |x: f64| ((x - logq[axis]) * (x - logq[axis])).sqrt();
+        let less = |a: &(f64, usize), b: &(f64, usize)| a.0 < b.0 || (a.0 == b.0 && a.1 < b.1);
+        let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(k + 1);
+        let split = order.partition_point(|p| p.0 < logq[axis]);
+        let (mut lo, mut hi) = (split, split);
+        loop {
+            let kth = if ranked.len() < k { f64::INFINITY } else { ranked[k - 1].0 };
+            let left = (lo > 0).then(|| bound(order[lo - 1].0));
+            let right = (hi < order.len()).then(|| bound(order[hi].0));
+            let take_left = match (left, right) {
+                (None, None) => break,
+                (Some(l), Some(r)) => l <= r,
+                (l, _) => l.is_some(),
+            };
+            let b = if take_left { left } else { right }.expect("a side with points");
+            if b > kth {
+                break; // the nearer side is already too far, so is the other
+            }
+            let i = if take_left {
+                lo -= 1;
+                order[lo].1
+            } else {
+                hi += 1;
+                order[hi - 1].1
+            };
+            let e = (dist(i), i);
+            if ranked.len() < k || less(&e, &ranked[k - 1]) {
+                let at = ranked.partition_point(|x| less(x, &e));
+                ranked.insert(at, e);
+                ranked.truncate(k);
+            }
+        }
+        ranked
+    }
+
     /// The utilisation of the points nearest `q`, held at `q`.
     fn hold(&self, q: &[f64], sol: &dyn Fn(&[f64]) -> f64) -> f64 {
         const NEAREST: usize = 4;
@@ -179,20 +248,7 @@ impl Grid {
             return f64::NAN;
         }
         let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
-        // The NEAREST + 1 closest points (the last one only sets the taper radius).
-        let mut ranked: Vec<(f64, usize)> = Vec::with_capacity(NEAREST + 2);
-        for i in 0..self.latency.len() {
-            if self.latency[i] <= 0.0 {
-                continue;
-            }
-            let dist =
-                self.logs[i * d..(i + 1) * d].iter().zip(&logq).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
-            if ranked.len() <= NEAREST || dist < ranked[NEAREST].0 {
-                let at = ranked.partition_point(|x| x.0 <= dist);
-                ranked.insert(at, (dist, i));
-                ranked.truncate(NEAREST + 1);
-            }
-        }
+        let ranked = self.nearest(&logq, NEAREST + 1);
         let ranked: Vec<(f64, f64)> = ranked
             .into_iter()
             .map(|(dist, i)| (dist, sol(&self.coords[i * d..(i + 1) * d]) / self.latency[i]))
@@ -216,6 +272,50 @@ impl Grid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pruned_nearest_points_are_exactly_those_of_a_full_scan() {
+        // The scan the hold used to make: every point, ties in table order.
+        fn scan(g: &Grid, logq: &[f64], k: usize) -> Vec<(f64, usize)> {
+            let d = g.dims;
+            let mut ranked: Vec<(f64, usize)> = Vec::new();
+            for i in 0..g.latency.len() {
+                if g.latency[i] <= 0.0 {
+                    continue;
+                }
+                let dist =
+                    g.logs[i * d..(i + 1) * d].iter().zip(logq).map(|(a, b)| (a - b) * (a - b)).sum::<f64>().sqrt();
+                if ranked.len() < k || dist < ranked[k - 1].0 {
+                    let at = ranked.partition_point(|x| x.0 <= dist);
+                    ranked.insert(at, (dist, i));
+                    ranked.truncate(k);
+                }
+            }
+            ranked
+        }
+        // A ragged 3-axis grid on powers of two (many equal distances), some latencies 0.
+        let mut root = Node::default();
+        let mut x = 12345u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..600 {
+            let (a, b, c) = (1 << (next() % 7), 1 << (next() % 9), 1 << (next() % 12));
+            let v = if next() % 10 == 0 { 0.0 } else { (next() % 1000) as f64 + 1.0 };
+            root.insert(&[a, b, c], v);
+        }
+        let g = Grid::new(root);
+        for _ in 0..2000 {
+            let q = [(next() % 300) as f64 + 0.5, (next() % 600) as f64, (1u64 << (next() % 14)) as f64];
+            let logq: Vec<f64> = q.iter().map(|&v| log(v)).collect();
+            for k in [1, 5, 9] {
+                assert_eq!(g.nearest(&logq, k), scan(&g, &logq, k), "{q:?}, k = {k}");
+            }
+        }
+    }
 
     fn unit(_: &[f64]) -> f64 {
         1.0
