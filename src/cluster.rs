@@ -16,9 +16,9 @@ use crate::config::Scenario;
 use crate::config::disagg::KvPath;
 use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent, SaveTiming};
+use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent, KvcConfig, SaveTiming};
 use crate::metrics::{Recorder, RunEnd, StepRecord, gauges};
-use crate::request::{Arena, PdPhase};
+use crate::request::{Arena, PdPhase, Request};
 use crate::rng::SeedTree;
 use crate::router::pd::PdRule;
 use crate::router::{Autoscaler, RequestView, Router, autoscale::ScaleAction};
@@ -406,7 +406,8 @@ impl<'a> Cluster<'a> {
                 // tiers as any finished request's would (LMCache on the
                 // prefill worker), and the request moves to its decode worker.
                 let seq = r.chunked(u64::from(r.prompt_tokens), self.scenario.worker.block_size);
-                self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+                let from = save_from(&self.scenario.kvc, r);
+                self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
                 self.workers[worker.index()].log_saved(seq.tokens.saturating_sub(r.seq.saved));
                 if !self.connector.finish_saves(id) {
                     self.hand_over(now, id, sched);
@@ -420,7 +421,8 @@ impl<'a> Cluster<'a> {
             // Saved as computed already (on_compute): LMCache stores nothing more at the finish.
             if tokens > r.seq.saved || self.scenario.kvc.save_timing == SaveTiming::OnFinish {
                 let seq = r.chunked(tokens, self.scenario.worker.block_size);
-                self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+                let from = save_from(&self.scenario.kvc, r);
+                self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
                 self.workers[worker.index()].log_saved(tokens.saturating_sub(r.seq.saved));
             }
             if !self.connector.finish_saves(id) {
@@ -442,9 +444,10 @@ impl<'a> Cluster<'a> {
         let upto = if computed >= prompt { prompt } else { computed / chunk * chunk };
         if upto > r.seq.saved {
             self.workers[worker.index()].log_saved(upto - r.seq.saved);
+            let from = save_from(&self.scenario.kvc, r);
             r.seq.saved = upto;
             let seq = r.chunked(upto, self.scenario.worker.block_size);
-            self.connector.save(now, worker, id, &seq, &mut self.scratch.conn_out);
+            self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
         }
     }
 
@@ -604,5 +607,18 @@ impl Model for Cluster<'_> {
             let g = gauges(self.scenario, &self.workers);
             self.recorder.close_interval(g);
         }
+    }
+}
+
+/// Where request `r`'s next save starts (the connector skips the chunks
+/// below it). On compute, LMCache's `num_saved_tokens`: what its lookup found
+/// the tiers holding when it was scheduled, or what its earlier saves
+/// stored (`vllm_v1_adapter.py`). On finish, the original Opal's rule: its
+/// `store` offers every chunk from the first (`kvc_manager.py`,
+/// `OpalKVCacheEngine.store`), those held being skipped.
+fn save_from(kvc: &KvcConfig, r: &Request) -> u64 {
+    match kvc.save_timing {
+        SaveTiming::OnCompute => r.seq.saved.max(r.seq.tier_prefix),
+        SaveTiming::OnFinish => 0,
     }
 }

@@ -230,6 +230,10 @@ pub struct SeqState {
     /// Prompt tokens whose chunks were offered to this worker's tiers as
     /// they were computed (`kvc.save_timing = "on_compute"`).
     pub saved: u64,
+    /// Tokens of its prefix the tiers held, from its first token on, when
+    /// it was last admitted or started loading (LMCache's
+    /// `lmcache_cached_tokens`): its saves skip the chunks below it.
+    pub tier_prefix: u64,
     /// What the current admission attempt starts with, per tier: the GPU
     /// prefix it holds and the tokens it loads (or loaded) from each tier.
     /// Credited as hits when it is admitted.

@@ -345,6 +345,43 @@ impl KvConnector {
         self.walk(w, request, seq, local, None)
     }
 
+    /// LMCache's lookup as a request is scheduled (`LMCacheEngine.lookup`
+    /// through the storage manager's `contains`, `lmcache/v1/cache_engine.py`):
+    /// how many tokens of `seq` worker `w`'s tiers hold **from its first
+    /// token on** — chunk by chunk while some tier holds the chunk, each
+    /// taken from the first tier holding it — and that tier's recency of
+    /// each of those chunks is refreshed, last chunk first (so the root ends
+    /// most recent). The count is LMCache's `lmcache_cached_tokens`, with
+    /// which the request's `num_saved_tokens` starts
+    /// (`vllm_v1_adapter.py`): its saves skip the chunks below it (see
+    /// [`Self::save`]). Called once per admission (and for a load, after
+    /// [`Self::load`], which refreshes nothing itself); a chunk beyond a gap
+    /// the GPU prefix covers is loaded but not refreshed, as LMCache's
+    /// lookup from the root would not reach it.
+    pub fn admitted(&mut self, w: WorkerId, seq: &ChunkedSeq<'_>) -> u64 {
+        let tiers = &self.worker_tiers[w.index()];
+        if tiers.is_empty() {
+            return 0;
+        }
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        let mut end = 0;
+        let mut j = 0;
+        while let Some((key, from, to)) = self.kvc.chunk(seq, j) {
+            let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
+                break;
+            };
+            found.push(Found { instance, key, from, to });
+            end = to;
+            j += 1;
+        }
+        for f in found.iter().rev() {
+            self.instances[f.instance as usize].store.touch(f.key);
+        }
+        self.found = found;
+        end
+    }
+
     /// Starts loading what [`Self::lookup`] found for `request` on worker `w`
     /// (its GPU blocks are allocated): the chunks are pinned and refreshed
     /// (last chunk first), and each run of consecutive chunks in one tier
@@ -376,18 +413,7 @@ impl KvConnector {
             self.found = found;
             return hit;
         }
-        for f in found.iter().rev() {
-            self.instances[f.instance as usize].store.touch(f.key);
-        }
-        // The chunks the GPU prefix covers are not read, but they are the
-        // prefix's roots: refresh them after their descendants, where held.
-        for j in (0..local / self.kvc.chunk_blocks).rev() {
-            if let Some((key, _, _)) = self.kvc.chunk(seq, j) {
-                for &i in &self.worker_tiers[w.index()] {
-                    self.instances[i as usize].store.touch(key);
-                }
-            }
-        }
+        // (Recency is refreshed by `admitted`, which the scheduler calls next.)
         // One read per run of consecutive chunks in one instance.
         let runs = 1 + found.windows(2).filter(|p| p[0].instance != p[1].instance).count() as u32;
         self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4], link_bytes: 0 });
@@ -404,23 +430,32 @@ impl KvConnector {
     }
 
     /// Writes the chunks of sequence `seq` (`request`'s first `seq.tokens`
-    /// tokens) that worker `w`'s tiers do not hold or receive yet; those they hold are refreshed, the root last.
-    /// Called as a prompt's chunks are computed and again when the request
-    /// finishes (see [`SaveTiming`](super::SaveTiming)); in `sync` write
-    /// mode the writes are counted for [`Self::finish_saves`].
+    /// tokens) from the one holding token `from` on, that worker `w`'s tiers
+    /// do not hold or receive yet. `from` is LMCache's `num_saved_tokens`:
+    /// what [`Self::admitted`] found held, or what earlier saves of the
+    /// request stored, whichever is more. LMCache masks the tokens below it
+    /// (rounded down to a chunk) and stores the rest (`vllm_v1_adapter.py`,
+    /// `save_kv_layer`'s `skip_leading_tokens`); a chunk a tier already holds
+    /// is neither rewritten nor refreshed (`LocalCPUBackend`'s put of an
+    /// existing key). So a request's saves cost its new chunks, not its
+    /// whole prefix. Called as a prompt's chunks are computed and again when
+    /// the request finishes (see [`SaveTiming`](super::SaveTiming)); in
+    /// `sync` write mode the writes are counted for [`Self::finish_saves`].
     pub fn save(
         &mut self,
         now: SimTime,
         w: WorkerId,
         request: RequestId,
         seq: &ChunkedSeq<'_>,
+        from: u64,
         out: &mut ConnectorOutput,
     ) {
         let tiers = &self.worker_tiers[w.index()];
         if tiers.is_empty() {
             return;
         }
-        let chunks: Vec<(BlockHash, u64)> = (0..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
+        let first = from / self.kvc.chunk_tokens();
+        let chunks: Vec<(BlockHash, u64)> = (first..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
             .filter_map(|j| self.kvc.chunk(seq, j))
             .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes()))
             .collect();
@@ -514,12 +549,8 @@ impl KvConnector {
     ) -> u32 {
         let tier = self.instances[inst as usize].tier;
         let store = &mut self.instances[inst as usize].store;
-        // Last chunk first, so that the root ends up the most recent: first
-        // refresh what the store already holds of this prefix (so that room
-        // for the new chunks is not made by evicting it), then reserve.
-        for &(k, _) in chunks.iter().rev() {
-            store.touch(k);
-        }
+        // Last chunk first, so that the root of what is new ends up the most
+        // recent; a chunk the store holds is left as it is.
         let mut keys = Vec::with_capacity(chunks.len());
         let mut bytes = 0;
         let mut spilled = Vec::new();
@@ -753,7 +784,7 @@ mod tests {
     /// writes; returns when they finished.
     fn save(c: &mut KvConnector, now: SimTime, b: &[BlockHash], tokens: u64) -> SimTime {
         let mut out = ConnectorOutput::default();
-        c.save(now, W, RequestId(0), &seq(b, tokens), &mut out);
+        c.save(now, W, RequestId(0), &seq(b, tokens), 0, &mut out);
         settle(c, now, &mut out)
     }
 
@@ -796,7 +827,7 @@ mod tests {
             let mut c = KvConnector::new(&kvc, 16);
             c.add_worker();
             let mut out = ConnectorOutput::default();
-            c.save(SimTime::ZERO, W, RequestId(0), &ChunkedSeq { blocks: &a, tokens: 56, tail: a_tail }, &mut out);
+            c.save(SimTime::ZERO, W, RequestId(0), &ChunkedSeq { blocks: &a, tokens: 56, tail: a_tail }, 0, &mut out);
             settle(&mut c, SimTime::ZERO, &mut out);
             let look = |(b, tail): (Vec<BlockHash>, Option<BlockHash>), n: u64| {
                 c.lookup(W, RequestId(1), &ChunkedSeq { blocks: &b, tokens: n, tail }, 0).tokens
@@ -839,10 +870,10 @@ mod tests {
         let mut out = ConnectorOutput::default();
         // The first 70 tokens: 4 full blocks (the rest of block 5 is not
         // full) in chunks [0, 2), [2, 4): 640 B.
-        c.save(SimTime::ZERO, W, RequestId(0), &seq(&p, 70), &mut out);
+        c.save(SimTime::ZERO, W, RequestId(0), &seq(&p, 70), 0, &mut out);
         let t = settle(&mut c, SimTime::ZERO, &mut out);
         // All 100: 6 full blocks; chunks [0, 2), [2, 4) are held, [4, 6) is new: 320 B.
-        c.save(t, W, RequestId(1), &seq(&p, 100), &mut out);
+        c.save(t, W, RequestId(1), &seq(&p, 100), 0, &mut out);
         let t = settle(&mut c, t, &mut out);
         let written: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
         assert_eq!(written, 640 + 320);
@@ -856,8 +887,8 @@ mod tests {
         let mut c = connector(1 << 20, 2);
         let mut out = ConnectorOutput::default();
         c.begin_batch();
-        c.save(SimTime::ZERO, W, RequestId(0), &seq(&a, 64), &mut out);
-        c.save(SimTime::ZERO, W, RequestId(1), &seq(&b, 64), &mut out);
+        c.save(SimTime::ZERO, W, RequestId(0), &seq(&a, 64), 0, &mut out);
+        c.save(SimTime::ZERO, W, RequestId(1), &seq(&b, 64), 0, &mut out);
         assert!(out.timers.is_empty(), "nothing is written before the batch ends");
         c.end_batch(SimTime::ZERO, W, &mut out);
         let end = settle(&mut c, SimTime::ZERO, &mut out);
@@ -891,10 +922,42 @@ mod tests {
         let t = save(&mut c, t, &blocks(2, 16), 16);
         let mut out = ConnectorOutput::default();
         c.load(t, W, RequestId(0), &seq(&p, 48), 0, &mut out);
+        assert_eq!(c.admitted(W, &seq(&p, 48)), 48);
         let t = settle(&mut c, t, &mut out);
         // Recency is now q1 < p3 < p2 < p1: q1 and p3 go.
         save(&mut c, t, &blocks(3, 32), 32);
         assert_eq!(c.lookup(W, RequestId(0), &seq(&p, 48), 0).tokens, 32);
         assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(2, 16), 16), 0).tokens, 0);
+    }
+
+    #[test]
+    fn a_save_stores_only_the_chunks_beyond_what_was_held_and_a_held_chunk_keeps_its_recency() {
+        // Room for four one-block chunks (160 B each).
+        let mut c = connector(640, 1);
+        let p = blocks(1, 64); // chunks p1 … p4
+        let t = save(&mut c, SimTime::ZERO, &p, 32); // p1, p2
+        let t = save(&mut c, t, &blocks(2, 16), 16); // q1
+        // Admission finds p1, p2 held (32 tokens) and refreshes them: q1 < p2 < p1.
+        assert_eq!(c.admitted(W, &seq(&p, 64)), 32);
+        // The request's save from token 32 writes p3, p4 only: 320 B, one
+        // eviction (q1, the least recent).
+        let before: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
+        let mut out = ConnectorOutput::default();
+        c.save(t, W, RequestId(1), &seq(&p, 64), 32, &mut out);
+        let t = settle(&mut c, t, &mut out);
+        let written: u64 = c.report(t).map(|i| i.stats.bytes_written).sum::<u64>() - before;
+        assert_eq!(written, 320);
+        assert_eq!(c.lookup(W, RequestId(2), &seq(&blocks(2, 16), 16), 0).tokens, 0, "q1 went");
+        // New chunks go to the recent end, as LMCache's puts do: recency is
+        // p2 < p1 < p4 < p3. A save from 0 of what is held writes nothing
+        // and refreshes nothing, so one new chunk evicts p2 and the prefix
+        // now ends after p1 (a save that refreshed the held chunks would
+        // have made p4 the victim, and the lookup 48 tokens).
+        let before: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
+        c.save(t, W, RequestId(3), &seq(&p, 64), 0, &mut out);
+        assert!(out.timers.is_empty(), "nothing to write");
+        assert_eq!(c.report(t).map(|i| i.stats.bytes_written).sum::<u64>(), before);
+        save(&mut c, t, &blocks(3, 16), 16);
+        assert_eq!(c.lookup(W, RequestId(4), &seq(&p, 64), 0).tokens, 16);
     }
 }

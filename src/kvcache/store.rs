@@ -51,7 +51,7 @@ struct Entry {
 /// The outcome of reserving space for a chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reserve {
-    /// The chunk is already held (or being written); nothing to write.
+    /// The chunk is already held (or being written); nothing to write, and its recency is unchanged.
     Present,
     /// Space is reserved (chunks evicted for it were appended to the caller's list).
     Reserved,
@@ -184,7 +184,7 @@ impl ChunkStore {
     /// chunk is invisible until [`Self::complete`].
     pub fn reserve(&mut self, key: BlockHash, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> Reserve {
         if self.map.contains_key(&key) {
-            self.touch(key);
+            // LMCache's put of a key it holds changes nothing, recency included.
             return Reserve::Present;
         }
         if bytes > self.capacity || bytes > u64::from(u32::MAX) {

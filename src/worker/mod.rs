@@ -911,7 +911,7 @@ mod tests {
         fn seed(&mut self, id: u32) {
             let r = &self.reqs[id as usize];
             let seq = r.chunked(u64::from(r.prompt_tokens), self.cfg.block_size);
-            self.conn.save(SimTime::ZERO, WorkerId(0), r.id, &seq, &mut self.out);
+            self.conn.save(SimTime::ZERO, WorkerId(0), r.id, &seq, 0, &mut self.out);
             self.apply(SimTime::ZERO);
         }
 

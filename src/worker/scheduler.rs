@@ -74,7 +74,7 @@ impl Worker {
                 holders -= 1;
                 if pass == Pass::Admit
                     && self.has_room(*budget, cfg)
-                    && self.admit(now, pos, 0, budget, reqs, cfg, idle)
+                    && self.admit(now, pos, 0, budget, reqs, cfg, conn, idle)
                 {
                     continue;
                 }
@@ -107,7 +107,7 @@ impl Worker {
                     self.blocked = Some(memo);
                 }
             } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
-                if self.admit(now, pos, local, budget, reqs, cfg, idle) {
+                if self.admit(now, pos, local, budget, reqs, cfg, conn, idle) {
                     continue;
                 }
             } else {
@@ -158,7 +158,9 @@ impl Worker {
         self.cache.allocate(need, now, idle);
         let loaded = conn.load(now, self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), g, out);
         debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
+        let tier_prefix = conn.admitted(self.id, &r.chunked(r.seq.num_tokens, cfg.block_size));
         let seq = &mut r.seq;
+        seq.tier_prefix = tier_prefix;
         seq.path = path;
         seq.registered = g;
         seq.computed = computed;
@@ -191,6 +193,7 @@ impl Worker {
         budget: &mut u64,
         reqs: &mut [Request],
         cfg: &WorkerConfig,
+        conn: &mut KvConnector,
         idle: bool,
     ) -> bool {
         let id = self.ready[pos];
@@ -219,9 +222,10 @@ impl Worker {
                 reqs[id.index()].seq.computed = 0;
                 return false;
             }
-            let seq = &mut reqs[id.index()].seq;
-            seq.hit = [0; 4];
-            seq.hit[Tier::Gpu.index()] = c;
+            let r = &mut reqs[id.index()];
+            r.seq.tier_prefix = conn.admitted(self.id, &r.chunked(r.seq.num_tokens, cfg.block_size));
+            r.seq.hit = [0; 4];
+            r.seq.hit[Tier::Gpu.index()] = c;
         }
         self.ready.remove(pos);
         self.cache.allocate(need, now, idle);
