@@ -233,14 +233,22 @@ impl TraceReader {
     }
 
     fn parse(&mut self, unique_key: u64) -> Result<TraceRequest, Bad> {
-        let mut de = serde_json::Deserializer::from_str(&self.line);
-        let row: Row = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let field = e.path().to_string();
-            let msg = e.into_inner().to_string();
-            let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
-            // A missing field names itself; a wrong value is named by its path.
-            Bad::Line(if field == "." { msg } else { format!("field `{field}`: {msg}") })
-        })?;
+        // The plain parser first; only a line it refuses is parsed again
+        // with the path-tracking wrapper, to name the field (the wrapper
+        // costs more than the parse on every good line).
+        let row: Row = match serde_json::from_str(&self.line) {
+            Ok(row) => row,
+            Err(_) => {
+                let mut de = serde_json::Deserializer::from_str(&self.line);
+                serde_path_to_error::deserialize(&mut de).map_err(|e| {
+                    let field = e.path().to_string();
+                    let msg = e.into_inner().to_string();
+                    let msg = msg.split(" at line ").next().unwrap_or(&msg).to_string();
+                    // A missing field names itself; a wrong value is named by its path.
+                    Bad::Line(if field == "." { msg } else { format!("field `{field}`: {msg}") })
+                })?
+            }
+        };
         if !(row.timestamp.is_finite() && row.timestamp >= 0.0) {
             return Err(Bad::Line(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp)));
         }
