@@ -108,6 +108,7 @@ impl Worker {
         self.run_peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
         self.run_sub = 0.0;
         let mut end = first_end;
+        let price = cfg.perf.decode_run(decodes);
         for j in 1..steps {
             let need = self.decode.blocks_needed(s + j);
             if need > allowance {
@@ -122,7 +123,7 @@ impl Worker {
                 decode_window_tokens: window + j * below,
                 samples: decodes,
             };
-            end += cfg.perf.step_time(&work);
+            end += price.step_time(work.decode_context_tokens, work.decode_window_tokens);
             if let Some(log) = &mut self.log {
                 log.pending.push_back(Self::row_of(self.id, &work, cfg));
             }

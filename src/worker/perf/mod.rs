@@ -83,6 +83,17 @@ impl StepModel {
         SimDuration::from_secs_f64(secs).max(SimDuration(1))
     }
 
+    /// Prices the sub-steps of a decode run: decode-only steps of `decodes`
+    /// sequences, each sampling, whose contexts alone change. The durations
+    /// are [`Self::step_time`]'s exactly; the `operators` model prices what
+    /// stays fixed over the run once.
+    pub fn decode_run(&self, decodes: u64) -> DecodeSteps<'_> {
+        match self {
+            StepModel::Operators(o) => DecodeSteps::Operators(o.decode_run(decodes)),
+            _ => DecodeSteps::Any(self, decodes),
+        }
+    }
+
     /// The model's name as `worker.inference_params.model` spells it.
     pub fn name(&self) -> &'static str {
         match self {
@@ -90,6 +101,32 @@ impl StepModel {
             StepModel::Roofline(..) => "roofline",
             StepModel::Synthetic(_) => "synthetic",
             StepModel::Table(..) => "table",
+        }
+    }
+}
+
+/// A decode run's step prices (see [`StepModel::decode_run`]).
+#[derive(Clone, Copy, Debug)]
+pub enum DecodeSteps<'a> {
+    /// The operator model's, with the run's fixed part priced once.
+    Operators(operators::DecodeRun<'a>),
+    /// Any other model: each step priced whole, for this many decodes.
+    Any(&'a StepModel, u64),
+}
+
+impl DecodeSteps<'_> {
+    /// Duration of a sub-step whose sequences hold `context` tokens in all
+    /// (`window`: capped at the sliding window), as [`StepModel::step_time`] gives it.
+    pub fn step_time(&self, context: u64, window: u64) -> SimDuration {
+        match *self {
+            DecodeSteps::Operators(run) => SimDuration::from_secs_f64(run.secs(context, window)).max(SimDuration(1)),
+            DecodeSteps::Any(model, decodes) => model.step_time(&StepWork {
+                prefill: &[],
+                decodes,
+                decode_context_tokens: context,
+                decode_window_tokens: window,
+                samples: decodes,
+            }),
         }
     }
 }
@@ -105,5 +142,43 @@ mod tests {
         let work =
             StepWork { prefill: &chunks, decodes: 9, decode_context_tokens: 99, decode_window_tokens: 99, samples: 10 };
         assert_eq!(m.step_time(&work), SimDuration(5));
+    }
+
+    #[test]
+    fn a_decode_runs_prices_are_step_times_bit_for_bit() {
+        // The operator model with full attention (Granite 3.3 8B on H100),
+        // with sliding-window layers (Gemma 2 9B), and the roofline.
+        let specs =
+            ["", "[model.model_params]\nname = \"gemma-2-9b\"", "[worker.inference_params]\nmodel = \"roofline\""];
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        for text in specs {
+            let stage = "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nprompt_size_max = 4096\noutput_tokens_max = 256";
+            let text = format!("{text}\n{stage}");
+            let file = crate::config::parse_spec(&text, "t.toml").unwrap();
+            let model = crate::config::resolve(&file, "t.toml", std::path::Path::new(".")).unwrap().worker.perf;
+            for decodes in [1, 2, 7, 64, 255, 1000] {
+                let run = model.decode_run(decodes);
+                for _ in 0..200 {
+                    let context = decodes * (1 + next(200_000));
+                    let window = context.min(decodes * (1 + next(5_000)));
+                    let work = StepWork {
+                        prefill: &[],
+                        decodes,
+                        decode_context_tokens: context,
+                        decode_window_tokens: window,
+                        samples: decodes,
+                    };
+                    assert_eq!(
+                        run.step_time(context, window),
+                        model.step_time(&work),
+                        "{text:?}: {decodes} × {context}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -263,7 +263,11 @@ impl Grid2 {
     }
 
     fn at(&self, batch: f64, keys: f64) -> f64 {
-        let (i0, wi) = self.batches.locate(batch);
+        self.at_row(self.batches.locate(batch), keys)
+    }
+
+    /// [`Self::at`] with the batch already located (`(i0, wi)` from the batch axis).
+    fn at_row(&self, (i0, wi): (usize, f64), keys: f64) -> f64 {
         let (j0, wj) = self.keys.locate(keys);
         let n = self.keys.knots().len();
         let v = |i: usize, j: usize| self.secs[i * n + j];
@@ -569,6 +573,47 @@ impl Operators {
     /// The step's seconds.
     pub fn secs(&self, work: &StepWork<'_>) -> f64 {
         self.curves.cost(work).secs(&self.constants)
+    }
+
+    /// Prices decode-only steps of `decodes` sequences, each sampling (a
+    /// decode run's sub-steps): what does not change from step to step —
+    /// the dense layers and the LM head, where the batch lies on the
+    /// attention grid — is priced once.
+    pub fn decode_run(&self, decodes: u64) -> DecodeRun<'_> {
+        let c = &self.curves;
+        DecodeRun {
+            ops: self,
+            b: decodes as f64,
+            fixed: c.decode_fixed.at(decodes as f64),
+            row: c.decode.batches.locate(decodes as f64),
+        }
+    }
+}
+
+/// Decode-only steps of one batch size, priced as [`OperatorCurves::cost`]
+/// prices them (bit for bit: the same operations in the same order).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeRun<'a> {
+    ops: &'a Operators,
+    b: f64,
+    fixed: [f64; 3],
+    row: (usize, f64),
+}
+
+impl DecodeRun<'_> {
+    /// The seconds of a step whose sequences hold `context` tokens in all
+    /// (`window`: capped at the sliding window).
+    pub fn secs(&self, context: u64, window: u64) -> f64 {
+        let c = &self.ops.curves;
+        let [compute, mut memory, comm] = self.fixed;
+        if self.b > 0.0 {
+            memory += c.full_layers * c.decode.at_row(self.row, context as f64 / self.b + 1.0);
+            if c.windowed_layers > 0.0 {
+                memory += c.windowed_layers * c.decode.at_row(self.row, window as f64 / self.b + 1.0);
+            }
+        }
+        let cost = StepCost { compute, memory, comm, steps: 1.0, seqs: self.b, prefill_steps: 0.0 };
+        cost.secs(&self.ops.constants)
     }
 }
 
