@@ -100,6 +100,9 @@ pub struct Cluster<'a> {
     /// Keep a row per step (the `steps` table).
     log_steps: bool,
     fatal: Option<RunError>,
+    /// Whether anything reads requests' block hashes (the GPU prefix cache,
+    /// a tier, the router's KV index; with disaggregation, always).
+    hashes_read: bool,
 }
 
 impl<'a> Cluster<'a> {
@@ -125,7 +128,12 @@ impl<'a> Cluster<'a> {
             scratch: Scratch::default(),
             log_steps: false,
             fatal: None,
+            hashes_read: false,
         };
+        c.hashes_read = c.router.needs().kv_index
+            || !scenario.kvc.tiers.is_empty()
+            || scenario.disagg.is_some()
+            || scenario.worker.prefix_caching;
         if let Some(d) = &scenario.disagg {
             c.connector.set_link(d.link, scenario.model.kv_bytes_per_token());
         }
@@ -205,8 +213,12 @@ impl<'a> Cluster<'a> {
     /// Routes the request and queues it at its first worker (the caller kicks it).
     fn route(&mut self, id: RequestId) -> WorkerId {
         let r = &mut self.arena.requests[id.index()];
-        // The block hashes are the request's, needed by any worker whatever the policy.
-        r.hash_blocks(self.scenario.worker.block_size as u32, &mut self.arena.hasher);
+        // The block hashes are the request's, needed by any worker whatever
+        // the policy — unless nothing reads them (no prefix caching, no
+        // tier, no KV index): then it has none.
+        if self.hashes_read {
+            r.hash_blocks(self.scenario.worker.block_size as u32, &mut self.arena.hasher);
+        }
         let view = RequestView {
             seq: r.chunked(r.seq.num_tokens, self.scenario.worker.block_size),
             prompt_tokens: r.prompt_tokens,

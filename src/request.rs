@@ -194,7 +194,13 @@ impl Request {
 
     /// Its first `n` tokens (prompt, then output) as the tiers see them.
     pub fn chunked(&self, n: u64, block_size: u64) -> ChunkedSeq<'_> {
-        let tail = if n == u64::from(self.prompt_tokens) { self.prompt_tail } else { self.exact_key(n, block_size) };
+        let tail = if n == u64::from(self.prompt_tokens) {
+            self.prompt_tail
+        } else if (n / block_size) as usize > self.blocks.len() {
+            None // not hashed: nothing reads its keys
+        } else {
+            self.exact_key(n, block_size)
+        };
         ChunkedSeq { blocks: &self.blocks, tokens: n, tail }
     }
 }
