@@ -16,6 +16,17 @@ pub fn cpu_seconds() -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
+/// CPU seconds (user + system) of this process's children that have been
+/// waited for (`cutime` and `cstime`, fields 16 and 17 of stat(5)).
+#[allow(dead_code)] // not every benchmark runs children
+pub fn children_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(13)?.parse::<u64>().ok()? + fields.get(14)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
 /// Peak resident set size of this process, MiB (`VmHWM`).
 pub fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
