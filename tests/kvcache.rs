@@ -521,3 +521,52 @@ fn the_original_opals_workload_warms_up_as_the_original_does() {
     assert!(cold >= 0.85, "first 1,000 requests: {cold}");
     assert!((steady - 0.985).abs() <= 0.01, "requests 5,000-9,999: {steady}");
 }
+
+/// Per request after the first 20 (the second 20 of 40 against a run of 20):
+/// tier-store writes asked for, device operations, KV events applied to the
+/// router's index, and recency refreshes — every prompt a `prefix` shared by
+/// the stage and 512 tokens of its own, one worker, CPU memory and NVMe.
+fn work_per_request(prefix: i64) -> [f64; 4] {
+    let run = |n: i64| {
+        Spec::llama8b()
+            .tiers(&["CPUMemory", "LocalNVMe"])
+            .set("router.router_params.policy", "MaxPrefix")
+            .set("worker.vllm_params.max_model_len", 65536)
+            .stage(
+                "UniformReqRate",
+                toml! {
+                    request_rate = 1.0
+                    total_requests = n
+                    prompt_size_min = (prefix + 512)
+                    prompt_size_max = (prefix + 512)
+                    default_prefix_length = prefix
+                    output_tokens_min = 2
+                    output_tokens_max = 2
+                },
+            )
+            .run()
+    };
+    let (a, b) = (run(20), run(40));
+    let per = |x: u64, y: u64| (y - x) as f64 / 20.0;
+    [
+        per(a.store_ops.writes, b.store_ops.writes),
+        per(a.store_ops.io_ops, b.store_ops.io_ops),
+        per(a.summary.kv_events, b.summary.kv_events),
+        per(a.store_ops.refreshes, b.store_ops.refreshes),
+    ]
+}
+
+#[test]
+fn a_requests_tier_writes_and_kv_events_do_not_grow_with_its_shared_prefix() {
+    let (short, long) = (work_per_request(1024), work_per_request(32 * 1024));
+    // The 512 tokens of its own are 2 new chunks of 256 tokens: 2 writes to
+    // each of the 2 tiers, whatever the prefix (1,024 tokens is 4 chunks,
+    // 32,768 is 128, all held already).
+    assert_eq!(short[0], 4.0, "writes, 1k prefix");
+    assert_eq!(long[0], short[0], "writes, 32k prefix");
+    assert_eq!(long[1], short[1], "device operations");
+    assert_eq!(long[2], short[2], "KV events");
+    // Recency is refreshed per held chunk, once per request (LMCache's
+    // lookup): the prefix's chunks in the tier first holding them.
+    assert_eq!(long[3] - short[3], 128.0 - 4.0, "refreshes grow by the prefix's chunks");
+}

@@ -130,6 +130,8 @@ pub struct InstanceReport {
     pub peak_bytes: u64,
     /// Its capacity.
     pub capacity_bytes: u64,
+    /// The work its store did.
+    pub ops: super::StoreOps,
 }
 
 /// One tier's store and device (per worker for CPU and NVMe, one for the DFS).
@@ -287,6 +289,7 @@ impl KvConnector {
             stats: i.device.stats_at(end),
             peak_bytes: i.store.peak(),
             capacity_bytes: i.store.capacity(),
+            ops: super::StoreOps { io_ops: i.device.stats_at(end).ops, ..i.store.ops() },
         })
     }
 

@@ -15,7 +15,7 @@ mod store;
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
 pub use hash::{BlockHash, BlockHasher, Content, Segment, block_hashes, content_id, exact_key};
 pub use prefix::{Path, PrefixCache};
-pub use store::{ChunkStore, EvictionPolicy, Reserve};
+pub use store::{ChunkStore, EvictionPolicy, Reserve, StoreOps};
 
 /// A cache tier, fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

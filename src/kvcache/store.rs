@@ -59,6 +59,27 @@ pub enum Reserve {
     NoRoom,
 }
 
+/// Work a store did, counted for the benchmarks and the work-per-request
+/// regression test (not a table column).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreOps {
+    /// Reservations asked for (a write of a chunk, held or not).
+    pub writes: u64,
+    /// Recency refreshes (a use of a held chunk).
+    pub refreshes: u64,
+    /// Device operations (reads and writes) of the instance; filled in by
+    /// the connector's report.
+    pub io_ops: u64,
+}
+
+impl std::ops::AddAssign for StoreOps {
+    fn add_assign(&mut self, o: StoreOps) {
+        self.writes += o.writes;
+        self.refreshes += o.refreshes;
+        self.io_ops += o.io_ops;
+    }
+}
+
 /// One tier instance's index.
 ///
 /// Eviction order: LRU and FIFO keep the chunks in a doubly linked list
@@ -80,6 +101,7 @@ pub struct ChunkStore {
     clock: u64,
     /// Scratch: the slots an eviction gives up.
     victims: Vec<u32>,
+    ops: StoreOps,
 }
 
 impl ChunkStore {
@@ -98,7 +120,13 @@ impl ChunkStore {
             order: BTreeSet::new(),
             clock: 0,
             victims: Vec::new(),
+            ops: StoreOps::default(),
         }
+    }
+
+    /// The work done so far.
+    pub fn ops(&self) -> StoreOps {
+        self.ops
     }
 
     /// Bytes held or reserved.
@@ -145,6 +173,7 @@ impl ChunkStore {
 
     /// Records a use of `key` (a read hit, or a write of a chunk already held).
     pub fn touch(&mut self, key: BlockHash) {
+        self.ops.refreshes += 1;
         let Some(&i) = self.map.get(&key) else { return };
         match self.policy {
             EvictionPolicy::Fifo => {}
@@ -183,6 +212,7 @@ impl ChunkStore {
     /// policy order if needed (appended to `evicted` as `(key, bytes)`). The
     /// chunk is invisible until [`Self::complete`].
     pub fn reserve(&mut self, key: BlockHash, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> Reserve {
+        self.ops.writes += 1;
         if self.map.contains_key(&key) {
             // LMCache's put of a key it holds changes nothing, recency included.
             return Reserve::Present;

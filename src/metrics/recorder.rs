@@ -46,6 +46,9 @@ pub struct RunOutput {
     pub event_digest: u64,
     /// Wall seconds spent routing and applying router events (when profiled).
     pub routing_wall_s: Option<f64>,
+    /// The work the tiers' stores did, summed over their instances (for
+    /// benchmarks and tests; no table has it).
+    pub store_ops: crate::kvcache::StoreOps,
 }
 
 /// Run totals over the requests that have left the arena (and, at the
@@ -378,7 +381,9 @@ impl Recorder {
             ..TierSummary::default()
         };
         let mut instances = [0u64; 4];
+        let mut store_ops = crate::kvcache::StoreOps::default();
         for inst in end.connector.report(at) {
+            store_ops += inst.ops;
             let t = inst.tier.index();
             tiers.bytes_read[t] += inst.stats.bytes_read;
             tiers.bytes_written[t] += inst.stats.bytes_written;
@@ -522,6 +527,7 @@ impl Recorder {
                 .collect(),
             event_digest: end.stats.digest,
             routing_wall_s: end.router.wall_s(),
+            store_ops,
         }
     }
 
