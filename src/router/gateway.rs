@@ -14,8 +14,9 @@
 //! ([`Router::report_load`]) share the queue.
 
 use super::index::{KvIndex, Match};
+use super::least_loaded::Fewest;
 use super::pd::PdRule;
-use super::{LeastLoaded, Needs, Policy, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
+use super::{Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
 use crate::kvcache::{BlockHash, ChunkedSeq, KvEvent, KvcConfig};
 use crate::metrics::LatencyHistogram;
@@ -73,6 +74,8 @@ pub struct Router<'a> {
     /// that have not completed, and its last load report. Kept up to date
     /// in place, so routing reads one compact array.
     loads: Vec<WorkerLoad>,
+    /// The least loaded worker of any range, kept as `loads` change.
+    fewest: Fewest,
     inbox: VecDeque<(WorkerId, SimTime, RouterMsg)>,
     /// A batch is being applied; the rest of the queue follows it.
     draining: bool,
@@ -112,6 +115,7 @@ impl<'a> Router<'a> {
             rng,
             index: KvIndex::default(),
             loads: Vec::new(),
+            fewest: Fewest::default(),
             inbox: VecDeque::new(),
             draining: false,
             reported_busy: Vec::new(),
@@ -139,6 +143,7 @@ impl<'a> Router<'a> {
     pub fn add_worker(&mut self, id: WorkerId) {
         debug_assert_eq!(id.index(), self.loads.len());
         self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
+        self.fewest.update(&self.loads, id.index());
         self.pending.push(Vec::new());
         self.pending_prefill.push(0);
         self.reported_busy.push(SimDuration(0));
@@ -169,8 +174,7 @@ impl<'a> Router<'a> {
     /// worker serves it whole.
     fn route_pd(&mut self, r: RequestView<'_>, rule: PdRule, prefill_waiting: impl Fn(WorkerId) -> usize) -> Routed {
         let (p, n) = (rule.prefill_workers, self.loads.len());
-        let ctx = RouteContext { workers: &self.loads[p..n], prefix: &[], chunks: 0 };
-        let decode = LeastLoaded.choose(&ctx, &mut self.rng);
+        let decode = self.fewest.among(&self.loads, p..n);
         let prompt = u64::from(r.prompt_tokens);
         let mut prefill = if self.needs.loads || self.needs.kv_index {
             self.score(r);
@@ -181,7 +185,7 @@ impl<'a> Router<'a> {
             self.choose(r, 0..p)
         };
         let uncached = prompt.saturating_sub(self.cached(decode.index(), prompt));
-        self.loads[decode.index()].outstanding += 1;
+        self.count(decode.index(), 1);
         // Dynamo's prefill queue: the requests waiting anywhere in the prefill pool.
         let queue = (0..p).map(|w| prefill_waiting(WorkerId(w as u32))).sum();
         if rule.remote(uncached, queue) {
@@ -191,7 +195,7 @@ impl<'a> Router<'a> {
             return Routed { decode: Some(decode), ..prefill };
         }
         // The decode worker serves it whole: undo the prefill choice.
-        self.loads[prefill.worker.index()].outstanding -= 1;
+        self.count(prefill.worker.index(), -1);
         Routed { worker: decode, ..prefill }
     }
 
@@ -226,14 +230,15 @@ impl<'a> Router<'a> {
     fn choose(&mut self, r: RequestView<'_>, among: Range<usize>) -> Routed {
         let chunks = self.score(r);
         let prefix = if self.scores.is_empty() { &[][..] } else { &self.scores[among.clone()] };
-        let ctx = RouteContext { workers: &self.loads[among], prefix, chunks };
+        let fewest = self.fewest.among(&self.loads, among.clone());
+        let ctx = RouteContext { workers: &self.loads[among], prefix, chunks, fewest };
         let worker = self.policy.choose(&ctx, &mut self.rng);
         self.pick(worker, r)
     }
 
     /// Counts the request as outstanding at `worker` (scored already).
     fn pick(&mut self, worker: WorkerId, r: RequestView<'_>) -> Routed {
-        self.loads[worker.index()].outstanding += 1;
+        self.count(worker.index(), 1);
         let predicted_hit_tokens = self.needs.kv_index.then(|| {
             let matched = self.scores.get(worker.index()).map_or(0, |m| u64::from(m.chunks));
             // The last token is always computed.
@@ -249,7 +254,14 @@ impl<'a> Router<'a> {
 
     /// A request routed to `w` has left it (completed there, or handed over).
     pub fn released(&mut self, w: WorkerId) {
-        self.loads[w.index()].outstanding -= 1;
+        self.count(w.index(), -1);
+    }
+
+    /// Worker `w`'s outstanding count changes by `delta`.
+    fn count(&mut self, w: usize, delta: i32) {
+        let o = &mut self.loads[w].outstanding;
+        *o = o.checked_add_signed(delta).expect("outstanding requests stay within u32");
+        self.fewest.update(&self.loads, w);
     }
 
     /// Most outstanding requests on one worker (what the autoscaler watches).
@@ -519,7 +531,7 @@ mod tests {
         // Prefill worker 1 holds the first chunk; decode worker 2 already has a request.
         r.publish(WorkerId(1), at(0), stored(2));
         r.flush(WorkerId(1), at(10), &mut stale);
-        r.loads[2].outstanding = 1;
+        r.count(2, 1);
         // Prefill work: worker 0 would compute 128 tokens, worker 1 (which holds 32) 96.
         let routed = r.route(view(), |_| 0);
         let expect = Routed {
@@ -544,7 +556,7 @@ mod tests {
             r.publish(WorkerId(3), at(20), stored(h));
         }
         r.flush(WorkerId(3), at(30), &mut stale);
-        r.loads[2].outstanding = 5;
+        r.count(2, 3);
         let routed = r.route(view(), |_| 0);
         assert_eq!((routed.worker, routed.decode), (WorkerId(3), None));
         assert_eq!(r.loads.iter().map(|l| l.outstanding).collect::<Vec<_>>(), [0, 1, 5, 2]);

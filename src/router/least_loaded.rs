@@ -1,7 +1,7 @@
 //! Least loaded: the worker with the fewest outstanding requests (routed and
 //! not yet completed, as the router counts them); ties go to the lowest id.
 
-use super::{Needs, Policy, RouteContext};
+use super::{Needs, Policy, RouteContext, WorkerLoad};
 use crate::ids::WorkerId;
 use crate::rng::StreamRng;
 
@@ -13,7 +13,82 @@ impl Policy for LeastLoaded {
     const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
-        ctx.workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
+        ctx.fewest
+    }
+}
+
+/// The worker with the fewest outstanding requests (lowest id on ties)
+/// among `workers`, by a scan (what the tree must agree with).
+#[cfg(test)]
+pub(crate) fn fewest_by_scan(workers: &[WorkerLoad]) -> WorkerId {
+    workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
+}
+
+/// A tournament tree over the workers' outstanding counts: the least loaded
+/// worker of any range of ids in O(log W), and O(log W) per change — so
+/// routing by load does not scan 1,024 workers per request.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Fewest {
+    /// Leaves from `size` on (a worker index, or `u32::MAX` for none); each
+    /// inner node the winner of its two children.
+    tree: Vec<u32>,
+    size: usize,
+}
+
+impl Fewest {
+    const NONE: u32 = u32::MAX;
+
+    fn better(loads: &[WorkerLoad], a: u32, b: u32) -> u32 {
+        match (a, b) {
+            (Self::NONE, _) => b,
+            (_, Self::NONE) => a,
+            _ => {
+                let key = |i: u32| (loads[i as usize].outstanding, i);
+                if key(b) < key(a) { b } else { a }
+            }
+        }
+    }
+
+    /// Worker `i`'s count changed (or it was added: `loads` holds it).
+    pub(crate) fn update(&mut self, loads: &[WorkerLoad], i: usize) {
+        if loads.len() > self.size {
+            // Grow to the next power of two and rebuild (amortised O(1) per worker).
+            self.size = loads.len().next_power_of_two();
+            self.tree = vec![Self::NONE; 2 * self.size];
+            for j in 0..loads.len() {
+                self.tree[self.size + j] = j as u32;
+            }
+            for n in (1..self.size).rev() {
+                self.tree[n] = Self::better(loads, self.tree[2 * n], self.tree[2 * n + 1]);
+            }
+            return;
+        }
+        let mut n = self.size + i;
+        self.tree[n] = i as u32;
+        while n > 1 {
+            n /= 2;
+            self.tree[n] = Self::better(loads, self.tree[2 * n], self.tree[2 * n + 1]);
+        }
+    }
+
+    /// The least loaded worker with an index in `range` (non-empty).
+    pub(crate) fn among(&self, loads: &[WorkerLoad], range: std::ops::Range<usize>) -> WorkerId {
+        let (mut lo, mut hi) = (range.start + self.size, range.end + self.size);
+        let mut best = Self::NONE;
+        while lo < hi {
+            if lo % 2 == 1 {
+                best = Self::better(loads, best, self.tree[lo]);
+                lo += 1;
+            }
+            if hi % 2 == 1 {
+                hi -= 1;
+                best = Self::better(loads, best, self.tree[hi]);
+            }
+            lo /= 2;
+            hi /= 2;
+        }
+        assert_ne!(best, Self::NONE, "at least one worker");
+        loads[best as usize].id
     }
 }
 
@@ -31,5 +106,31 @@ mod tests {
         assert_eq!(pick(&[3, 1, 2], &mut rng), WorkerId(1));
         assert_eq!(pick(&[2, 1, 1], &mut rng), WorkerId(1));
         assert_eq!(pick(&[0, 0], &mut rng), WorkerId(0));
+    }
+
+    #[test]
+    fn the_tree_finds_what_a_scan_finds_in_every_range_as_counts_change() {
+        let mut loads = Vec::new();
+        let mut tree = Fewest::default();
+        let mut x = 7u64;
+        let mut next = |n: u64| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        for step in 0..3_000 {
+            if loads.len() < 37 && step % 50 == 0 {
+                loads.push(super::super::loads(&[next(4) as u32]).remove(0));
+                let i = loads.len() - 1;
+                loads[i].id = WorkerId(i as u32);
+                tree.update(&loads, i);
+            } else {
+                let i = next(loads.len() as u64) as usize;
+                loads[i].outstanding = next(6) as u32;
+                tree.update(&loads, i);
+            }
+            let a = next(loads.len() as u64) as usize;
+            let b = a + 1 + next((loads.len() - a) as u64) as usize;
+            assert_eq!(tree.among(&loads, a..b), fewest_by_scan(&loads[a..b]), "step {step}, {a}..{b}");
+        }
     }
 }

@@ -74,6 +74,9 @@ pub struct RouteContext<'a> {
     pub prefix: &'a [Match],
     /// Chunks of this request the index could match.
     pub chunks: u32,
+    /// The least loaded of `workers` (fewest outstanding, lowest id on ties),
+    /// kept by the router's tournament tree.
+    pub fewest: WorkerId,
 }
 
 impl RouteContext<'_> {
@@ -286,7 +289,7 @@ pub(crate) fn loads(outstanding: &[u32]) -> Vec<WorkerLoad> {
 
 #[cfg(test)]
 pub(crate) fn ctx<'a>(workers: &'a [WorkerLoad], prefix: &'a [Match], chunks: u32) -> RouteContext<'a> {
-    RouteContext { workers, prefix, chunks }
+    RouteContext { workers, prefix, chunks, fewest: least_loaded::fewest_by_scan(workers) }
 }
 
 #[cfg(test)]
