@@ -21,8 +21,9 @@
 //! Worker side: [`KvConnector::save`] writes a request's chunks to the
 //! tiers (write-through to every tier, or to the first with spill-down of
 //! what it evicts) — its **prompt** KV only unless `save_decode_cache` is
-//! set, as LMCache does by default. Chunks a tier already holds are
-//! refreshed, not rewritten. By default (`kvc.save_timing = "on_compute"`)
+//! set, as LMCache does by default — and only the chunks beyond what the
+//! tiers held when the request was scheduled ([`KvConnector::admitted`]);
+//! a chunk a tier already holds is neither rewritten nor refreshed. By default (`kvc.save_timing = "on_compute"`)
 //! the cluster calls it at the end of every step that completed chunks of a
 //! prompt, as LMCache's connector saves each layer's KV during the forward
 //! pass (`save_kv_layer`) and waits for it at the end of the step
@@ -32,11 +33,14 @@
 //! `"on_finish"` saves only then. In `sync` write mode a finished request's
 //! response waits for its writes still in flight ([`KvConnector::finish_saves`]).
 //!
-//! Eviction order: a hit refreshes, and a write inserts, the chunks of a
-//! prefix **last chunk first**, so under LRU the root of a prefix is always
-//! more recent than its descendants and is never evicted before them (a
-//! descendant without its root could never be hit again). vLLM's block pool
-//! frees a finished request's blocks tail first for the same reason.
+//! Eviction order: the lookup as a request is scheduled refreshes its held
+//! prefix, and a write inserts new chunks, **last chunk first**, so the
+//! root of what is refreshed or written is the most recent (vLLM's block
+//! pool frees a finished request's blocks tail first for the same reason).
+//! New chunks go to the recent end, as LMCache's puts do, so a cold
+//! prefix's root can be evicted before its newest descendants, which are
+//! then unreachable until the root is written again — LMCache's own
+//! behaviour; a save no longer re-touches the whole prefix to prevent it.
 //!
 //! Disaggregated prefill (issue: P/D): a decode worker pulls the KV a
 //! prefill worker computed over its own link, as vLLM's NixlConnector does
