@@ -200,11 +200,35 @@ pub struct KvConnector {
     /// prefill whose KV goes to its decode worker through the shared store).
     held: IntMap<u32, ()>,
     found: Vec<Found>,
+    /// Scratch of [`KvConnector::admitted`]: the held chunks, root first.
+    admitted_scratch: Vec<(u32, BlockHash)>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
     link: Option<(crate::storage::DeviceConfig, u64)>,
     /// Requests whose prompt KV is held by a prefill worker, to be pulled.
     remote: nohash_hasher::IntSet<u32>,
+    /// Bumped whenever what the stores hold may change (a write reserved,
+    /// a chunk evicted or made readable).
+    version: u64,
+    /// The walk of the last [`KvConnector::load`], whose chunks are in
+    /// `found`: the [`KvConnector::admitted`] that follows it reuses them
+    /// instead of walking them again (once; any change to the stores voids it).
+    walked: Option<WalkKey>,
+}
+
+/// What a walk beyond a GPU prefix depends on: the worker, the request, its
+/// tokens and their content (the chained hash of its last full block, which
+/// names every block before it, and its partial chunk's key), its GPU
+/// prefix, and the stores' version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct WalkKey {
+    worker: u32,
+    request: u32,
+    tokens: u64,
+    last_block: Option<BlockHash>,
+    tail: Option<BlockHash>,
+    local: u64,
+    version: u64,
 }
 
 impl KvConnector {
@@ -223,9 +247,25 @@ impl KvConnector {
             held: IntMap::default(),
             batch: None,
             found: Vec::new(),
+            admitted_scratch: Vec::new(),
             links: Vec::new(),
             link: None,
             remote: Default::default(),
+            version: 0,
+            walked: None,
+        }
+    }
+
+    fn walk_key(&self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> WalkKey {
+        let full = ((seq.tokens / self.block_size) as usize).min(seq.blocks.len());
+        WalkKey {
+            worker: w.0,
+            request: request.0,
+            tokens: seq.tokens,
+            last_block: full.checked_sub(1).map(|i| seq.blocks[i]),
+            tail: seq.tail,
+            local,
+            version: self.version,
         }
     }
 
@@ -365,34 +405,55 @@ impl KvConnector {
     /// [`Self::load`], which refreshes nothing itself); a chunk beyond a gap
     /// the GPU prefix covers is loaded but not refreshed, as LMCache's
     /// lookup from the root would not reach it.
-    pub fn admitted(&mut self, w: WorkerId, seq: &ChunkedSeq<'_>) -> u64 {
-        let tiers = &self.worker_tiers[w.index()];
-        if tiers.is_empty() {
+    pub fn admitted(&mut self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> u64 {
+        if self.worker_tiers[w.index()].is_empty() {
             return 0;
         }
-        let mut found = std::mem::take(&mut self.found);
-        found.clear();
+        // The chunks from the one holding block `local` on, as the walk
+        // beyond the GPU prefix found them, if that walk was this request's
+        // and nothing changed since (each chunk there from the first tier
+        // holding it, as below).
+        let beyond = match self.walked.take() {
+            Some(k) if k == self.walk_key(w, request, seq, local) => Some(std::mem::take(&mut self.found)),
+            _ => None,
+        };
+        let j0 = local / self.kvc.chunk_blocks;
+        let mut held = std::mem::take(&mut self.admitted_scratch);
+        held.clear();
+        let tiers = &self.worker_tiers[w.index()];
         let mut end = 0;
         let mut j = 0;
-        while let Some((key, from, to)) = self.kvc.chunk(seq, j) {
+        loop {
+            if j == j0
+                && let Some(found) = &beyond
+                && let Some(last) = found.last()
+            {
+                held.extend(found.iter().map(|f| (f.instance, f.key)));
+                end = last.to;
+                j += found.len() as u64;
+            }
+            let Some((key, _, to)) = self.kvc.chunk(seq, j) else { break };
             let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
                 break;
             };
-            found.push(Found { instance, key, from, to });
+            held.push((instance, key));
             end = to;
             j += 1;
         }
-        for f in found.iter().rev() {
-            self.instances[f.instance as usize].store.touch(f.key);
+        for &(instance, key) in held.iter().rev() {
+            self.instances[instance as usize].store.touch(key);
         }
-        self.found = found;
+        self.admitted_scratch = held;
+        if let Some(found) = beyond {
+            self.found = found;
+        }
         end
     }
 
     /// Starts loading what [`Self::lookup`] found for `request` on worker `w`
-    /// (its GPU blocks are allocated): the chunks are pinned and refreshed
-    /// (last chunk first), and each run of consecutive chunks in one tier
-    /// instance is read in one device operation. A [`LoadDone`] comes out
+    /// (its GPU blocks are allocated): the chunks are pinned (their recency
+    /// is refreshed by [`Self::admitted`], called next), and each run of
+    /// consecutive chunks in one tier instance is read in one device operation. A [`LoadDone`] comes out
     /// when the last read finishes. Returns what is loaded.
     pub fn load(
         &mut self,
@@ -416,6 +477,8 @@ impl KvConnector {
         let mut found = std::mem::take(&mut self.found);
         found.clear();
         let hit = self.walk(w, request, seq, local, Some(&mut found));
+        // Kept for the `admitted` that follows.
+        self.walked = Some(self.walk_key(w, request, seq, local));
         if hit.tokens == 0 {
             self.found = found;
             return hit;
@@ -554,6 +617,7 @@ impl KvConnector {
         waiter: Option<RequestId>,
         out: &mut ConnectorOutput,
     ) -> u32 {
+        self.version += 1;
         let tier = self.instances[inst as usize].tier;
         let store = &mut self.instances[inst as usize].store;
         // Last chunk first, so that the root of what is new ends up the most
@@ -681,6 +745,7 @@ impl KvConnector {
                 }
             }
             Purpose::Save { keys, waiters, worker } => {
+                self.version += 1;
                 for k in keys {
                     if instance.store.complete(k) {
                         out.events.push((worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }));
@@ -929,7 +994,7 @@ mod tests {
         let t = save(&mut c, t, &blocks(2, 16), 16);
         let mut out = ConnectorOutput::default();
         c.load(t, W, RequestId(0), &seq(&p, 48), 0, &mut out);
-        assert_eq!(c.admitted(W, &seq(&p, 48)), 48);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 48), 0), 48);
         let t = settle(&mut c, t, &mut out);
         // Recency is now q1 < p3 < p2 < p1: q1 and p3 go.
         save(&mut c, t, &blocks(3, 32), 32);
@@ -945,7 +1010,7 @@ mod tests {
         let t = save(&mut c, SimTime::ZERO, &p, 32); // p1, p2
         let t = save(&mut c, t, &blocks(2, 16), 16); // q1
         // Admission finds p1, p2 held (32 tokens) and refreshes them: q1 < p2 < p1.
-        assert_eq!(c.admitted(W, &seq(&p, 64)), 32);
+        assert_eq!(c.admitted(W, RequestId(1), &seq(&p, 64), 0), 32);
         // The request's save from token 32 writes p3, p4 only: 320 B, one
         // eviction (q1, the least recent).
         let before: u64 = c.report(t).map(|i| i.stats.bytes_written).sum();
@@ -966,5 +1031,24 @@ mod tests {
         assert_eq!(c.report(t).map(|i| i.stats.bytes_written).sum::<u64>(), before);
         save(&mut c, t, &blocks(3, 16), 16);
         assert_eq!(c.lookup(W, RequestId(4), &seq(&p, 64), 0).tokens, 16);
+    }
+
+    #[test]
+    fn an_admission_after_a_load_counts_the_held_prefix_from_the_loads_walk() {
+        let mut c = connector(1 << 20, 2);
+        let p = blocks(1, 64);
+        let t = save(&mut c, SimTime::ZERO, &p, 64);
+        let mut out = ConnectorOutput::default();
+        assert_eq!(c.load(t, W, RequestId(0), &seq(&p, 64), 0, &mut out).tokens, 63);
+        // Another request's content under the same id and length: walked anew.
+        let q = blocks(2, 64);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&q, 64), 0), 0);
+        // The kept walk serves its own admission: the whole prompt is held
+        // (the load's 63 tokens are its 4 blocks but the last token).
+        c.load(t, W, RequestId(0), &seq(&p, 64), 0, &mut out);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 0), 64);
+        // With a GPU prefix of 2 blocks (chunk 1 on): the same 64.
+        c.load(t, W, RequestId(0), &seq(&p, 64), 2, &mut out);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 2), 64);
     }
 }

@@ -158,7 +158,7 @@ impl Worker {
         self.cache.allocate(need, now, idle);
         let loaded = conn.load(now, self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), g, out);
         debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
-        let tier_prefix = conn.admitted(self.id, &r.chunked(r.seq.num_tokens, cfg.block_size));
+        let tier_prefix = conn.admitted(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), g);
         let seq = &mut r.seq;
         seq.tier_prefix = tier_prefix;
         seq.path = path;
@@ -223,7 +223,7 @@ impl Worker {
                 return false;
             }
             let r = &mut reqs[id.index()];
-            r.seq.tier_prefix = conn.admitted(self.id, &r.chunked(r.seq.num_tokens, cfg.block_size));
+            r.seq.tier_prefix = conn.admitted(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local as u64);
             r.seq.hit = [0; 4];
             r.seq.hit[Tier::Gpu.index()] = c;
         }
