@@ -566,7 +566,9 @@ fn a_requests_tier_writes_and_kv_events_do_not_grow_with_its_shared_prefix() {
     assert_eq!(long[0], short[0], "writes, 32k prefix");
     assert_eq!(long[1], short[1], "device operations");
     assert_eq!(long[2], short[2], "KV events");
-    // Recency is refreshed per held chunk, once per request (LMCache's
-    // lookup): the prefix's chunks in the tier first holding them.
-    assert_eq!(long[3] - short[3], 128.0 - 4.0, "refreshes grow by the prefix's chunks");
+    // Recency is refreshed once per request (LMCache's lookup) for the
+    // prefix's chunks in the tier first holding them: saved together, they
+    // are neighbours in its recency list, and move in one splice.
+    assert_eq!(short[3], 1.0, "recency refreshes, 1k prefix");
+    assert_eq!(long[3], short[3], "recency refreshes, 32k prefix");
 }

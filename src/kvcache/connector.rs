@@ -440,8 +440,14 @@ impl KvConnector {
             end = to;
             j += 1;
         }
-        for &(instance, key) in held.iter().rev() {
-            self.instances[instance as usize].store.touch(key);
+        // Last chunk first, in each tier instance; a run of chunks that are
+        // neighbours in the instance's recency list (a prefix saved or
+        // refreshed together) is one splice.
+        for (n, &inst) in tiers.iter().enumerate() {
+            if !tiers[..n].contains(&inst) {
+                let keys = held.iter().rev().filter(|h| h.0 == inst).map(|h| h.1);
+                self.instances[inst as usize].store.touch_all(keys);
+            }
         }
         self.admitted_scratch = held;
         if let Some(found) = beyond {

@@ -195,6 +195,54 @@ impl ChunkStore {
         }
     }
 
+    /// Records a use of `keys`, in order (the last becomes the most
+    /// recent) — the same order as [`Self::touch`] of each in turn. Under LRU
+    /// a run of them already consecutive in the recency list (as a prefix
+    /// written or refreshed together is) is moved to the recent end in one
+    /// splice, and counts as one refresh; keys not held are skipped.
+    pub fn touch_all(&mut self, keys: impl Iterator<Item = BlockHash>) {
+        if self.policy != EvictionPolicy::Lru {
+            keys.for_each(|k| self.touch(k));
+            return;
+        }
+        // The run being gathered: `first..=last`, consecutive in the list.
+        let mut run: Option<(u32, u32)> = None;
+        for key in keys {
+            let Some(&i) = self.map.get(&key) else { continue };
+            run = match run {
+                Some((first, last)) if self.slab[last as usize].next == i => Some((first, i)),
+                Some((first, last)) => {
+                    self.move_to_tail(first, last);
+                    Some((i, i))
+                }
+                None => Some((i, i)),
+            };
+        }
+        if let Some((first, last)) = run {
+            self.move_to_tail(first, last);
+        }
+    }
+
+    /// Moves the consecutive entries `first..=last` of the recency list to
+    /// its tail (one refresh).
+    fn move_to_tail(&mut self, first: u32, last: u32) {
+        self.ops.refreshes += 1;
+        if self.tail == last {
+            return;
+        }
+        let (prev, next) = (self.slab[first as usize].prev, self.slab[last as usize].next);
+        match prev {
+            NIL => self.head = next,
+            p => self.slab[p as usize].next = next,
+        }
+        // `last` is not the tail, so `next` is an entry.
+        self.slab[next as usize].prev = prev;
+        self.slab[self.tail as usize].next = first;
+        self.slab[first as usize].prev = self.tail;
+        self.slab[last as usize].next = NIL;
+        self.tail = last;
+    }
+
     /// Pins `key` against eviction (a read is in flight).
     pub fn pin(&mut self, key: BlockHash) {
         let i = *self.map.get(&key).expect("pinned chunk is held");
@@ -350,6 +398,85 @@ mod tests {
         s.complete(k(4));
         assert!(s.contains(k(4)) && s.contains(k(1)) && !s.contains(k(2)));
         assert_eq!((s.used(), s.peak()), (30, 30));
+    }
+
+    /// The keys from head (least recent) to tail.
+    fn order(s: &ChunkStore) -> Vec<u64> {
+        let mut out = Vec::new();
+        let mut i = s.head;
+        while i != NIL {
+            out.push(s.slab[i as usize].key.0);
+            i = s.slab[i as usize].next;
+        }
+        out
+    }
+
+    #[test]
+    fn touching_many_orders_as_touching_each_and_counts_runs_of_neighbours() {
+        use rand::RngExt;
+        let mut rng = crate::rng::SeedTree::new(7).stream("store");
+        for case in 0..2_000 {
+            let n: u64 = rng.random_range(1..12);
+            let mut a = ChunkStore::new(1 << 20, EvictionPolicy::Lru);
+            for x in 0..n {
+                reserve(&mut a, x, 1);
+            }
+            // Some touches first, so the list is not in written order.
+            for _ in 0..rng.random_range(0..6) {
+                a.touch(k(rng.random_range(0..n)));
+            }
+            let mut b = ChunkStore::new(1 << 20, EvictionPolicy::Lru);
+            for x in order(&a) {
+                reserve(&mut b, x, 1);
+            }
+            // Keys not held (n, n + 1) are skipped; repeats are allowed.
+            let keys: Vec<u64> = (0..rng.random_range(0..2 * n)).map(|_| rng.random_range(0..n + 2)).collect();
+            // The expected runs, by a list kept as a vector: a key continues
+            // the run when it follows the run's last key in the list as it
+            // was when the run began (nothing in it has moved yet).
+            let (mut list, mut at_start, mut runs, mut prev) = (order(&b), Vec::new(), 0, None);
+            for &x in keys.iter().filter(|&&x| x < n) {
+                let follows = prev.is_some_and(|p| {
+                    at_start.iter().position(|&y| y == p).and_then(|i| at_start.get(i + 1)) == Some(&x)
+                });
+                if !follows {
+                    runs += 1;
+                    at_start = list.clone();
+                }
+                list.retain(|&y| y != x);
+                list.push(x);
+                prev = Some(x);
+            }
+            for &x in &keys {
+                a.touch(k(x));
+            }
+            let before = b.ops().refreshes;
+            b.touch_all(keys.iter().map(|&x| k(x)));
+            assert_eq!(order(&a), order(&b), "case {case}: {keys:?}");
+            assert_eq!(order(&b), list, "case {case}");
+            assert_eq!(b.ops().refreshes - before, runs, "case {case}: {keys:?}");
+        }
+    }
+
+    #[test]
+    fn a_run_written_together_is_refreshed_in_one_splice() {
+        // Written 1..=5 (head 1); refreshing 4, 3, 2 (neighbours, in list
+        // order) and then 1 (before 2 in the list, not after it): 2 refreshes.
+        let mut s = ChunkStore::new(100, EvictionPolicy::Lru);
+        for x in 1..=5 {
+            reserve(&mut s, x, 1);
+        }
+        s.touch_all([2, 3, 4, 1].into_iter().map(k));
+        assert_eq!(order(&s), [5, 2, 3, 4, 1]);
+        assert_eq!(s.ops().refreshes, 2);
+        // The run 2, 3, 4 is still consecutive: one splice brings it to the tail.
+        s.touch_all([2, 3, 4, 9].into_iter().map(k));
+        assert_eq!(order(&s), [5, 1, 2, 3, 4]);
+        assert_eq!(s.ops().refreshes, 3);
+        // Already at the tail: a refresh, nothing moves.
+        s.touch_all([3, 4].into_iter().map(k));
+        assert_eq!(order(&s), [5, 1, 2, 3, 4]);
+        assert_eq!(s.ops().refreshes, 4);
     }
 
     #[test]
