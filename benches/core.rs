@@ -3,7 +3,11 @@
 //! per CPU second (user + system; the median of the row's repeats), events
 //! per request, ns per event, peak RSS and the most requests held in the
 //! arena at once. Run with `cargo bench --bench core`, or name rows:
-//! `cargo bench --bench core -- trace memory-1m`.
+//! `cargo bench --bench core -- trace memory-1m`. With `--instructions`
+//! (and valgrind installed) each row also gets instructions per request,
+//! the noise-free figure: cachegrind's count for a child that builds the
+//! scenario and simulates once, less that of one that only builds it (for
+//! a process row, one whole process).
 //!
 //! Rows (targets from the performance issue, round three; "–" where the row
 //! measures memory only):
@@ -87,75 +91,164 @@ const ROWS: &[Row] = &[
     Row { name: "opal-16w", target: Some(290e3), repeats: 3, build: || opal(16) },
 ];
 
-/// The `opal-1k` row's name (measured as a process, see [`opal_1k`]).
-const OPAL_1K: &str = "opal-1k";
+/// A row measured as `opal-sweep` processes (spec import, tables and
+/// manifest included), in CPU milliseconds per run.
+struct ProcessRow {
+    name: &'static str,
+    /// Requests a run simulates.
+    requests: u64,
+    /// Target, CPU ms per run.
+    target_ms: f64,
+    /// Writes the row's spec into the directory and returns its path.
+    spec: fn(&Path) -> std::path::PathBuf,
+}
+
+const PROCESS_ROWS: &[ProcessRow] = &[ProcessRow { name: "opal-1k", requests: 1000, target_ms: 5.0, spec: opal_1k }];
 
 const ROW_ENV: &str = "OPAL_BENCH_CORE_ROW";
+/// Set in a row's child process measured by cachegrind: `setup` builds the
+/// scenario only, `once` builds it and simulates once (the difference is
+/// the simulation's instructions).
+const MODE_ENV: &str = "OPAL_BENCH_CORE_MODE";
 
 fn main() {
     if let Ok(name) = std::env::var(ROW_ENV) {
         let row = ROWS.iter().find(|r| r.name == name).expect("a known row");
-        measure(row);
+        match std::env::var(MODE_ENV).as_deref() {
+            Ok("setup") => drop(std::hint::black_box((row.build)())),
+            Ok("once") => simulate_once(row),
+            _ => measure(row),
+        }
         return;
     }
-    let wanted: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    if let Some(unknown) = wanted.iter().find(|w| w.as_str() != OPAL_1K && ROWS.iter().all(|r| r.name != w.as_str())) {
-        let names: Vec<&str> = ROWS.iter().map(|r| r.name).chain([OPAL_1K]).collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let instructions = args.iter().any(|a| a == "--instructions");
+    let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    let known = |w: &str| ROWS.iter().any(|r| r.name == w) || PROCESS_ROWS.iter().any(|r| r.name == w);
+    if let Some(unknown) = wanted.iter().find(|w| !known(w)) {
+        let names: Vec<&str> = ROWS.iter().map(|r| r.name).chain(PROCESS_ROWS.iter().map(|r| r.name)).collect();
         eprintln!("unknown row `{unknown}`; rows: {}", names.join(", "));
         std::process::exit(2);
     }
+    let chosen = |name: &str| wanted.is_empty() || wanted.iter().any(|w| *w == name);
+    let valgrind = instructions && cachegrind(Command::new("true")).is_some();
+    if instructions && !valgrind {
+        println!("(instructions per request need valgrind's cachegrind, which is not installed here)");
+    }
     println!(
-        "{:<13} {:>10} {:>11} {:>8} {:>9} {:>12} {:>8} {:>9} {:>10}  target",
-        "row", "requests", "events", "ev/req", "CPU s", "req/CPU s", "ns/ev", "RSS MiB", "peak live"
+        "{:<13} {:>10} {:>11} {:>8} {:>9} {:>12} {:>8} {:>9} {:>10} {:>10}  target",
+        "row", "requests", "events", "ev/req", "CPU s", "req/CPU s", "ns/ev", "RSS MiB", "peak live", "instr/req"
     );
     let exe = std::env::current_exe().expect("own path");
-    for row in ROWS.iter().filter(|r| wanted.is_empty() || wanted.iter().any(|w| w == r.name)) {
-        let status = Command::new(&exe).env(ROW_ENV, row.name).status().expect("run a row");
-        assert!(status.success(), "row {} failed", row.name);
+    for row in ROWS.iter().filter(|r| chosen(r.name)) {
+        let child = |mode: Option<&str>| {
+            let mut c = Command::new(&exe);
+            c.env(ROW_ENV, row.name);
+            if let Some(m) = mode {
+                c.env(MODE_ENV, m);
+            }
+            c
+        };
+        let out = child(None).output().expect("run a row");
+        assert!(out.status.success(), "row {} failed: {}", row.name, String::from_utf8_lossy(&out.stderr));
+        let line = String::from_utf8(out.stdout).expect("a UTF-8 line");
+        let fields: Vec<&str> = line.trim_end().split('\t').collect();
+        let [head, target, requests] = fields[..] else { panic!("row {}: unexpected line {line:?}", row.name) };
+        let per_request = valgrind.then(|| {
+            let setup = cachegrind(child(Some("setup"))).expect("cachegrind ran");
+            let once = cachegrind(child(Some("once"))).expect("cachegrind ran");
+            (once - setup) as f64 / requests.parse::<f64>().expect("a count")
+        });
+        println!("{head} {:>10}  {target}", per_request.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3)));
     }
-    if wanted.is_empty() || wanted.iter().any(|w| w == OPAL_1K) {
-        opal_1k();
+    let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/opal-sweep");
+    for row in PROCESS_ROWS.iter().filter(|r| chosen(r.name)) {
+        process_row(row, &release, valgrind);
     }
 }
 
-/// The `opal-1k` row: `opal-sweep` on the Opal example cut to 1,000
-/// requests, each run a process of its own; the mean CPU time of 50 runs
-/// (children's time from `/proc/self/stat`, counted in 10 ms ticks, so
-/// summed over the runs before dividing).
-fn opal_1k() {
-    let exe = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/opal-sweep");
+/// Runs `cmd` under cachegrind; the instructions it executed (`I refs`),
+/// or `None` if valgrind is not there.
+fn cachegrind(cmd: Command) -> Option<u64> {
+    let mut vg = Command::new("valgrind");
+    vg.args(["--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]);
+    vg.arg(cmd.get_program()).args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        if let Some(v) = v {
+            vg.env(k, v);
+        }
+    }
+    if let Some(d) = cmd.get_current_dir() {
+        vg.current_dir(d);
+    }
+    let out = vg.stdout(std::process::Stdio::null()).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    let refs = err.lines().find_map(|l| l.split_once("I   refs:").map(|(_, n)| n.trim().replace(',', "")))?;
+    refs.parse().ok()
+}
+
+/// A process row: `opal-sweep` on the row's spec, each run a process of
+/// its own; the mean CPU time of 50 runs (children's time from
+/// `/proc/self/stat`, counted in 10 ms ticks, so summed over the runs
+/// before dividing), and with `valgrind` one run's instructions.
+fn process_row(row: &ProcessRow, exe: &Path, valgrind: bool) {
     if !exe.exists() {
-        println!("{OPAL_1K:<13} (build the binary first: cargo build --release)");
+        println!("{:<13} (build the binary first: cargo build --release)", row.name);
         return;
     }
-    let dir = std::env::temp_dir().join(format!("opal-bench-1k-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("opal-bench-{}-{}", row.name, std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let spec = (row.spec)(&dir);
+    let run = |i: usize| {
+        let mut c = Command::new(exe);
+        c.arg(&spec).arg("-o").arg(dir.join(format!("out-{i}"))).args(["-j", "1", "--quiet"]);
+        c.stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null());
+        c
+    };
+    const RUNS: usize = 50;
+    let before = common::children_cpu_seconds().unwrap_or(f64::NAN);
+    for i in 0..RUNS {
+        let status = run(i).status().expect("run opal-sweep");
+        assert!(status.success(), "opal-sweep failed on row {}", row.name);
+    }
+    let ms = (common::children_cpu_seconds().unwrap_or(f64::NAN) - before) * 1e3 / RUNS as f64;
+    let instr = valgrind.then(|| cachegrind(run(RUNS)).expect("cachegrind ran") as f64 / row.requests as f64);
+    std::fs::remove_dir_all(&dir).ok();
+    let verdict = if ms <= row.target_ms { "met" } else { "NOT met" };
+    println!(
+        "{:<13} {:>10} {:>31.1} ms CPU per run (process, tables included) {:>10}  ≤ {} ms {verdict}",
+        row.name,
+        row.requests,
+        ms,
+        instr.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3)),
+        row.target_ms
+    );
+}
+
+/// The `opal-1k` row's spec: `examples/opal/exponential-12rps.json` cut to
+/// 1,000 requests.
+fn opal_1k(dir: &Path) -> std::path::PathBuf {
     let json = std::fs::read_to_string(manifest("examples/opal/exponential-12rps.json")).expect("the Opal example");
     let cut = json.replace("\"total_requests\": 3000", "\"total_requests\": 1000");
     assert_ne!(cut, json, "the example's request count is where the row expects it");
     let spec = dir.join("opal-1k.json");
     std::fs::write(&spec, cut).expect("write the spec");
-    const RUNS: usize = 50;
-    let before = common::children_cpu_seconds().unwrap_or(f64::NAN);
-    for i in 0..RUNS {
-        let status = Command::new(&exe)
-            .arg(&spec)
-            .arg("-o")
-            .arg(dir.join(format!("out-{i}")))
-            .args(["-j", "1", "--quiet"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .expect("run opal-sweep");
-        assert!(status.success(), "opal-sweep failed on the 1k-request example");
-    }
-    let ms = (common::children_cpu_seconds().unwrap_or(f64::NAN) - before) * 1e3 / RUNS as f64;
-    std::fs::remove_dir_all(&dir).ok();
-    let verdict = if ms <= 5.0 { "met" } else { "NOT met" };
-    println!("{OPAL_1K:<13} {:>10} {:>31.1} ms CPU per run (process, tables included)  ≤ 5 ms {verdict}", 1000, ms);
+    spec
 }
 
-/// Runs `row` in this process and prints its line.
+/// Builds `row`'s scenario and simulates it once (measured by cachegrind).
+fn simulate_once(row: &Row) {
+    let scenario = (row.build)();
+    let opts = RunOptions { request_records: false, ..RunOptions::default() };
+    std::hint::black_box(opal::simulate_with(&scenario, &opts).expect("the row runs"));
+}
+
+/// Runs `row` in this process and prints its line: the columns up to the
+/// instructions, its target and the count of requests simulated, separated
+/// by tabs (the parent adds the instructions).
 fn measure(row: &Row) {
     let scenario = (row.build)();
     let opts = RunOptions { request_records: false, ..RunOptions::default() };
@@ -177,7 +270,7 @@ fn measure(row: &Row) {
         |t| format!("≥ {:.0}k {}", t / 1e3, if rate >= t { "met" } else { "NOT met" }),
     );
     println!(
-        "{:<13} {:>10} {:>11} {:>8.1} {:>9.2} {:>12.0} {:>8.0} {:>9.1} {:>10}  {target}",
+        "{:<13} {:>10} {:>11} {:>8.1} {:>9.2} {:>12.0} {:>8.0} {:>9.1} {:>10}\t{target}\t{}",
         row.name,
         s.requests_completed,
         s.events,
@@ -187,6 +280,7 @@ fn measure(row: &Row) {
         cpu * 1e9 / s.events as f64,
         peak_rss_mib().unwrap_or(f64::NAN),
         out.peak_live_requests,
+        s.requests_completed,
     );
 }
 
