@@ -202,6 +202,11 @@ pub struct KvConnector {
     found: Vec<Found>,
     /// Scratch of [`KvConnector::admitted`]: the held chunks, root first.
     admitted_scratch: Vec<(u32, BlockHash)>,
+    /// Scratch for [`Self::save`] and [`Self::write_chunks`]: the chunks to
+    /// write, the keys reserved, and what the reservations evicted.
+    chunks_scratch: Vec<(BlockHash, u64)>,
+    keys_scratch: Vec<BlockHash>,
+    spill_scratch: Vec<(BlockHash, u64)>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
     link: Option<(crate::storage::DeviceConfig, u64)>,
@@ -248,6 +253,9 @@ impl KvConnector {
             batch: None,
             found: Vec::new(),
             admitted_scratch: Vec::new(),
+            chunks_scratch: Vec::new(),
+            keys_scratch: Vec::new(),
+            spill_scratch: Vec::new(),
             links: Vec::new(),
             link: None,
             remote: Default::default(),
@@ -531,10 +539,13 @@ impl KvConnector {
             return;
         }
         let first = from / self.kvc.chunk_tokens();
-        let chunks: Vec<(BlockHash, u64)> = (first..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
-            .filter_map(|j| self.kvc.chunk(seq, j))
-            .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes()))
-            .collect();
+        let mut chunks = std::mem::take(&mut self.chunks_scratch);
+        chunks.clear();
+        chunks.extend(
+            (first..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
+                .map_while(|j| self.kvc.chunk(seq, j))
+                .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes())),
+        );
         let waiter = (self.kvc.write_mode == WriteMode::Sync || self.held.contains_key(&request.0)).then_some(request);
         let targets = match self.kvc.write_policy {
             WritePolicy::WriteThrough => tiers.len(),
@@ -544,6 +555,7 @@ impl KvConnector {
             let inst = self.worker_tiers[w.index()][i];
             self.write_chunks(now, w, inst, &chunks, waiter, out);
         }
+        self.chunks_scratch = chunks;
     }
 
     /// Gathers the saves that follow, until [`Self::end_batch`], into one
@@ -628,9 +640,11 @@ impl KvConnector {
         let store = &mut self.instances[inst as usize].store;
         // Last chunk first, so that the root of what is new ends up the most
         // recent; a chunk the store holds is left as it is.
-        let mut keys = Vec::with_capacity(chunks.len());
+        let mut keys = std::mem::take(&mut self.keys_scratch);
+        keys.clear();
         let mut bytes = 0;
-        let mut spilled = Vec::new();
+        let mut spilled = std::mem::take(&mut self.spill_scratch);
+        spilled.clear();
         for &(k, b) in chunks.iter().rev() {
             if store.reserve(k, b, &mut spilled) == Reserve::Reserved {
                 keys.push(k);
@@ -645,7 +659,7 @@ impl KvConnector {
             if let Some(batch) = &mut self.batch {
                 // One write per tier instance for the whole step (see `begin_batch`).
                 let (k, b, waiters) = batch.entry(inst).or_default();
-                k.extend(keys);
+                k.extend_from_slice(&keys);
                 *b += bytes;
                 waiters.extend(waiter.filter(|id| !waiters.contains(id)));
             } else {
@@ -653,6 +667,7 @@ impl KvConnector {
                 for id in &waiters {
                     self.saves.entry(id.0).or_insert((0, false)).0 += 1;
                 }
+                let keys = keys.clone();
                 self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiters, worker: w }, out);
                 ops += 1;
             }
@@ -668,6 +683,8 @@ impl KvConnector {
                 ops += self.write_chunks(now, w, next, &spilled, waiter, out);
             }
         }
+        self.keys_scratch = keys;
+        self.spill_scratch = spilled;
         ops
     }
 
