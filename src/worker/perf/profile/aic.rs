@@ -166,7 +166,10 @@ impl Columns {
                 .as_any()
                 .downcast_ref::<Int64Array>()
                 .ok_or_else(|| format!("{what}: column `{name}` is not int64"))?;
-            out.extend((0..c.len()).map(|i| if c.is_null(i) { i64::MIN } else { c.value(i) }));
+            match c.nulls() {
+                None => out.extend_from_slice(c.values()),
+                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(i64::MIN))),
+            }
         }
         Ok(out)
     }
@@ -179,7 +182,10 @@ impl Columns {
                 .as_any()
                 .downcast_ref::<Float64Array>()
                 .ok_or_else(|| format!("{what}: column `{name}` is not float64"))?;
-            out.extend((0..c.len()).map(|i| if c.is_null(i) { f64::NAN } else { c.value(i) }));
+            match c.nulls() {
+                None => out.extend_from_slice(c.values()),
+                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(f64::NAN))),
+            }
         }
         Ok(out)
     }
@@ -220,6 +226,14 @@ fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
     } else {
         Err(format!("{what}: row {}: latency {ms} is not a positive number of milliseconds", row + 1))
     }
+}
+
+/// Sorts a curve's points by x and keeps, of points measured at the same x,
+/// the one the file gives first (the sort is stable): a row repeating a
+/// measured x is ignored, the first measurement standing.
+fn sort_first_of_each(curve: &mut Vec<(f64, f64)>) {
+    curve.sort_by(|a, b| a.0.total_cmp(&b.0));
+    curve.dedup_by(|later, first| later.0 == first.0);
 }
 
 /// The dtype code of a KV cache of `bytes` per element.
@@ -359,14 +373,11 @@ impl AicTables {
                 }),
             };
             last = Some((precision, n, k, at));
-            let curve = &mut table.sites[at].curve;
-            if !curve.iter().any(|&(x, _)| x == g.m) {
-                curve.push((g.m, secs.max(compute.max(memory))));
-            }
+            table.sites[at].curve.push((g.m, secs.max(compute.max(memory))));
         }
         for t in [&mut self.gemm_bf16, &mut self.gemm_fp8] {
             for s in &mut t.sites {
-                s.curve.sort_by(|a, b| a.0.total_cmp(&b.0));
+                sort_first_of_each(&mut s.curve);
             }
         }
         Ok(())
@@ -441,13 +452,10 @@ impl AicTables {
                     curves.len() - 1
                 }
             };
-            let curve = &mut curves[at].1;
-            if !curve.iter().any(|&(x, _)| x == size[i] as f64) {
-                curve.push((size[i] as f64, secs));
-            }
+            curves[at].1.push((size[i] as f64, secs));
         }
         for c in &mut curves {
-            c.1.sort_by(|a, b| a.0.total_cmp(&b.0));
+            sort_first_of_each(&mut c.1);
         }
         curves.sort_by_key(|c| c.0);
         self.allreduce = curves;
@@ -645,6 +653,27 @@ mod tests {
         let lo = t.gemm(&bf16(2048.0, 16384, 4096)).unwrap() * 28672.0 / 16384.0;
         let hi = t.gemm(&bf16(2048.0, 51200, 4096)).unwrap() * 28672.0 / 51200.0;
         assert!(secs > lo.min(hi) * 0.8 && secs < lo.max(hi) * 1.25, "{secs} vs {lo}, {hi}");
+    }
+
+    #[test]
+    fn a_repeated_measurement_is_ignored_and_rows_may_come_in_any_order() {
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, StringArray};
+        // Sizes out of order, 2048 measured twice (the first, 0.02 ms, stands),
+        // one eager row (skipped).
+        let batch = RecordBatch::try_from_iter([
+            ("num_gpus", Arc::new(Int64Array::from(vec![2, 2, 2, 2, 2])) as ArrayRef),
+            ("message_size", Arc::new(Int64Array::from(vec![4096, 2048, 1024, 2048, 1024]))),
+            ("latency", Arc::new(Float64Array::from(vec![0.04, 0.02, 0.01, 0.5, 0.9]))),
+            ("kernel_source", Arc::new(StringArray::from(vec!["vllm", "vllm", "vllm", "vllm", "vllm_eager"]))),
+        ])
+        .unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let (_, peaks) = h100();
+        let t = AicTables::from_files("test".into(), peaks, &[(ALLREDUCE_FILE, bytes.into())]).unwrap();
+        assert_eq!(t.allreduce, vec![(2, vec![(1024.0, 0.01e-3), (2048.0, 0.02e-3), (4096.0, 0.04e-3)])]);
     }
 
     #[test]
