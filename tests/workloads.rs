@@ -487,3 +487,25 @@ fn a_bursty_trace_replayed_at_its_own_times_warns_and_re_timing_options_are_chec
         assert!(err.contains(&format!("workload.stages.0.workload_params.{key}")), "{bad}: {err}");
     }
 }
+
+const SPLITWISE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/traces/splitwise_conv_2k.jsonl");
+
+/// The shipped Splitwise run replays as its README describes it: 2,000
+/// requests, 2,192,649 prompt and 529,807 output tokens (the sums of the
+/// file as Vidur's generator made it), none longer than Vidur's 4,096 tokens,
+/// the last arriving at 424.259 s.
+#[test]
+fn the_splitwise_trace_replays_the_requests_its_readme_counts() {
+    let out = Spec::empty()
+        .tiers(&[])
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.001)
+        .stage("Trace", toml! { trace_file = SPLITWISE })
+        .run();
+    assert_eq!(out.requests.len(), 2000);
+    assert_eq!(out.requests.iter().map(|r| u64::from(r.prompt_tokens)).sum::<u64>(), 2_192_649);
+    assert_eq!(out.requests.iter().map(|r| u64::from(r.output_tokens)).sum::<u64>(), 529_807);
+    assert_eq!(out.requests.iter().map(|r| r.prompt_tokens + r.output_tokens).max(), Some(4096));
+    let last = out.requests.iter().map(|r| r.arrival_s).fold(0.0, f64::max);
+    assert!((last - 424.259).abs() < 1e-9, "{last}");
+}
