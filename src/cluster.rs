@@ -1,26 +1,29 @@
 //! The cluster: owns every component of one run and is the only place that
 //! knows the event enum. Components are passive — the workers, the KV
-//! connector, the router ([`Router`]) and the metrics recorder
+//! connector and its save rules ([`SaveRules`]), the router ([`Router`])
+//! with the P/D hand-over ([`Handover`]), and the metrics recorder
 //! ([`Recorder`]) take the time and what happened and return effects; the
-//! cluster turns those into events and tells the recorder.
+//! cluster turns those into events and tells the recorder. It decides
+//! nothing itself: what a step saves, whether a response waits for its
+//! writes and how a prefilled request moves to its decode worker are the
+//! KV layer's and the router's rules, carried out here.
 //!
 //! KV flow per request: on reaching a worker its block hashes are computed;
 //! the worker's scheduler decides, with the KV connector, what the request
 //! already has (GPU prefix, then the tiers) and starts loads; the connector's
 //! device timers, finished loads and finished saves come back here as
 //! effects and are dispatched to the worker, the router and the recorder.
-//! After its last token the connector saves the request's KV to the tiers.
 
 use crate::RunError;
 use crate::config::Scenario;
-use crate::config::disagg::KvPath;
 use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent, KvcConfig, SaveTiming};
+use crate::kvcache::saving::{AfterSave, SaveRules};
+use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
 use crate::metrics::{Recorder, RunEnd, StepRecord, gauges};
-use crate::request::{Arena, PdPhase, Request};
+use crate::request::Arena;
 use crate::rng::SeedTree;
-use crate::router::pd::PdRule;
+use crate::router::pd::{Handover, Next, PdRule, Transfer};
 use crate::router::{Autoscaler, RequestView, Router, autoscale::ScaleAction};
 use crate::storage::DeviceTimer;
 use crate::time::SimTime;
@@ -94,6 +97,10 @@ pub struct Cluster<'a> {
     router: Router<'a>,
     autoscaler: Option<Autoscaler>,
     connector: KvConnector,
+    /// What steps and finished requests save to the tiers.
+    saving: SaveRules,
+    /// The P/D hand-over (with disaggregation).
+    handover: Option<Handover>,
     workload: Workload,
     recorder: Recorder,
     scratch: Scratch,
@@ -123,6 +130,8 @@ impl<'a> Cluster<'a> {
             router,
             autoscaler: scenario.router.autoscale.map(Autoscaler::new),
             connector: KvConnector::new(&scenario.kvc, scenario.worker.block_size),
+            saving: SaveRules::new(&scenario.kvc, scenario.worker.block_size),
+            handover: scenario.disagg.as_ref().map(|d| Handover::new(d.kv_path)),
             workload: Workload::new(scenario.stages.clone(), &seeds),
             recorder: Recorder::new(scenario),
             scratch: Scratch::default(),
@@ -230,44 +239,44 @@ impl<'a> Cluster<'a> {
             r.predicted_hit_tokens = routed.predicted_hit_tokens;
         }
         if let Some(decode) = routed.decode {
-            if self.scenario.disagg.as_ref().is_some_and(|d| d.kv_path == KvPath::Store) {
-                // Its hand-over waits for its prompt's writes to the shared store.
+            let handover = self.handover.expect("a remote prefill is routed only with disaggregation");
+            if handover.routed(r, decode, routed.prefill_tokens).hold_writes {
                 self.connector.hold(id);
             }
-            r.pd = PdPhase::Prefill { decode, output_tokens: r.output_tokens, pending: routed.prefill_tokens };
-            // The prefill worker is asked for one token, as the P/D proxies ask vLLM (max_tokens = 1).
-            r.output_tokens = 1;
         }
         self.recorder.on_routed(routed.worker, self.scenario.disagg.as_ref().map(|_| routed.decode.is_some()));
         self.workers[routed.worker.index()].enqueue(id);
         routed.worker
     }
 
-    /// A prefill worker finished request `id` (its first token is out): its
-    /// prompt's KV is offered to its decode worker, which pulls it over its
-    /// link once it has the blocks (see [`Worker::accept_handoff`]).
+    /// Request `id` is done on its worker (and its awaited writes are
+    /// complete): it answers the client or is handed over.
+    fn proceed(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
+        match Handover::next(&self.arena.requests[id.index()]) {
+            Next::Respond => self.respond(now, id, sched),
+            Next::HandOver => self.hand_over(now, id, sched),
+        }
+    }
+
+    /// Carries out the hand-over of prefill job `id` (see [`Handover`]).
     fn hand_over(&mut self, now: SimTime, id: RequestId, sched: &mut Scheduler<'_, Event>) {
-        let r = &self.arena.requests[id.index()];
-        let PdPhase::Prefill { decode, pending, .. } = r.pd else { unreachable!("only prefill jobs are handed over") };
-        let prefill = r.worker.expect("routed");
-        self.router.released(prefill);
-        self.router.prefilled(prefill, pending);
-        self.recorder.on_handed_over(prefill, decode);
-        let through_store = self.scenario.disagg.as_ref().is_some_and(|d| d.kv_path == KvPath::Store);
-        if through_store {
+        let handover = self.handover.expect("prefill jobs exist only with disaggregation");
+        let h = handover.hand_over(&mut self.arena.requests[id.index()], now);
+        self.router.released(h.prefill);
+        self.router.prefilled(h.prefill, h.pending);
+        self.recorder.on_handed_over(h.prefill, h.decode);
+        if h.release_writes {
             self.connector.release(id);
         }
-        if !self.workers[decode.index()].accept_handoff(id, &mut self.arena.requests, now) {
-            // Nothing to decode: the prefill's token was the answer.
-            self.respond(now, id, sched);
-            return;
+        match h.then {
+            Transfer::Respond => return self.respond(now, id, sched),
+            Transfer::PullOverLink => {
+                self.workers[h.decode.index()].enqueue(id);
+                self.connector.offer_remote(id);
+            }
+            Transfer::LoadFromStore => self.workers[h.decode.index()].enqueue(id),
         }
-        if !through_store {
-            // Pulled over the decode worker's link; through the store, its
-            // lookup finds the chunks in the shared tier.
-            self.connector.offer_remote(id);
-        }
-        self.kick(now, decode, sched);
+        self.kick(now, h.decode, sched);
     }
 
     /// Lets worker `w` react to a change (see [`Worker::poll`]) and applies
@@ -347,10 +356,7 @@ impl<'a> Cluster<'a> {
                 }
             }
             for &id in &out.saved {
-                match self.arena.requests[id.index()].pd {
-                    PdPhase::Prefill { .. } => self.hand_over(now, id, sched),
-                    _ => self.respond(now, id, sched),
-                }
+                self.proceed(now, id, sched);
             }
             out.clear();
             self.scratch.conn_spare = out;
@@ -392,75 +398,40 @@ impl<'a> Cluster<'a> {
         self.recorder.on_step(now, out);
         for &id in &out.first_tokens {
             let r = &self.arena.requests[id.index()];
-            match r.pd {
-                // The prefill worker's token; the client's comes from the decode worker.
-                PdPhase::Prefill { output_tokens, .. } if output_tokens > 1 => self.recorder.on_prefill_token(now, r),
-                _ => self.recorder.on_first_token(now, r),
+            if Handover::first_token_is_clients(r) {
+                self.recorder.on_first_token(now, r);
+            } else {
+                self.recorder.on_prefill_token(now, r);
             }
         }
         for &(id, _) in &out.first_decodes {
             self.recorder.on_first_token(now, &self.arena.requests[id.index()]);
         }
-        if self.scenario.kvc.save_timing == SaveTiming::OnCompute {
-            let prefilled = std::mem::take(&mut self.scratch.outcome.prefilled);
-            self.connector.begin_batch();
-            for &(id, computed) in &prefilled {
-                self.save_computed(now, worker, id, computed);
-            }
-            self.connector.end_batch(now, worker, &mut self.scratch.conn_out);
-            self.scratch.outcome.prefilled = prefilled;
-        }
+        let (saving, w) = (self.saving, worker);
+        let offered = saving.after_step(
+            now,
+            w,
+            &self.scratch.outcome.prefilled,
+            &mut self.arena.requests,
+            &mut self.connector,
+            &mut self.scratch.conn_out,
+        );
+        self.workers[w.index()].log_saved(offered);
         let done = std::mem::take(&mut self.scratch.outcome.completed);
         for &id in &done {
             let r = &self.arena.requests[id.index()];
-            if matches!(r.pd, PdPhase::Prefill { .. }) {
-                // The prefill worker's part is done: its prompt goes to the
-                // tiers as any finished request's would (LMCache on the
-                // prefill worker), and the request moves to its decode worker.
-                let seq = r.chunked(u64::from(r.prompt_tokens), self.scenario.worker.block_size);
-                let from = save_from(&self.scenario.kvc, r);
-                self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
-                self.workers[worker.index()].log_saved(seq.tokens.saturating_sub(r.seq.saved));
-                if !self.connector.finish_saves(id) {
-                    self.hand_over(now, id, sched);
-                }
-                // (Else through the store: handed over when its writes complete.)
-                continue;
+            if Handover::next(r) == Next::Respond {
+                self.recorder.on_last_token(r);
             }
-            self.recorder.on_last_token(r);
-            // Its prompt's KV (and its output's with `save_decode_cache`) goes to the tiers.
-            let tokens = if self.scenario.kvc.save_decode_cache { r.seq.computed } else { u64::from(r.prompt_tokens) };
-            // Saved as computed already (on_compute): LMCache stores nothing more at the finish.
-            if tokens > r.seq.saved || self.scenario.kvc.save_timing == SaveTiming::OnFinish {
-                let seq = r.chunked(tokens, self.scenario.worker.block_size);
-                let from = save_from(&self.scenario.kvc, r);
-                self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
-                self.workers[worker.index()].log_saved(tokens.saturating_sub(r.seq.saved));
-            }
-            if !self.connector.finish_saves(id) {
-                self.respond(now, id, sched);
+            let (offered, after) =
+                saving.finished(now, w, id, &self.arena.requests, &mut self.connector, &mut self.scratch.conn_out);
+            self.workers[w.index()].log_saved(offered);
+            if after == AfterSave::Proceed {
+                self.proceed(now, id, sched);
             }
         }
         self.scratch.outcome.completed = done;
         self.kick(now, worker, sched);
-    }
-
-    /// Request `id` has `computed` tokens computed on `worker` after a step:
-    /// the prompt's chunks completed since its last save go to the tiers
-    /// (full chunks while it prefills, and the last, partial one when the
-    /// prompt is done), as LMCache saves KV during the forward pass.
-    fn save_computed(&mut self, now: SimTime, worker: WorkerId, id: RequestId, computed: u64) {
-        let r = &mut self.arena.requests[id.index()];
-        let prompt = u64::from(r.prompt_tokens);
-        let chunk = self.scenario.kvc.chunk_blocks * self.scenario.worker.block_size;
-        let upto = if computed >= prompt { prompt } else { computed / chunk * chunk };
-        if upto > r.seq.saved {
-            self.workers[worker.index()].log_saved(upto - r.seq.saved);
-            let from = save_from(&self.scenario.kvc, r);
-            r.seq.saved = upto;
-            let seq = r.chunked(upto, self.scenario.worker.block_size);
-            self.connector.save(now, worker, id, &seq, from, &mut self.scratch.conn_out);
-        }
     }
 
     /// The response leaves the platform.
@@ -619,18 +590,5 @@ impl Model for Cluster<'_> {
             let g = gauges(self.scenario, &self.workers);
             self.recorder.close_interval(g);
         }
-    }
-}
-
-/// Where request `r`'s next save starts (the connector skips the chunks
-/// below it). On compute, LMCache's `num_saved_tokens`: what its lookup found
-/// the tiers holding when it was scheduled, or what its earlier saves
-/// stored (`vllm_v1_adapter.py`). On finish, the original Opal's rule: its
-/// `store` offers every chunk from the first (`kvc_manager.py`,
-/// `OpalKVCacheEngine.store`), those held being skipped.
-fn save_from(kvc: &KvcConfig, r: &Request) -> u64 {
-    match kvc.save_timing {
-        SaveTiming::OnCompute => r.seq.saved.max(r.seq.tier_prefix),
-        SaveTiming::OnFinish => 0,
     }
 }

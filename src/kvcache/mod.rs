@@ -10,6 +10,7 @@
 pub mod connector;
 mod hash;
 mod prefix;
+pub mod saving;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};

@@ -394,39 +394,6 @@ impl Worker {
         self.ready.push_back(id);
     }
 
-    /// The decode side of P/D: request `id`, whose prefill worker produced
-    /// its first token at `now`, continues here from the second token (the
-    /// prefill worker's first token stands, as in SGLang's and Mooncake's
-    /// P/D: this worker computes that token's KV in its first step and
-    /// samples the second). Returns false when there is nothing to decode
-    /// (the prefill's token was the answer: the request is finished); else
-    /// it waits here for its prompt's KV, which the caller offers over the link.
-    pub fn accept_handoff(&mut self, id: RequestId, reqs: &mut [Request], now: SimTime) -> bool {
-        let r = &mut reqs[id.index()];
-        let PdPhase::Prefill { decode, output_tokens, .. } = r.pd else {
-            unreachable!("only prefill jobs are handed over")
-        };
-        debug_assert_eq!(decode, self.id);
-        r.output_tokens = output_tokens;
-        r.pd = PdPhase::Decode { awaiting_first_step: true };
-        r.worker = Some(self.id);
-        r.finished = None;
-        r.seq = crate::request::SeqState {
-            num_tokens: u64::from(r.prompt_tokens) + 1,
-            generated: 1,
-            // The prefill worker's token (the hand-over may come later, after
-            // the prompt's writes to a shared store).
-            last_token_at: r.first_token.unwrap_or(now),
-            ..Default::default()
-        };
-        if output_tokens == 1 {
-            r.finished = Some(now);
-            return false;
-        }
-        self.enqueue(id);
-        true
-    }
-
     /// Something changed (a request arrived, a load finished, the worker
     /// went idle): while a step runs, starts the loads that can start; when
     /// idle, plans the next step and returns its end and stamp. Loads it
