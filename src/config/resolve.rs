@@ -486,6 +486,28 @@ mod tests {
     }
 
     #[test]
+    fn the_token_budget_binds_without_chunked_prefill_and_is_checked_as_vllm_checks_it() {
+        // Unset: 8,192 with chunked prefill; max(max_model_len, 8192) without
+        // (vLLM's SchedulerConfig default), never max_model_len × max_num_seqs.
+        let off = "[worker.vllm_params]\nchunked_prefill = false\n";
+        assert_eq!(scenario(off).unwrap().worker.token_budget, 131_072, "granite-3.3-8b's context length");
+        let stage = "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nprompt_size_min = 32\nprompt_size_max = 3000\noutput_tokens_max = 64\n";
+        let short = format!("{stage}{off}max_model_len = 4096\n");
+        assert_eq!(scenario(&short).unwrap().worker.token_budget, 8192);
+        let set = format!("{short}max_num_batched_tokens = 4096\n");
+        assert_eq!(scenario(&set).unwrap().worker.token_budget, 4096);
+        // A budget below max_model_len without chunking is refused (vLLM's _verify_args).
+        let below = format!("{short}max_num_batched_tokens = 2048\n");
+        let e = scenario(&below).unwrap_err().to_string();
+        assert!(e.contains("`worker.vllm_params.max_num_batched_tokens`"), "{e}");
+        assert!(e.contains("(2048) is smaller than max_model_len (4096)"), "{e}");
+        assert!(e.contains("fix: increase max_num_batched_tokens"), "{e}");
+        // With chunking the same budget is fine.
+        let chunked = below.replace("false", "true");
+        assert_eq!(scenario(&chunked).unwrap().worker.token_budget, 2048);
+    }
+
+    #[test]
     fn defaults_resolve_to_opal_values() {
         let s = scenario("").unwrap();
         assert_eq!(s.seed, 42);

@@ -756,14 +756,19 @@ impl Default for HwParams {
     }
 }
 
+/// `max_num_batched_tokens` with chunked prefill, when unset.
+pub const DEFAULT_BATCHED_TOKENS: u32 = 8192;
+
 /// `[worker.vllm_params]`.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VllmParams {
     /// Most sequences in the running batch.
     pub max_num_seqs: u32,
-    /// Token budget of one scheduler step (prefill chunks and decodes together).
-    pub max_num_batched_tokens: u32,
+    /// Token budget of one scheduler step (prefill chunks and decodes together),
+    /// binding with chunked prefill on or off. Default (as vLLM): 8,192 with
+    /// chunked prefill, `max(max_model_len, 8192)` without.
+    pub max_num_batched_tokens: Option<u32>,
     /// Requests that may hold an I/O slot at once (the default of `slots.io_slots`).
     pub max_kvc_ready_requests: u32,
     /// Split long prefills across steps; when off, a prompt is prefilled in one step.
@@ -793,7 +798,7 @@ impl Default for VllmParams {
     fn default() -> Self {
         VllmParams {
             max_num_seqs: 256,
-            max_num_batched_tokens: 8192,
+            max_num_batched_tokens: None,
             max_kvc_ready_requests: 8,
             chunked_prefill: true,
             block_size: 16,

@@ -4,7 +4,7 @@
 
 use super::context::Ctx;
 use super::error::ConfigError;
-use super::schema::{InferenceParams, NumberOrString, SpecFile};
+use super::schema::{DEFAULT_BATCHED_TOKENS, InferenceParams, NumberOrString, SpecFile, VllmParams};
 use crate::time::SimDuration;
 use crate::worker::model::{KvPool, ModelArch};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
@@ -301,14 +301,6 @@ pub(super) fn resolve_worker(
     let v = &file.worker.vllm_params;
     let key = |k: &str| format!("worker.vllm_params.{k}");
     let max_num_seqs = cx.at_least(&key("max_num_seqs"), i64::from(v.max_num_seqs), 1)?;
-    let budget = cx.at_least(&key("max_num_batched_tokens"), i64::from(v.max_num_batched_tokens), 1)?;
-    if budget < max_num_seqs {
-        return Err(cx.err(
-            &key("max_num_batched_tokens"),
-            format!("max_num_batched_tokens ({budget}) is smaller than max_num_seqs ({max_num_seqs}), so a full batch of decodes could not run"),
-            "make max_num_batched_tokens ≥ max_num_seqs (vLLM requires it)",
-        ));
-    }
     let block_size = cx.at_least(&key("block_size"), i64::from(v.block_size), 1)?;
     let util = v.gpu_memory_utilization;
     if !(util > 0.0 && util <= 1.0) {
@@ -370,6 +362,7 @@ pub(super) fn resolve_worker(
         }
         Some(n) => n,
     };
+    let budget = token_budget(cx, v, max_model_len, max_num_seqs)?;
     let longest = stages.iter().filter_map(StageConfig::max_sequence_tokens).max().unwrap_or(0);
     if longest > max_model_len {
         return Err(cx.err(
@@ -407,7 +400,6 @@ pub(super) fn resolve_worker(
         }
     };
     let chunked_prefill = v.chunked_prefill;
-    let token_budget = if chunked_prefill { u64::from(budget) } else { max_model_len * u64::from(max_num_seqs) };
     Ok(WorkerConfig {
         max_running: max_num_seqs.min(gpu_slots),
         scheduler,
@@ -417,7 +409,7 @@ pub(super) fn resolve_worker(
             Scheduler::V1 => 0,
             Scheduler::V0 => total_blocks / 100,
         },
-        token_budget,
+        token_budget: budget,
         chunked_prefill,
         block_size: u64::from(block_size),
         total_blocks,
@@ -434,4 +426,36 @@ pub(super) fn resolve_worker(
         sliding_window: model.window.map(|(w, _)| w),
         power: gpu.power,
     })
+}
+
+/// The step token budget, as vLLM sets and checks it
+/// (`vllm/config/scheduler.py`, `SchedulerConfig.__post_init__` and
+/// `_verify_args`, v0.11; `vllm/config.py` L2022–2031 in v0.8.5): unset, it is
+/// 8,192 with chunked prefill and `max(max_model_len, 8192)` without; it must
+/// hold a full batch of decodes, and without chunked prefill a whole prompt of
+/// `max_model_len` tokens, since a prompt is then prefilled in one step.
+fn token_budget(cx: &Ctx<'_>, v: &VllmParams, max_model_len: u64, max_num_seqs: u32) -> Result<u64, ConfigError> {
+    let key = "worker.vllm_params.max_num_batched_tokens";
+    let budget = match v.max_num_batched_tokens {
+        Some(b) => u64::from(cx.at_least(key, i64::from(b), 1)?),
+        None if v.chunked_prefill => u64::from(DEFAULT_BATCHED_TOKENS),
+        None => max_model_len.max(u64::from(DEFAULT_BATCHED_TOKENS)),
+    };
+    if budget < u64::from(max_num_seqs) {
+        return Err(cx.err(
+            key,
+            format!("max_num_batched_tokens ({budget}) is smaller than max_num_seqs ({max_num_seqs}), so a full batch of decodes could not run"),
+            "make max_num_batched_tokens ≥ max_num_seqs (vLLM requires it)",
+        ));
+    }
+    if !v.chunked_prefill && budget < max_model_len {
+        return Err(cx.err(
+            key,
+            format!(
+                "max_num_batched_tokens ({budget}) is smaller than max_model_len ({max_model_len}). This effectively limits the maximum sequence length to max_num_batched_tokens and makes vLLM reject longer sequences"
+            ),
+            "increase max_num_batched_tokens or decrease worker.vllm_params.max_model_len, or turn chunked_prefill on",
+        ));
+    }
+    Ok(budget)
 }

@@ -1135,6 +1135,28 @@ mod tests {
     }
 
     #[test]
+    fn without_chunked_prefill_the_token_budget_still_binds() {
+        // Three 300-token prompts arrive together with a 400-token budget and
+        // chunked prefill off: each is prefilled whole in a step of its own
+        // (30 ms; vLLM breaks at the first prompt that does not fit what is
+        // left of the budget), the first with nothing else to decode.
+        for scheduler in [Scheduler::V1, Scheduler::V0] {
+            let mut cfg = toy(1000, 8);
+            (cfg.token_budget, cfg.chunked_prefill, cfg.scheduler) = (400, false, scheduler);
+            let mut reqs = arena(&[(300, 1), (300, 1), (300, 1)]);
+            let mut w = Worker::new(WorkerId(0), &cfg);
+            for i in 0..3 {
+                w.enqueue(RequestId(i));
+            }
+            let first = poll(&mut w, SimTime::ZERO, &mut reqs, &cfg);
+            let log = drain(&mut w, first, &mut reqs, &cfg);
+            // One output token each: every request finishes with its prefill.
+            assert_eq!(log.iter().map(|l| l.0.0).collect::<Vec<_>>(), vec![30_000_000, 60_000_000, 90_000_000]);
+            assert!(reqs.iter().all(|r| r.seq.generated == 1));
+        }
+    }
+
+    #[test]
     fn preemption_by_recompute_when_blocks_run_out_and_both_requests_finish() {
         // 5 blocks of 16 tokens = 80 token slots. Two requests of 16 prompt + 40 output
         // each need 4 blocks at the end (55 KV tokens): 8 > 5, so one must be preempted.
