@@ -81,11 +81,11 @@ fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
     let transfer = ns(20e-6 + 1000.0 * m.kv / 10e9);
     let t = &out.summary.pd.kv_transfer_ms;
     assert!((t.max - transfer as f64 / 1e6).abs() < 2e-6, "transfer {} ms vs {}", t.max, transfer as f64 / 1e6);
-    // Its first step computes token 1's KV (one token over 1,000 cached:
-    // the weights dominate) and yields token 2: the client's first token
-    // (vLLM's P/D proxy and Dynamo stream from the decode worker), so TTFT
-    // is prefill + transfer + that step.
-    let first = ns(m.prefill(1000.0, 1001.0).max(m.weights / m.bw));
+    // Its first step computes token 1's KV — one token over 1,000 cached,
+    // priced as the decode step it is — and yields token 2: the client's
+    // first token (vLLM's P/D proxy and Dynamo stream from the decode
+    // worker), so TTFT is prefill + transfer + that step.
+    let first = ns(m.decode(1000.0));
     let ttft = SimDuration::from_secs_f64(r.ttft_s.unwrap()).0;
     assert!(ttft.abs_diff(prefill + transfer + first) <= 2, "TTFT {ttft} ns vs {} ns", prefill + transfer + first);
     // Then tokens 3 and 4 decode over 1,001 and 1,002 tokens.

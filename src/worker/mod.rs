@@ -689,17 +689,33 @@ impl Worker {
         cfg: &WorkerConfig,
     ) -> Option<(SimTime, u32)> {
         self.perf_chunks.clear();
-        self.perf_chunks.extend(self.chunks.iter().map(|&(_, c)| c));
+        // The first step of a handed-over P/D request computes the one token
+        // its prefill worker sampled, on top of the pulled prompt KV: a decode
+        // with that context, priced as one (SplitwiseSim's token machines do
+        // the same), not a prompt iteration.
+        let (mut first_decodes, mut first_context, mut first_window) = (0, 0, 0);
+        for &(id, c) in &self.chunks {
+            if c.end - c.cached == 1 && matches!(reqs[id.index()].pd, PdPhase::Decode { awaiting_first_step: true }) {
+                first_decodes += 1;
+                first_context += c.cached;
+                first_window += cfg.sliding_window.map_or(c.cached, |w| c.cached.min(w));
+            } else {
+                self.perf_chunks.push(c);
+            }
+        }
         // (A v0 prefill-only step leaves the decoding sequences alone.)
         let (context, window) = match decodes {
-            0 => (0, 0),
-            _ => (self.decode.context_tokens(), self.decode.window_tokens(self.step_index, reqs)),
+            0 => (first_context, first_window),
+            _ => (
+                self.decode.context_tokens() + first_context,
+                self.decode.window_tokens(self.step_index, reqs) + first_window,
+            ),
         };
         // The chunks that finish their (re)computed context sample a token.
         let finishing = self.chunks.iter().filter(|&&(id, c)| c.end >= reqs[id.index()].seq.num_tokens).count();
         let work = StepWork {
             prefill: &self.perf_chunks,
-            decodes,
+            decodes: decodes + first_decodes,
             decode_context_tokens: context,
             decode_window_tokens: window,
             samples: decodes + finishing as u64,
@@ -1154,6 +1170,34 @@ mod tests {
             assert_eq!(log.iter().map(|l| l.0.0).collect::<Vec<_>>(), vec![30_000_000, 60_000_000, 90_000_000]);
             assert!(reqs.iter().all(|r| r.seq.generated == 1));
         }
+    }
+
+    #[test]
+    fn a_handed_over_request_s_first_step_is_priced_as_a_decode() {
+        // Request 0 caches its 96-token prompt (6 blocks). Request 1 is the
+        // same prompt handed over from a prefill worker: 97 tokens (the
+        // prompt and the prefill worker's token), 96 of them resident. Its
+        // first step computes one token over a 96-token context: a decode,
+        // 1 ms + 96 × 10 µs = 1.96 ms on the toy roofline — not a prompt
+        // iteration of one token with an empty decode batch (1 ms).
+        let cfg = toy(1000, 8);
+        let mut reqs = arena_keyed(&[(96, 2), (96, 2)], |_| 7);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        drain(&mut w, first, &mut reqs, &cfg);
+        let t = reqs[0].finished.unwrap();
+        let r = &mut reqs[1];
+        r.pd = PdPhase::Decode { awaiting_first_step: true };
+        r.first_token = Some(t);
+        r.seq.num_tokens = 97;
+        r.seq.generated = 1;
+        r.seq.last_token_at = t;
+        let second = submit(&mut w, t, 1, &mut reqs, &cfg);
+        let log = drain(&mut w, second, &mut reqs, &cfg);
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].0 - t, SimDuration(1_960_000));
+        assert_eq!(reqs[1].prefill_tokens_computed, 1);
+        assert_eq!(reqs[1].finished, Some(t + SimDuration(1_960_000)));
     }
 
     #[test]
