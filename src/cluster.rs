@@ -483,6 +483,10 @@ impl<'a> Cluster<'a> {
         if stats.stop == engine::StopReason::Interrupted {
             return Err(RunError::Interrupted { sim_time_s: stats.end_time.as_secs_f64() });
         }
+        if stats.stop == engine::StopReason::QueueEmpty {
+            let stuck: Vec<String> = self.workers.iter().filter_map(Worker::describe_held).collect();
+            return Err(RunError::Stalled { at_s: stats.end_time.as_secs_f64(), workers: stuck.join("; ") });
+        }
         self.materialize_all(stats.end_time, false);
         let mut steps: Vec<_> = self.workers.iter_mut().flat_map(Worker::take_step_rows).collect();
         steps.sort_by(|a, b| a.start_s.total_cmp(&b.start_s).then(a.worker.cmp(&b.worker)));
@@ -580,7 +584,12 @@ impl Model for Cluster<'_> {
         }
         let series = self.recorder.series();
         if !series.can_reach(now) {
-            let e = RunError::TimeSeries { at_s: now.as_secs_f64(), interval_s: series.width().as_secs_f64() };
+            let e = RunError::TimeSeries {
+                at_s: now.as_secs_f64(),
+                interval_s: series.width().as_secs_f64(),
+                in_system: self.recorder.in_system(),
+                last_response_s: self.recorder.last_response().map(SimTime::as_secs_f64),
+            };
             self.fail(e);
             return;
         }

@@ -90,6 +90,19 @@ pub enum RunError {
         at_s: f64,
         /// The interval width, seconds.
         interval_s: f64,
+        /// Requests in the system then.
+        in_system: u64,
+        /// When the last response left, simulated seconds.
+        last_response_s: Option<f64>,
+    },
+    /// Nothing was left to happen while requests were still in the system:
+    /// no worker could move any of them (a defect of the simulator's
+    /// scheduling rules, reported rather than ended as a short run).
+    Stalled {
+        /// When the last event happened, simulated seconds.
+        at_s: f64,
+        /// What the workers holding requests held then.
+        workers: String,
     },
     /// The run's grid point has an invalid scenario.
     Config(config::ConfigError),
@@ -112,11 +125,29 @@ impl std::fmt::Display for RunError {
                 "the next arrival is at {at_s:.3e} simulated seconds, beyond the {:.0e} s a run may reach\n  fix: check the request rates (a rate near 0 spaces arrivals by ages) and the trace timestamps (epoch times need shift_to_first = true, and Mooncake's milliseconds multiplier_to_sec = 0.001)",
                 time::HORIZON.as_secs_f64()
             ),
-            RunError::TimeSeries { at_s, interval_s } => write!(
+            RunError::TimeSeries { at_s, interval_s, in_system, last_response_s } => {
+                write!(
+                    f,
+                    "the run reached {at_s:.0} simulated seconds: at simulation.time_series_interval_sec = {interval_s} the time series would need more than {} intervals",
+                    metrics::MAX_INTERVALS,
+                )?;
+                let last = last_response_s.map_or("none yet".to_string(), |t| format!("the last at {t:.3} s"));
+                write!(f, " ({in_system} requests in the system; responses: {last})")?;
+                if *in_system > 0 && last_response_s.is_none_or(|t| t < at_s / 2.0) {
+                    write!(
+                        f,
+                        "\n  the platform had stopped answering: check that the load is one it can serve (a shorter run's queue and preemption columns tell)"
+                    )?;
+                }
+                write!(
+                    f,
+                    "\n  fix: raise time_series_interval_sec (in [simulation] or [sweep]) to at least {:.3}, or set simulation.simulation_time",
+                    at_s / metrics::MAX_INTERVALS as f64
+                )
+            }
+            RunError::Stalled { at_s, workers } => write!(
                 f,
-                "the run reached {at_s:.0} simulated seconds: at simulation.time_series_interval_sec = {interval_s} the time series would need more than {} intervals\n  fix: raise time_series_interval_sec (in [simulation] or [sweep]) to at least {:.3}, or set simulation.simulation_time",
-                metrics::MAX_INTERVALS,
-                at_s / metrics::MAX_INTERVALS as f64
+                "the run stopped at {at_s:.3} simulated seconds with requests in the system and nothing left to happen: {workers}\n  fix: this is a defect of the simulator's scheduler (please report it with the spec); more KV blocks per worker (gpu_memory_utilization) or fewer sequences (max_num_seqs) may avoid it"
             ),
             RunError::Config(e) => write!(f, "{e}"),
             RunError::Interrupted { sim_time_s } => {

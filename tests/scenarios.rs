@@ -343,8 +343,11 @@ fn each_stage_row_equals_what_its_requests_say() {
 /// longer refreshes the recency of chunks a tier already holds and a
 /// request refreshes its held prefix once, when it is scheduled (LMCache's
 /// put of a held key changes nothing; the original Opal's store keeps no
-/// recency at all), which moves its CPU tier's evictions.
-const OPAL_EXAMPLE_DIGEST_ON_FINISH: u64 = 9_548_315_226_328_857_933;
+/// recency at all), which moves its CPU tier's evictions; and, since issue
+/// 35, a tier load starts only when its first chunk's blocks fit beside
+/// those promised to the loads ahead, as the original's FIFO batch scan
+/// stops at the first ready request that does not fit.
+const OPAL_EXAMPLE_DIGEST_ON_FINISH: u64 = 17_141_157_250_339_794_586;
 
 /// The same with today's defaults (KV saved as computed, exact partial
 /// chunk keys: issue 24).
@@ -448,4 +451,84 @@ fn slo_attainment_and_goodput_count_the_requests_that_meet_the_per_request_slo()
     assert_eq!(tpot_only.slo_attainment, 1.0);
     let none = burst.run().summary;
     assert!(none.slo_attainment.is_nan() && none.goodput_rps.is_nan());
+}
+
+/// 40 random configurations — both schedulers, chunked prefill on and off,
+/// budgets from 256 tokens, tiers, prefix caching, P/D pools with their own
+/// budgets — each run with its steps kept.
+#[test]
+fn no_step_holds_more_than_the_token_budget_and_only_v0_without_chunking_never_mixes() {
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = |lo: u64, hi: u64| {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        lo + (x >> 33) % (hi - lo + 1)
+    };
+    let (mut v0_mixed, mut v0_chunked_runs) = (0, 0);
+    for case in 0..40 {
+        let v0 = next(0, 1) == 1;
+        let chunked = next(0, 1) == 1;
+        let seqs = next(4, 64);
+        let max_len = 4096;
+        let budget = if chunked { next(seqs.max(256), 8192) } else { next(max_len, 12_000) };
+        let pd = next(0, 3) == 0;
+        let tiers = if next(0, 1) == 1 { "[\"CPUMemory\"]" } else { "[]" };
+        let caching = next(0, 1) == 1;
+        let scheduler = if v0 { "v0" } else { "v1" };
+        let pools = if pd {
+            let prefill_budget = if chunked { next(seqs.max(256), 8192) } else { max_len };
+            format!(
+                "[disaggregation]\nmax_local_prefill_length = 300\n[disaggregation.prefill]\ncount = 1\nvllm_params = {{ max_num_batched_tokens = {prefill_budget} }}\n[disaggregation.decode]\ncount = 1\n"
+            )
+        } else {
+            "[simulation]\nnum_workers = 2\n".to_string()
+        };
+        let text = format!(
+            r#"
+            {pools}
+            [model.model_params]
+            name = "llama-3.1-8b"
+            [worker.vllm_params]
+            scheduler = "{scheduler}"
+            chunked_prefill = {chunked}
+            max_num_seqs = {seqs}
+            max_num_batched_tokens = {budget}
+            max_model_len = {max_len}
+            enable_prefix_caching = {caching}
+            [kvc]
+            kvc_tiers = {tiers}
+            [[workload.stages]]
+            type = "ExponentialReqRate"
+            [workload.stages.workload_params]
+            request_rate = {}
+            total_requests = 150
+            prompt_size_min = 16
+            prompt_size_max = 3000
+            output_tokens_min = 1
+            output_tokens_max = 300
+            "#,
+            next(5, 60)
+        );
+        let s = crate::scenario(&text);
+        let opts = opal::RunOptions { step_records: true, ..Default::default() };
+        let out = opal::simulate_with(&s, &opts).unwrap_or_else(|e| panic!("case {case}: {e}"));
+        assert_eq!(out.summary.requests_completed, 150, "case {case}");
+        for step in &out.steps {
+            let cap = s.worker_config(step.worker as usize).token_budget;
+            let tokens = step.prefill_tokens + step.decodes;
+            assert!(tokens <= cap, "case {case}: a step of {tokens} tokens with a budget of {cap}:\n{text}");
+            let mixed = step.prefill_tokens > 0 && step.decodes > 0;
+            // (A handed-over request's first step on a P/D decode worker is a
+            // decode priced with the prefills beside it: v0 schedules it as a
+            // prompt whose KV is all there.)
+            if v0 && !chunked && !pd {
+                assert!(!mixed, "case {case}: v0 without chunked prefill mixed a step:\n{text}");
+            }
+            v0_mixed += u64::from(v0 && chunked && mixed);
+        }
+        v0_chunked_runs += u64::from(v0 && chunked);
+    }
+    assert!(
+        v0_chunked_runs > 0 && v0_mixed > 0,
+        "v0 with chunked prefill mixes steps ({v0_mixed} in {v0_chunked_runs} runs)"
+    );
 }

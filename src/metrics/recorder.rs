@@ -141,6 +141,8 @@ pub struct Recorder {
     /// The per-arrival series the steady-state verdict reads.
     steady: SteadyState,
     completed: u64,
+    /// When the last response left.
+    last_response: Option<SimTime>,
     rejected: u64,
     completed_prompt_tokens: u64,
     completed_output_tokens: u64,
@@ -167,6 +169,7 @@ impl Recorder {
             in_system: InSystem::default(),
             steady: SteadyState::default(),
             completed: 0,
+            last_response: None,
             rejected: 0,
             completed_prompt_tokens: 0,
             completed_output_tokens: 0,
@@ -232,8 +235,8 @@ impl Recorder {
         self.series.on_busy(now - out.duration, now);
         self.series.on_tokens(now, out.prompt_tokens, out.generated_tokens);
         self.series.on_peak(now, out.peak);
-        self.latencies.get_mut(LatencyMetric::Itl).record_n(out.duration, out.decodes);
-        for &gap in &out.resumed_gaps {
+        self.latencies.get_mut(LatencyMetric::Itl).record_n(out.duration, out.gaps_of_duration);
+        for &gap in &out.gaps {
             self.latencies.get_mut(LatencyMetric::Itl).record(gap);
         }
         for &(_, gap) in &out.first_decodes {
@@ -312,6 +315,7 @@ impl Recorder {
         tally.output_tokens += u64::from(r.output_tokens);
         tally.hit_tokens += r.hit_tokens.iter().sum::<u64>();
         tally.last_response = Some(now);
+        self.last_response = Some(now);
         let stats = &mut self.worker_stats[r.worker.expect("routed").index()];
         stats.completed += 1;
         stats.prompt_tokens += u64::from(r.prompt_tokens);
@@ -335,6 +339,11 @@ impl Recorder {
     /// Requests in the system now.
     pub fn in_system(&self) -> u64 {
         self.in_system.count()
+    }
+
+    /// When the last response left.
+    pub fn last_response(&self) -> Option<SimTime> {
+        self.last_response
     }
 
     /// Requests responded so far.

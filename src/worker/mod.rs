@@ -20,7 +20,8 @@
 //! - **Loading** (vLLM's `WAITING_FOR_REMOTE_KVS`): skipped; later requests
 //!   may go ahead.
 //! - **Loaded** (it holds the blocks its load filled): admitted if its next
-//!   prefill chunk fits; if not, it keeps its blocks and its place.
+//!   prefill chunk fits; if not, it keeps its blocks and its place, and the
+//!   new requests behind it wait.
 //! - **New, or preempted** (it holds nothing): what it already has is looked
 //!   up — the longest GPU prefix-cache hit (at most `(T − 1) / block_size`
 //!   blocks, since the last token is always computed), then
@@ -49,10 +50,24 @@
 //! admission) and keeps it until it finishes, so at most `min(io_slots,
 //! gpu_slots)` requests are in processing.
 //!
-//! Liveness: when nothing is running the cache's TTL protection yields; and
-//! when nothing runs or loads while requests holding loaded KV cannot start
-//! (each needs blocks another holds), the last of them gives its blocks up
-//! (counted as a preemption), as vLLM preempts its last running request.
+//! A load starts only when the blocks of its first chunk would fit too,
+//! beside those the KV-holding requests ahead of it will need for theirs
+//! (vLLM allocates the loaded tokens' and the first chunk's blocks in one
+//! `allocate_slots` call), and a loaded request waiting for blocks holds
+//! back the new requests behind it (vLLM `break`s there).
+//!
+//! Progress under KV pressure — rules vLLM lacks, without which a worker
+//! with a tier can preempt and reload one request forever, or stop with work
+//! queued (see [`Worker::room`]): when a running request needs blocks,
+//! waiting requests holding loaded KV give theirs up (the last first, each
+//! counted as a preemption) before any running request is preempted; the
+//! only running request is not preempted for blocks that loads in flight
+//! hold (the worker waits for them); a plan whose preemptions leave nothing
+//! running starts over, as vLLM's next `schedule()` would; when nothing is
+//! running the cache's TTL protection yields; and when nothing runs or loads
+//! while requests holding loaded KV cannot start (each needs blocks another
+//! holds), the last of them gives its blocks up. A run in which nothing is
+//! left to happen while requests wait ends with [`crate::RunError::Stalled`].
 //!
 //! Decoding sequences are not touched one by one per step: the
 //! [`DecodeGroup`] advances them arithmetically from the worker's step
@@ -73,6 +88,7 @@ mod scheduler;
 
 use accounting::StepLog;
 pub use decode_run::DecodeGroup;
+use scheduler::Room;
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
@@ -100,13 +116,15 @@ pub enum Scheduler {
     /// vLLM v1 (`vllm/v1/core/sched/scheduler.py`): every step gives each
     /// decoding sequence a token, then prefill chunks share the token budget.
     V1,
-    /// vLLM v0 (`vllm/core/scheduler.py`, `_schedule_default`): prefills
-    /// first — the running prefills' next chunks, then the waiting queue in
-    /// FIFO order — and "don't schedule decodes if prefills are scheduled":
-    /// a step is prefill-only or decode-only. Prompts are admitted while the
-    /// free blocks stay above a 1 % watermark (`BlockSpaceManager.can_allocate`),
-    /// and preemption (by recompute) takes the latest admitted running
-    /// request first (`self.running.pop()`).
+    /// vLLM v0 (`vllm/core/scheduler.py`). With chunked prefill off,
+    /// `_schedule_default`: prefills first (the waiting queue in FIFO order,
+    /// whole prompts within the token budget) and "don't schedule decodes if
+    /// prefills are scheduled": a step is prefill-only or decode-only. With
+    /// it on, `_schedule_chunked_prefill`: the decodes, then the running
+    /// prefills' chunks, then new prefills, in one step. Prompts are
+    /// admitted while the free blocks stay above a 1 % watermark
+    /// (`BlockSpaceManager.can_allocate`), and preemption (by recompute)
+    /// takes the last of the running queue (`running_queue.pop()`).
     V0,
 }
 
@@ -119,7 +137,7 @@ pub struct WorkerConfig {
     pub scheduler: Scheduler,
     /// Blocks a new prompt's admission must leave free (v0's watermark; 0 for v1).
     pub admission_watermark: u64,
-    /// Token budget per step (with chunked prefill off: `max_model_len × max_num_seqs`, as Opal).
+    /// Token budget per step (`max_num_batched_tokens`, with chunked prefill on or off).
     pub token_budget: u64,
     /// Split prefills across steps.
     pub chunked_prefill: bool,
@@ -172,12 +190,18 @@ impl WorkerConfig {
 pub struct StepOutcome {
     /// How long the step took.
     pub duration: SimDuration,
-    /// Sequences that decoded one token in it (each contributes one inter-token gap of `duration`).
+    /// Sequences that decoded one token in it.
     pub decodes: u64,
+    /// Of those, the ones whose inter-token gap is the step's `duration`
+    /// (all of them, unless the decoders sat out a pause before it).
+    pub gaps_of_duration: u64,
     /// Requests whose first token came out of this step.
     pub first_tokens: Vec<RequestId>,
-    /// Inter-token gaps of recomputed (previously preempted) requests that produced a token.
-    pub resumed_gaps: Vec<SimDuration>,
+    /// Every other inter-token gap a token of this step closed: those of
+    /// recomputed (previously preempted) requests, and after a pause — vLLM
+    /// v0's prefill-only steps, during which the decoders wait — each
+    /// decoder's, from its last token (as `vllm bench serve` measures ITL).
+    pub gaps: Vec<SimDuration>,
     /// Requests prefilled elsewhere whose decode worker produced its first
     /// token in this step (the client's first token), with the time since
     /// the prefill worker's token. Not inter-token gaps: the client's tokens
@@ -201,8 +225,9 @@ impl StepOutcome {
     fn clear(&mut self) {
         self.duration = SimDuration::ZERO;
         self.decodes = 0;
+        self.gaps_of_duration = 0;
         self.first_tokens.clear();
-        self.resumed_gaps.clear();
+        self.gaps.clear();
         self.first_decodes.clear();
         self.completed.clear();
         self.prefilled.clear();
@@ -288,6 +313,9 @@ pub struct Worker {
     power: PowerModel,
     /// The steps done so far and those planned (when a `steps` table is kept).
     log: Option<StepLog>,
+    /// The start of the first step since the last decoding one that left
+    /// the decoders out (v0's prefill-only steps): their last token came then.
+    paused_since: Option<SimTime>,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -336,6 +364,7 @@ impl Worker {
             step_j: 0.0,
             power: cfg.power,
             log: None,
+            paused_since: None,
         }
     }
 
@@ -387,6 +416,24 @@ impl Worker {
     /// Preemptions so far (running requests, and loaded ones that had to give their KV up).
     pub fn preemptions(&self) -> u64 {
         self.preemptions
+    }
+
+    /// What the worker holds, if it holds any request: for a run that
+    /// stopped with requests in the system ([`crate::RunError::Stalled`]).
+    pub fn describe_held(&self) -> Option<String> {
+        if self.ready.is_empty() && self.running() == 0 {
+            return None;
+        }
+        Some(format!(
+            "worker {} holds {} waiting requests ({} of them holding KV, {} loading) and {} running, {} of {} KV blocks in use",
+            self.id.0,
+            self.ready.len(),
+            self.kv_waiting,
+            self.loading,
+            self.running(),
+            self.cache.used(),
+            self.cache.total(),
+        ))
     }
 
     /// Accepts a routed request into the waiting queue.
@@ -455,9 +502,23 @@ impl Worker {
         // prefill-only step is not one of them (its decoders wait).
         let decode_step = cfg.scheduler == Scheduler::V1 || step.decodes > 0;
 
-        // Decoders: every member produced one token.
+        // Decoders: every member produced one token. Its gap since the last
+        // is the step's duration, unless the decoders sat out a pause (v0's
+        // prefill-only steps): then each one's own, from its last token.
         out.decodes = step.decodes;
         out.generated_tokens += step.decodes;
+        if step.decodes > 0 {
+            match self.paused_since.take() {
+                None => out.gaps_of_duration = step.decodes,
+                Some(p) => {
+                    let gaps = self.decode.members().iter().map(|id| now - p.max(reqs[id.index()].seq.last_token_at));
+                    out.gaps.extend(gaps);
+                }
+            }
+        } else if !self.decode.is_empty() {
+            // A step without the decoders: they wait from here (or from an earlier such step).
+            self.paused_since.get_or_insert(step.start);
+        }
         if decode_step {
             self.decode.advance();
             while let Some(id) = self.decode.pop_finished(s, reqs) {
@@ -492,7 +553,7 @@ impl Worker {
                 // The client's first token: TTFT and TPOT count from here.
                 r.first_token = Some(now);
             } else {
-                out.resumed_gaps.push(now - r.seq.last_token_at);
+                out.gaps.push(now - r.seq.last_token_at);
             }
             r.seq.last_token_at = now;
             if r.seq.generated >= u64::from(r.output_tokens) {
@@ -547,7 +608,14 @@ impl Worker {
         out.completed.push(id);
     }
 
-    /// Builds the next step at `now` if there is work; returns its end and stamp.
+    /// Builds the next step at `now` if there is work; returns its end and
+    /// stamp. vLLM v1's `Scheduler.schedule`, and v0's
+    /// `_schedule_chunked_prefill` (`vllm/core/scheduler.py`, v0.8.5
+    /// L1325–1438), which take the same order — the decoding sequences, then
+    /// the running prefills' next chunks, then new prefills, in one step
+    /// under one token budget — and differ in the victim of a preemption
+    /// ([`Self::victim`]), v0's free-block watermark on admission, and v1's
+    /// leaving the waiting queue alone in a step that preempted.
     fn plan_step(
         &mut self,
         now: SimTime,
@@ -557,23 +625,25 @@ impl Worker {
         out: &mut ConnectorOutput,
     ) -> Option<(SimTime, u32)> {
         debug_assert!(self.step.is_none() && self.chunks.is_empty());
-        if cfg.scheduler == Scheduler::V0 {
+        if cfg.scheduler == Scheduler::V0 && !cfg.chunked_prefill {
             return self.plan_step_v0(now, reqs, cfg, conn, out);
         }
         let s = self.step_index;
         let mut budget = cfg.token_budget;
-        let preempted_before = self.preemptions;
+        let mut preempted = false;
 
         // 1. Decoding sequences: one token each; blocks for those crossing a block boundary.
         loop {
-            let need = self.decode.blocks_needed(s);
-            if self.cache.can_allocate(need, now, false) {
-                self.cache.allocate(need, now, false);
-                break;
+            match self.room(self.decode.blocks_needed(s), now, reqs, cfg) {
+                Room::Got => break,
+                Room::Freed => {}
+                Room::Wait => return self.wait_for_loads(now),
+                Room::Short => {
+                    let victim = self.victim(0, s, reqs, true, cfg).expect("blocks are short with nothing running");
+                    self.preempt(now, victim, s, reqs, cfg);
+                    preempted = true;
+                }
             }
-            let victim =
-                self.least_work_victim(0, s, reqs, true).expect("blocks are short but nothing is running to preempt");
-            self.preempt(now, victim, s, reqs, cfg);
         }
         let decodes = self.decode.len() as u64;
         budget -= decodes.min(budget);
@@ -585,46 +655,41 @@ impl Worker {
             let seq = reqs[id.index()].seq;
             let chunk = (seq.num_tokens - seq.computed).min(budget);
             let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
-            if !self.cache.can_allocate(need, now, false) {
-                let victim = self.least_work_victim(i, s, reqs, false).expect("the requester itself is a candidate");
-                self.preempt(now, victim, s, reqs, cfg);
-                continue; // re-examine position i (the requester, or whoever moved there)
+            match self.room(need, now, reqs, cfg) {
+                Room::Got => {}
+                Room::Freed => continue,
+                Room::Wait => return self.wait_for_loads(now),
+                Room::Short => {
+                    let victim = self.victim(i, s, reqs, false, cfg).expect("the requester itself is a candidate");
+                    self.preempt(now, victim, s, reqs, cfg);
+                    preempted = true;
+                    continue; // re-examine position i (the requester, or whoever moved there)
+                }
             }
-            self.cache.allocate(need, now, false);
             self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
             budget -= chunk;
             i += 1;
         }
 
         // 3. The waiting queue. vLLM v1 leaves it alone in a step that had
-        //    to preempt (its victim would take back the blocks just freed);
-        //    a step left empty by preemption admits, or the worker would
-        //    idle with work queued.
-        let preempted = self.preemptions != preempted_before;
-        if preempted && (decodes > 0 || !self.chunks.is_empty()) {
+        //    to preempt (`if not preempted_reqs:`; its victim would take back
+        //    the blocks just freed); v0 does not. A step left empty by
+        //    preemption admits, or the worker would idle with work queued.
+        if preempted && cfg.scheduler == Scheduler::V1 && (decodes > 0 || !self.chunks.is_empty()) {
             return self.start_step(now, decodes, reqs, cfg);
         }
-        loop {
-            self.schedule_waiting(now, Pass::Admit, &mut budget, reqs, cfg, conn, out);
-            if decodes > 0 || !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0
-            {
-                break;
-            }
-            // Nothing runs or loads, and every request holding loaded KV
-            // needs blocks that others hold: the last of them gives its up.
-            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
-            self.drop_loaded(now, last.expect("kv_waiting counts a loaded request"), reqs, cfg);
-        }
-
+        self.admit_waiting(now, &mut budget, reqs, cfg, conn, out);
         if decodes == 0 && self.chunks.is_empty() {
             return None;
         }
         self.start_step(now, decodes, reqs, cfg)
     }
 
-    /// [`Self::plan_step`] under vLLM v0's scheduler: a prefill-only step
-    /// if any prefill can be scheduled (running prefills' next chunks first,
-    /// then the waiting queue), else a decode-only step.
+    /// [`Self::plan_step`] under vLLM v0's `_schedule_default` (chunked
+    /// prefill off): a prefill-only step if any prompt can be admitted (whole,
+    /// within the token budget), else a decode-only step; when that step's
+    /// preemptions leave nothing running, the plan starts over — vLLM's next
+    /// `schedule()` — with the victims at the front of the queue.
     fn plan_step_v0(
         &mut self,
         now: SimTime,
@@ -633,50 +698,60 @@ impl Worker {
         conn: &mut KvConnector,
         out: &mut ConnectorOutput,
     ) -> Option<(SimTime, u32)> {
+        // Without chunking a prompt is prefilled in the step that admits it.
+        debug_assert!(self.prefilling.is_empty());
         let s = self.step_index;
-        let mut budget = cfg.token_budget;
-        let mut i = 0;
-        while i < self.prefilling.len() && budget > 0 {
-            let id = self.prefilling[i];
-            let seq = reqs[id.index()].seq;
-            let chunk = (seq.num_tokens - seq.computed).min(budget);
-            let need = cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed);
-            if !self.cache.can_allocate(need, now, false) {
-                let victim = self.latest_admitted_victim(reqs);
-                self.preempt(now, victim, s, reqs, cfg);
-                continue;
-            }
-            self.cache.allocate(need, now, false);
-            self.chunks.push((id, PrefillChunk { cached: seq.computed, end: seq.computed + chunk }));
-            budget -= chunk;
-            i += 1;
-        }
         loop {
-            self.schedule_waiting(now, Pass::Admit, &mut budget, reqs, cfg, conn, out);
+            let mut budget = cfg.token_budget;
+            self.admit_waiting(now, &mut budget, reqs, cfg, conn, out);
+            if !self.chunks.is_empty() {
+                return self.start_step(now, 0, reqs, cfg);
+            }
+            // Decode-only: one token each; preempt the latest admitted while blocks are short.
+            let mut preempted = false;
+            loop {
+                match self.room(self.decode.blocks_needed(s), now, reqs, cfg) {
+                    Room::Got => break,
+                    Room::Freed => {}
+                    Room::Wait => return self.wait_for_loads(now),
+                    Room::Short => {
+                        let victim = self.latest_admitted_victim(reqs);
+                        self.preempt(now, victim, s, reqs, cfg);
+                        preempted = true;
+                    }
+                }
+            }
+            let decodes = self.decode.len() as u64;
+            if decodes > 0 {
+                return self.start_step(now, decodes, reqs, cfg);
+            }
+            if !preempted {
+                return None;
+            }
+        }
+    }
+
+    /// Walks the waiting queue at a step boundary ([`Pass::Admit`]) within
+    /// `budget`; if then nothing runs or loads while waiting requests hold
+    /// loaded KV that none of them can use (each needs blocks another
+    /// holds), the last of them gives its up and the walk is repeated.
+    fn admit_waiting(
+        &mut self,
+        now: SimTime,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) {
+        loop {
+            self.schedule_waiting(now, Pass::Admit, budget, reqs, cfg, conn, out);
             if !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0 {
-                break;
+                return;
             }
             let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
             self.drop_loaded(now, last.expect("kv_waiting counts a loaded request"), reqs, cfg);
         }
-        if !self.chunks.is_empty() {
-            return self.start_step(now, 0, reqs, cfg);
-        }
-        // Decode-only: one token each; preempt the latest admitted while blocks are short.
-        loop {
-            let need = self.decode.blocks_needed(s);
-            if self.cache.can_allocate(need, now, false) {
-                self.cache.allocate(need, now, false);
-                break;
-            }
-            let victim = self.latest_admitted_victim(reqs);
-            self.preempt(now, victim, s, reqs, cfg);
-        }
-        let decodes = self.decode.len() as u64;
-        if decodes == 0 {
-            return None;
-        }
-        self.start_step(now, decodes, reqs, cfg)
     }
 
     /// Starts the planned step (its prefill chunks in `self.chunks`) — as a
@@ -726,7 +801,7 @@ impl Worker {
             self.log_start(Self::row_of(self.id, &work, cfg));
         }
         debug_assert!(self.run.is_empty());
-        if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 {
+        if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 && self.paused_since.is_none() {
             end = self.plan_run(end, decodes, context, window, cfg);
         }
         self.step = Some(Step { start: now, end, decodes });
@@ -1047,11 +1122,15 @@ mod tests {
     }
 
     #[test]
-    fn loaded_requests_that_block_each_other_on_an_idle_gpu_give_way() {
+    fn a_load_starts_only_when_the_chunk_after_it_fits_beside_the_loads_ahead() {
         // 10 blocks, caching off. The tier holds 64 tokens of content 7 and of
         // content 8 (written by 1.28 ms). R1 and R2 (112 tokens each, of
-        // content 7 and 8) arrive together at 2 ms: both load 4 blocks, then each needs 3 more but only 2 are
-        // free. The last (R2) gives its KV up so that R1 can run; R2 reloads.
+        // content 7 and 8) arrive together at 2 ms. Each would load 4 blocks
+        // and then compute 48 tokens in 3 more: R1 loads (7 of 10 blocks are
+        // free); R2 would need 7 beside the 3 promised to R1, with 6 free: it
+        // waits, rather than load and then block R1 (vLLM allocates a load's
+        // blocks with its first chunk's). R1: 640 B at 10⁶ B/s → 2.64 ms,
+        // 48 tokens × 100 µs → 7.44 ms. R2 then: → 8.08 ms → 12.88 ms.
         let mut cfg = toy(10, 8);
         cfg.prefix_caching = false;
         let reqs = arena_keyed(&[(64, 1), (64, 1), (112, 1), (112, 1)], |i| 7 + (i as u64 % 2));
@@ -1060,18 +1139,40 @@ mod tests {
         h.seed(1);
         h.run(&[(SimTime(2 * MS), 2), (SimTime(2 * MS), 3)]);
         let (r1, r2) = (&h.reqs[2], &h.reqs[3]);
-        assert!(r1.finished.is_some() && r2.finished.is_some());
-        assert_eq!((r1.preemptions, r2.preemptions), (0, 1));
-        assert_eq!((r1.read_bytes[1], r2.read_bytes[1]), (640, 1280), "R2 loaded twice");
-        assert_eq!((r2.hit_tokens, r2.hit_tokens_total), ([0, 64, 0, 0], 64), "admitted once");
+        assert_eq!((r1.finished, r2.finished), (Some(SimTime(7_440_000)), Some(SimTime(12_880_000))));
+        assert_eq!((r1.preemptions, r2.preemptions), (0, 0));
+        assert_eq!((r1.read_bytes[1], r2.read_bytes[1]), (640, 640), "each loaded once");
         assert_eq!((r1.prefill_tokens_computed, r2.prefill_tokens_computed), (48, 48));
+    }
+
+    #[test]
+    fn loaded_kv_gives_way_to_a_running_request_that_needs_its_blocks() {
+        // 12 blocks, one sequence at a time, caching off. A (unique, 16 +
+        // 150: 11 blocks at the end) runs from 1 ms. B (content 7, 112
+        // tokens, 64 in the tier) arrives at 2 ms and loads its 4 blocks (7
+        // with its first chunk's 3 are free) but waits for A's slot. A grows
+        // a block per 16 tokens; at its 9th, 12 − 4 − 8 = 0 are free: B's
+        // loaded KV gives way (B's one preemption), never A's progress. B
+        // reloads (640 B again) once A is done and runs.
+        let mut cfg = toy(12, 1);
+        cfg.prefix_caching = false;
+        let reqs = arena_keyed(&[(64, 1), (16, 150), (112, 1)], |i| if i == 1 { 99 } else { 7 });
+        let mut h = Harness::new(cfg, 1, reqs);
+        h.seed(0);
+        h.run(&[(SimTime(MS), 1), (SimTime(2 * MS), 2)]);
+        let (a, b) = (&h.reqs[1], &h.reqs[2]);
+        assert_eq!((a.preemptions, b.preemptions), (0, 1));
+        assert_eq!(b.read_bytes[1], 2 * 640, "loaded twice");
+        assert!(b.first_scheduled.unwrap() >= a.finished.unwrap());
+        assert_eq!((b.hit_tokens_total, b.prefill_tokens_computed), (64, 48));
+        assert_eq!(h.w.used_blocks(), 0);
     }
 
     /// A (10 tokens, 200 out) alone for three step events, then B (30 tokens,
     /// 5 out) joins: `(prefill tokens, decodes)` of every step (the decode
     /// runs' sub-steps included), and the index of the first step after B came.
-    fn steps_with_a_late_arrival(scheduler: Scheduler) -> (Vec<(u64, u64)>, usize) {
-        let cfg = WorkerConfig { scheduler, admission_watermark: 1, ..toy(100, 8) };
+    fn steps_with_a_late_arrival(scheduler: Scheduler, chunked_prefill: bool) -> (Vec<(u64, u64)>, usize) {
+        let cfg = WorkerConfig { scheduler, chunked_prefill, admission_watermark: 1, ..toy(100, 8) };
         let mut reqs = arena(&[(10, 200), (30, 5)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
         let mut next = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
@@ -1095,16 +1196,53 @@ mod tests {
 
     #[test]
     fn the_v0_scheduler_never_mixes_prefill_and_decode_and_prefers_prefills() {
-        let (v0, at) = steps_with_a_late_arrival(Scheduler::V0);
+        let (v0, at) = steps_with_a_late_arrival(Scheduler::V0, false);
         assert!(v0.iter().all(|&(p, d)| p == 0 || d == 0), "{v0:?}");
         // B's prompt takes the step after it arrives, alone: A's decode waits.
         assert_eq!(v0[at], (30, 0), "{v0:?}");
         assert_eq!(v0[at + 1].0, 0);
         // Every token is produced: A's 200 (1 at its prefill) and B's 5.
         assert_eq!(v0.iter().map(|s| s.1).sum::<u64>(), 199 + 4, "{v0:?}");
-        // vLLM v1 runs B's prompt beside A's decode.
-        let (v1, at) = steps_with_a_late_arrival(Scheduler::V1);
-        assert_eq!(v1[at], (30, 1), "{v1:?}");
+        // vLLM v1 runs B's prompt beside A's decode, and so does v0 with
+        // chunked prefill (`_schedule_chunked_prefill`: decodes first, then
+        // prefill chunks, in one step).
+        for (scheduler, chunked) in [(Scheduler::V1, true), (Scheduler::V0, true)] {
+            let (steps, at) = steps_with_a_late_arrival(scheduler, chunked);
+            assert_eq!(steps[at], (30, 1), "{scheduler:?}: {steps:?}");
+        }
+    }
+
+    #[test]
+    fn a_decoders_inter_token_gap_spans_the_prefill_only_steps_it_sat_out() {
+        // vLLM v0 without chunked prefill. A (10 tokens, 3 out) prefills in
+        // 1 ms (10 × 100 µs, the weights' 1 ms alike) and has its first token
+        // at 1 ms; B (30 tokens, 2 out) then arrives and takes a
+        // prefill-only step: 30 × 100 µs = 3 ms, to 4 ms. The next step
+        // decodes both over 10 + 30 context tokens: 1 ms + 40 × 10 µs =
+        // 1.4 ms, to 5.4 ms. A's gap is 5.4 − 1 = 4.4 ms (`vllm bench
+        // serve`'s ITL counts the pause), B's 1.4 ms; then one more for A.
+        let cfg = WorkerConfig { scheduler: Scheduler::V0, chunked_prefill: false, ..toy(100, 8) };
+        let mut reqs = arena(&[(10, 3), (30, 2)]);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let mut out = StepOutcome::default();
+        let (t, v) = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg).unwrap();
+        assert_eq!(t, SimTime(MS));
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        let (t, v) = submit(&mut w, t, 1, &mut reqs, &cfg).unwrap();
+        assert_eq!(t, SimTime(4 * MS));
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        assert_eq!((out.decodes, out.gaps_of_duration), (0, 0), "A sat it out");
+        let (t, v) = poll(&mut w, t, &mut reqs, &cfg).unwrap();
+        assert_eq!(t, SimTime(5_400_000));
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        let mut gaps = out.gaps.clone();
+        gaps.sort();
+        assert_eq!((out.decodes, out.gaps_of_duration), (2, 0));
+        assert_eq!(gaps, [SimDuration(1_400_000), SimDuration(4_400_000)]);
+        // Back to back again: A's last gap is its step's duration.
+        let (t2, v) = poll(&mut w, t, &mut reqs, &cfg).unwrap();
+        w.finish_step(t2, v, &mut reqs, &cfg, &mut out).unwrap();
+        assert_eq!((out.decodes, out.gaps_of_duration, out.gaps.len()), (1, 1, 0));
     }
 
     #[test]

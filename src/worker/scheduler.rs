@@ -3,6 +3,20 @@
 //! preemption by recompute (see the module above for the rules).
 
 use super::*;
+use crate::request::SeqState;
+
+/// What [`Worker::room`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Room {
+    /// The blocks are allocated.
+    Got,
+    /// A waiting request's loaded KV was given up: ask again.
+    Freed,
+    /// Only loads in flight hold what is missing: plan nothing until one finishes.
+    Wait,
+    /// A running request must be preempted.
+    Short,
+}
 
 impl Worker {
     /// The request's KV load finished: the loaded blocks join the prefix
@@ -54,6 +68,10 @@ impl Worker {
         let idle = self.running() == 0;
         let window = cfg.io_slots as usize;
         let mut blocked = false;
+        // Blocks the KV-holding requests passed will need for their next
+        // chunks: what is left for those behind them (vLLM serves its
+        // waiting queue in order).
+        let mut promised = 0;
         // Requests holding KV not yet passed (they may go ahead of a blocked head).
         let mut holders = self.kv_waiting;
         let mut pos = 0;
@@ -67,6 +85,7 @@ impl Worker {
             let (seq, seq_serial) = (reqs[id.index()].seq, reqs[id.index()].serial);
             if seq.status == RequestStatus::WaitingForRemoteKvs {
                 holders -= 1;
+                promised += next_chunk_blocks(&seq, cfg);
                 pos += 1;
                 continue;
             }
@@ -74,10 +93,19 @@ impl Worker {
                 holders -= 1;
                 if pass == Pass::Admit
                     && self.has_room(*budget, cfg)
-                    && self.admit(now, pos, 0, budget, reqs, cfg, conn, idle)
+                    && self.admit(now, pos, 0, promised, budget, reqs, cfg, conn, idle)
                 {
                     continue;
                 }
+                // Its load done, it waits for blocks for its next chunk: vLLM
+                // `break`s there (`allocate_slots` returned None), so new
+                // requests behind it wait too — or they would take the blocks
+                // it needs, again and again.
+                let next = next_chunk_blocks(&seq, cfg);
+                if !self.cache.can_allocate(next + promised, now, idle) {
+                    blocked = true;
+                }
+                promised += next;
                 pos += 1;
                 continue;
             }
@@ -100,14 +128,15 @@ impl Worker {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.
                 if pos < window && self.kv_waiting < cfg.io_slots {
-                    if self.start_load(now, id, local, external, reqs, cfg, conn, out, idle) {
+                    if self.start_load(now, id, local, external, promised, reqs, cfg, conn, out, idle) {
+                        promised += next_chunk_blocks(&reqs[id.index()].seq, cfg);
                         pos += 1;
                         continue;
                     }
                     self.blocked = Some(memo);
                 }
             } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
-                if self.admit(now, pos, local, budget, reqs, cfg, conn, idle) {
+                if self.admit(now, pos, local, promised, budget, reqs, cfg, conn, idle) {
                     continue;
                 }
             } else {
@@ -133,6 +162,7 @@ impl Worker {
         id: RequestId,
         local: usize,
         external: ExternalHit,
+        promised: u64,
         reqs: &mut [Request],
         cfg: &WorkerConfig,
         conn: &mut KvConnector,
@@ -146,12 +176,19 @@ impl Worker {
         let g = local as u64;
         let computed = g * cfg.block_size + external.tokens;
         let need = cfg.blocks_for(computed) - g;
-        if !self.cache.can_allocate(need, now, idle) {
+        // vLLM allocates the loaded tokens' blocks and the first chunk's in
+        // one call (`allocate_slots(request, num_new_tokens +
+        // num_external_computed_tokens)`; LMCache loads synchronously): a
+        // load starts only when the chunk that follows it would fit too,
+        // beside what the requests ahead were promised.
+        let loaded = SeqState { computed, ..r.seq };
+        let with_chunk = need + next_chunk_blocks(&loaded, cfg) + promised;
+        if !self.cache.can_allocate(with_chunk, now, idle) {
             return false;
         }
         // Taking the GPU prefix can only shrink what is allocatable.
         let path = self.cache.acquire(&r.blocks, local, now);
-        if !self.cache.can_allocate(need, now, idle) {
+        if !self.cache.can_allocate(with_chunk, now, idle) {
             self.cache.release(path, now);
             return false;
         }
@@ -190,6 +227,7 @@ impl Worker {
         now: SimTime,
         pos: usize,
         local: usize,
+        promised: u64,
         budget: &mut u64,
         reqs: &mut [Request],
         cfg: &WorkerConfig,
@@ -205,11 +243,12 @@ impl Worker {
         let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
         let remaining = r.seq.num_tokens - c;
         let chunk = remaining.min(*budget);
-        // v0's watermark: blocks left free at admission (while anything runs,
-        // so that a lone request is never refused).
-        let watermark = if self.running() > 0 { cfg.admission_watermark } else { 0 };
+        // Blocks left free at admission: those promised to the KV holders
+        // ahead, and v0's watermark (while anything runs, so that a lone
+        // request is never refused).
+        let keep = promised + if self.running() > 0 { cfg.admission_watermark } else { 0 };
         let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
-        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need + watermark, now, idle) {
+        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need + keep, now, idle) {
             return false;
         }
         if !holding {
@@ -217,7 +256,7 @@ impl Worker {
             r.seq.path = self.cache.acquire(&r.blocks, local, now);
             r.seq.registered = local as u64;
             r.seq.computed = c;
-            if !self.cache.can_allocate(need + watermark, now, idle) {
+            if !self.cache.can_allocate(need + keep, now, idle) {
                 self.release_blocks(id, now, reqs, cfg);
                 reqs[id.index()].seq.computed = 0;
                 return false;
@@ -263,6 +302,66 @@ impl Worker {
         self.preemptions += 1;
     }
 
+    /// Blocks for the running batch, as vLLM's `allocate_slots` for a
+    /// running request, with two rules of progress vLLM lacks (without them a
+    /// worker under KV pressure with a tier can preempt and reload one request
+    /// forever, or stop with work queued): waiting requests holding loaded KV
+    /// give it up before a running request is preempted (running requests are
+    /// scheduled first in both vLLM schedulers; loaded KV is reloaded from its
+    /// tier for the cost of a read, where a preemption loses computed work),
+    /// and the only running request is not preempted for blocks that loads
+    /// in flight hold: the worker waits for the loads to finish, and their
+    /// KV then gives way.
+    pub(super) fn room(&mut self, need: u64, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) -> Room {
+        if self.cache.can_allocate(need, now, false) {
+            self.cache.allocate(need, now, false);
+            return Room::Got;
+        }
+        if self.kv_waiting > self.loading {
+            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.status == RequestStatus::Loaded);
+            self.drop_loaded(now, last.expect("kv_waiting counts loaded requests"), reqs, cfg);
+            return Room::Freed;
+        }
+        if self.running() <= 1 && self.loading > 0 {
+            return Room::Wait;
+        }
+        Room::Short
+    }
+
+    /// Plans nothing until a load finishes ([`Room::Wait`]); decoders wait from now.
+    pub(super) fn wait_for_loads(&mut self, now: SimTime) -> Option<(SimTime, u32)> {
+        debug_assert!(self.chunks.is_empty() && self.loading > 0);
+        if !self.decode.is_empty() {
+            self.paused_since.get_or_insert(now);
+        }
+        None
+    }
+
+    /// The running request to preempt when blocks are short: under v1 the
+    /// one with the least work done ([`Self::least_work_victim`]); under v0
+    /// (`_schedule_running`'s `running_queue.pop()`, the queue ordered
+    /// decodes first, then prefills in admission order) the last prefilling
+    /// request not yet scheduled — after position `from`, or from it with
+    /// `with_decoders` — else the latest admitted decoder (`with_decoders`),
+    /// else the requester at `from` itself.
+    pub(super) fn victim(
+        &self,
+        from: usize,
+        s: u64,
+        reqs: &[Request],
+        with_decoders: bool,
+        cfg: &WorkerConfig,
+    ) -> Option<RequestId> {
+        match cfg.scheduler {
+            Scheduler::V1 => self.least_work_victim(from, s, reqs, with_decoders),
+            Scheduler::V0 if with_decoders => self.prefilling[from..]
+                .last()
+                .copied()
+                .or_else(|| self.decode.members().iter().copied().max_by_key(|id| reqs[id.index()].seq.admit_seq)),
+            Scheduler::V0 => self.prefilling[from + 1..].last().or(self.prefilling.get(from)).copied(),
+        }
+    }
+
     /// The running request with the least work done (fewest computed tokens;
     /// ties: the latest admitted) among the prefilling requests from position
     /// `from` on and, if `with_decoders`, every decoding request.
@@ -301,7 +400,8 @@ impl Worker {
             seq.computed = computed;
             seq.generated = generated;
             seq.num_tokens = computed + 1;
-            seq.last_token_at = now;
+            // Its last token came at the last step's end, or before a pause.
+            seq.last_token_at = self.paused_since.map_or(now, |p| p.max(seq.last_token_at));
         } else {
             let pos = self.prefilling.iter().position(|&p| p == id).expect("victim is running");
             self.prefilling.remove(pos);
@@ -315,4 +415,13 @@ impl Worker {
         self.preemptions += 1;
         self.ready.push_front(id);
     }
+}
+
+/// Blocks the next prefill chunk of `seq` needs beyond those of its
+/// computed tokens (a chunk of at most the token budget, or, without
+/// chunked prefill, the rest).
+fn next_chunk_blocks(seq: &SeqState, cfg: &WorkerConfig) -> u64 {
+    let rest = seq.num_tokens - seq.computed;
+    let chunk = if cfg.chunked_prefill { rest.min(cfg.token_budget) } else { rest };
+    cfg.blocks_for(seq.computed + chunk) - cfg.blocks_for(seq.computed)
 }
