@@ -412,6 +412,7 @@ fn resolve_kvc(
         write_mode,
         save_timing,
         store_on_gpu_eviction: k.store_on_gpu_eviction,
+        write_back_hits: k.write_back_hits,
         block_bytes: block * model.kv_bytes_per_token(),
         event_coalesce: SimDuration::from_secs_f64(coalesce),
         publish_events: false,

@@ -612,6 +612,8 @@ pub struct KvcSection {
     pub save_timing: String,
     /// Also write a chunk to the first tier when the GPU cache evicts the block that ends it.
     pub store_on_gpu_eviction: bool,
+    /// Keep what a worker loads from a slower tier in its faster per-worker tiers (LMCache's `StorageManager.get` writes a disk or remote hit back to its CPU cache); false: a hit stays where it was found.
+    pub write_back_hits: bool,
     /// `[kvc.CPUMemory]` (defaults: 50 GB/s, 200 ns, concurrency 1,000,000, 8 GiB).
     pub CPUMemory: TierParams,
     /// `[kvc.LocalNVMe]` (defaults: 10 GB/s, 10 µs, concurrency 1,000, 1,024 GiB).
@@ -632,6 +634,7 @@ impl Default for KvcSection {
             write_mode: "async".into(),
             save_timing: "on_compute".into(),
             store_on_gpu_eviction: false,
+            write_back_hits: true,
             CPUMemory: TierParams::default(),
             LocalNVMe: TierParams::default(),
             DistributedFS: TierParams::default(),

@@ -33,6 +33,11 @@
 //! `"on_finish"` saves only then. In `sync` write mode a finished request's
 //! response waits for its writes still in flight ([`KvConnector::finish_saves`]).
 //!
+//! A chunk a worker reads from a slower tier (its NVMe, the shared DFS) is
+//! then written into its faster per-worker tiers (`KvConnector::write_back`'s
+//! rule: LMCache's `StorageManager.get` keeps a disk or remote hit in its CPU
+//! cache), unless `kvc.write_back_hits = false`.
+//!
 //! Eviction order: the lookup as a request is scheduled refreshes its held
 //! prefix, and a write inserts new chunks, **last chunk first**, so the
 //! root of what is refreshed or written is the most recent (vLLM's block
@@ -146,8 +151,16 @@ struct TierInstance {
 }
 
 enum Purpose {
-    Load { request: RequestId, keys: Vec<BlockHash> },
-    Save { keys: Vec<BlockHash>, waiters: Vec<RequestId>, worker: WorkerId },
+    /// A read of a load: the chunks read, with each one's whole size in bytes.
+    Load {
+        request: RequestId,
+        keys: Vec<(BlockHash, u64)>,
+    },
+    Save {
+        keys: Vec<BlockHash>,
+        waiters: Vec<RequestId>,
+        worker: WorkerId,
+    },
 }
 
 struct IoOp {
@@ -166,14 +179,15 @@ struct Load {
 /// Instance ids at and above this are workers' links (the worker's index below it).
 const LINK: u32 = 1 << 31;
 
-/// One chunk of a lookup: the instance holding it, its key, and the blocks
-/// `[from, to)` of it beyond the GPU prefix.
+/// One chunk of a lookup: the instance holding it, its key, the tokens
+/// `[from, to)` of it beyond the GPU prefix, and its whole size in bytes.
 #[derive(Clone, Copy, Debug)]
 struct Found {
     instance: u32,
     key: BlockHash,
     from: u64,
     to: u64,
+    bytes: u64,
 }
 
 /// A step's writes to one tier instance, gathered: the chunks reserved, their bytes, who waits.
@@ -374,7 +388,7 @@ impl KvConnector {
         let cap = num_tokens.saturating_sub(1);
         let mut next = local * self.block_size;
         let mut j = local / self.kvc.chunk_blocks;
-        while let Some((key, _, end)) = self.kvc.chunk(seq, j) {
+        while let Some((key, start, end)) = self.kvc.chunk(seq, j) {
             let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
                 break;
             };
@@ -385,7 +399,7 @@ impl KvConnector {
             hit.tokens += tokens;
             hit.per_tier[self.instances[instance as usize].tier.index()] += tokens;
             if let Some(f) = found.as_deref_mut() {
-                f.push(Found { instance, key, from: next, to: end });
+                f.push(Found { instance, key, from: next, to: end, bytes: (end - start) * self.kvc.token_bytes() });
             }
             next = end;
             j += 1;
@@ -503,9 +517,9 @@ impl KvConnector {
         self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4], link_bytes: 0 });
         for run in found.chunk_by(|a, b| a.instance == b.instance) {
             let instance = run[0].instance;
-            let keys: Vec<BlockHash> = run.iter().map(|f| f.key).collect();
+            let keys: Vec<(BlockHash, u64)> = run.iter().map(|f| (f.key, f.bytes)).collect();
             let store = &mut self.instances[instance as usize].store;
-            keys.iter().for_each(|&k| store.pin(k));
+            keys.iter().for_each(|&(k, _)| store.pin(k));
             let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.token_bytes();
             self.submit(now, instance, OpKind::Read, bytes, w, Purpose::Load { request, keys }, out);
         }
@@ -688,6 +702,41 @@ impl KvConnector {
         ops
     }
 
+    /// The chunks `keys` worker `w` has read from tier instance `from` are
+    /// written into its faster per-worker tiers — those before `from` in its
+    /// lookup order (with the spill policy, the first, whose evictions
+    /// move down): LMCache's `StorageManager.get` and `batched_get`
+    /// (`lmcache/v1/storage_backend/storage_manager.py`) write a hit from
+    /// any backend but the CPU's back into `LocalCPUBackend` ("auto-write
+    /// remote data to local CPU cache"), so a prefix read from the shared
+    /// DFS or a local disk is found in the worker's memory next time. The
+    /// writes take their devices' bandwidth and their stores' room as any
+    /// write does (asynchronous: nothing waits for them).
+    fn write_back(
+        &mut self,
+        now: SimTime,
+        w: WorkerId,
+        from: u32,
+        keys: &[(BlockHash, u64)],
+        out: &mut ConnectorOutput,
+    ) {
+        let tiers = &self.worker_tiers[w.index()];
+        let Some(pos) = tiers.iter().position(|&i| i == from) else { return };
+        let targets = match self.kvc.write_policy {
+            WritePolicy::WriteThrough => pos,
+            WritePolicy::Spill => pos.min(1),
+        };
+        // A step's batch of saves is not this read's (it may be another worker's).
+        let batch = self.batch.take();
+        for i in 0..targets {
+            let inst = self.worker_tiers[w.index()][i];
+            if self.instances[inst as usize].tier != Tier::Dfs {
+                self.write_chunks(now, w, inst, keys, None, out);
+            }
+        }
+        self.batch = batch;
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &mut self,
@@ -712,7 +761,7 @@ impl KvConnector {
         };
         let mut dev = std::mem::take(&mut self.dev_out);
         self.device_mut(inst).submit(now, OpId(id), kind, bytes, w.0, &mut dev);
-        self.apply_device(inst, &mut dev, out);
+        self.apply_device(now, inst, &mut dev, out);
         self.dev_out = dev;
     }
 
@@ -720,21 +769,21 @@ impl KvConnector {
     pub fn on_timer(&mut self, now: SimTime, instance: u32, timer: DeviceTimer, out: &mut ConnectorOutput) {
         let mut dev = std::mem::take(&mut self.dev_out);
         self.device_mut(instance).on_timer(now, timer, &mut dev);
-        self.apply_device(instance, &mut dev, out);
+        self.apply_device(now, instance, &mut dev, out);
         self.dev_out = dev;
     }
 
-    fn apply_device(&mut self, inst: u32, dev: &mut DeviceOutput, out: &mut ConnectorOutput) {
+    fn apply_device(&mut self, now: SimTime, inst: u32, dev: &mut DeviceOutput, out: &mut ConnectorOutput) {
         out.timers.extend(dev.timers.iter().map(|&(t, timer)| (t, inst, timer)));
         for c in &dev.completed {
             let op = self.ops[c.op.0 as usize].take().expect("completed op is live");
             self.free_ops.push(c.op.0);
-            self.op_done(op, c.bytes, out);
+            self.op_done(now, op, c.bytes, out);
         }
         dev.clear();
     }
 
-    fn op_done(&mut self, op: IoOp, bytes: u64, out: &mut ConnectorOutput) {
+    fn op_done(&mut self, now: SimTime, op: IoOp, bytes: u64, out: &mut ConnectorOutput) {
         if op.instance >= LINK {
             let Purpose::Load { request, .. } = op.purpose else { unreachable!("links only load") };
             let load = self.loads.remove(&request.0).expect("a transfer belongs to a live load");
@@ -752,12 +801,17 @@ impl KvConnector {
         out.moved.push((tier, bytes));
         match op.purpose {
             Purpose::Load { request, keys } => {
-                keys.iter().for_each(|&k| instance.store.unpin(k));
+                keys.iter().for_each(|&(k, _)| instance.store.unpin(k));
                 let load = self.loads.get_mut(&request.0).expect("a read belongs to a live load");
                 load.bytes[tier.index()] += bytes;
                 load.reads_left -= 1;
+                let w = load.worker;
+                if self.kvc.write_back_hits {
+                    self.write_back(now, w, op.instance, &keys, out);
+                }
+                let load = self.loads.get_mut(&request.0).expect("checked above");
                 if load.reads_left == 0 {
-                    let load = self.loads.remove(&request.0).expect("checked above");
+                    let load = self.loads.remove(&request.0).expect("a read belongs to a live load");
                     out.loaded.push(LoadDone {
                         request,
                         worker: load.worker,
@@ -810,6 +864,7 @@ pub(crate) mod testing {
             write_mode: WriteMode::Async,
             save_timing: SaveTiming::OnCompute,
             store_on_gpu_eviction: false,
+            write_back_hits: false,
             block_bytes: 160,
             event_coalesce: SimDuration::ZERO,
             publish_events: false,
@@ -837,7 +892,7 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{Content, PartialChunks, block_hashes, content_id};
+    use crate::kvcache::{Content, PartialChunks, TierConfig, block_hashes, content_id};
     use crate::time::SimDuration;
 
     const W: WorkerId = WorkerId(0);
@@ -956,6 +1011,46 @@ mod tests {
             vec![LoadDone { request: RequestId(7), worker: W, started: t, bytes: [0, 480, 0, 0], link_bytes: 0 }]
         );
         assert!(c.idle());
+    }
+
+    #[test]
+    fn a_hit_read_from_the_dfs_is_written_back_into_the_loading_workers_cpu_memory() {
+        // Two workers, each with CPU memory (10⁶ B/s), and one DFS (10⁶ B/s,
+        // no latency); chunks of 2 blocks (320 B). Worker 1 saves 64 tokens
+        // (two chunks) to its CPU memory and the DFS.
+        for write_back in [true, false] {
+            let dfs = TierConfig { tier: Tier::Dfs, ..testing::cpu_tier(1 << 20) };
+            let mut kvc = testing::kvc(vec![testing::cpu_tier(1 << 20), dfs], 2);
+            kvc.write_back_hits = write_back;
+            let mut c = KvConnector::new(&kvc, 16);
+            c.add_worker();
+            c.add_worker();
+            let p = blocks(1, 64);
+            let mut out = ConnectorOutput::default();
+            c.save(SimTime::ZERO, WorkerId(1), RequestId(0), &seq(&p, 64), 0, &mut out);
+            // Two writes of 640 B, one per device: both done at 0.64 ms.
+            let t = settle(&mut c, SimTime::ZERO, &mut out);
+            assert_eq!(t, SimTime(640_000));
+            // Worker 0 finds 63 tokens in the DFS and reads them: 640 B → 1.28 ms.
+            let hit = c.load(t, W, RequestId(1), &seq(&p, 64), 0, &mut out);
+            assert_eq!(hit.per_tier, [0, 0, 0, 63]);
+            let loaded = settle(&mut c, t, &mut out);
+            let cpu0 = c.report(loaded).next().unwrap().stats;
+            if write_back {
+                // LMCache keeps the hit in worker 0's CPU memory: a write of
+                // both chunks (640 B at 10⁶ B/s) from 1.28 ms to 1.92 ms, after
+                // which worker 0's next lookup finds them there.
+                assert_eq!(loaded, SimTime(1_920_000));
+                assert_eq!((cpu0.ops, cpu0.bytes_written), (1, 640));
+                assert_eq!(c.lookup(W, RequestId(2), &seq(&p, 64), 0).per_tier, [0, 63, 0, 0]);
+            } else {
+                assert_eq!(loaded, SimTime(1_280_000));
+                assert_eq!((cpu0.ops, cpu0.bytes_written), (0, 0));
+                assert_eq!(c.lookup(W, RequestId(2), &seq(&p, 64), 0).per_tier, [0, 0, 0, 63]);
+            }
+            assert_eq!(out.loaded.len(), 1);
+            assert_eq!(out.loaded[0].bytes, [0, 0, 0, 640]);
+        }
     }
 
     #[test]

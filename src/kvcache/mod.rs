@@ -181,6 +181,8 @@ pub struct KvcConfig {
     pub save_timing: SaveTiming,
     /// Write a chunk when the GPU evicts its last block.
     pub store_on_gpu_eviction: bool,
+    /// Write what a worker loads from a slower tier into its faster per-worker tiers.
+    pub write_back_hits: bool,
     /// Bytes of one engine block (block_size × KV bytes per token).
     pub block_bytes: u64,
     /// How long a worker gathers KV events before sending them.

@@ -420,6 +420,7 @@ mod tests {
             write_mode: WriteMode::Async,
             save_timing: SaveTiming::OnCompute,
             store_on_gpu_eviction: false,
+            write_back_hits: false,
             block_bytes: 1 << 16,
             event_coalesce: ms(10),
             publish_events: true,
