@@ -533,3 +533,39 @@ fn no_step_holds_more_than_the_token_budget_and_only_v0_without_chunking_never_m
         "v0 with chunked prefill mixes steps ({v0_mixed} in {v0_chunked_runs} runs)"
     );
 }
+
+#[test]
+fn a_batch_1_decode_of_llama_2_7b_on_a100_grows_with_its_context_as_flashattention_measured() {
+    // Vidur's measured FlashAttention rows (A100, Llama-2-7B, 32 layers): a
+    // batch-1 decode step's attention grows by ≈ 1.7 ms from 128 keys to
+    // 4,032. The shipped A100 tables measure multi-head attention up to 8
+    // heads; Llama-2-7B's 32 are priced from the 32-query-head rows by their
+    // KV bytes, the fixed cost once (issue 35: it grew by 10.4 ms).
+    let s = crate::scenario(
+        r#"
+        [model.model_params]
+        name = "llama-2-7b"
+        [worker.hw]
+        gpu = "A100-80G"
+        [worker.vllm_params]
+        max_model_len = 4096
+        [[workload.stages]]
+        type = "UniformReqRate"
+        [workload.stages.workload_params]
+        prompt_size_min = 100
+        prompt_size_max = 1000
+        "#,
+    );
+    let step = |ctx: u64| {
+        let work = opal::worker::perf::StepWork {
+            prefill: &[],
+            decodes: 1,
+            decode_context_tokens: ctx,
+            decode_window_tokens: ctx,
+            samples: 1,
+        };
+        s.worker.perf.step_time(&work).as_secs_f64()
+    };
+    let growth = step(4032) - step(128);
+    assert!(growth > 1e-3 && growth <= 3e-3, "{:.3} ms", growth * 1e3);
+}

@@ -28,7 +28,11 @@
 //!   skipped), linear in the message size, extrapolated linearly beyond.
 //!
 //! Attention tables are keyed by KV heads with `0` for multi-head attention
-//! (as aiconfigurator stores them) and by window (`0`: full attention).
+//! (as aiconfigurator stores them) and by window (`0`: full attention). A
+//! shape whose table did not measure its query heads (multi-head attention
+//! is measured up to 8 heads) is priced from the table of the nearest KV-head
+//! count that did: the latency there, its fixed part counted once and the
+//! rest scaled by the work (here, not in aiconfigurator: see `priced_from`).
 
 use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
@@ -97,6 +101,12 @@ impl Clone for AttnPoints {
 }
 
 impl AttnPoints {
+    /// The least and most query heads measured.
+    fn heads_range(&self) -> (i64, i64) {
+        let heads = self.points.iter().map(|p| p.0[0]);
+        (heads.clone().min().unwrap_or(i64::MAX), heads.max().unwrap_or(i64::MIN))
+    }
+
     /// The grid of the points, built on first use (a model needs one or two keys of many).
     fn grid(&self) -> Arc<Grid> {
         let mut g = self.grid.lock().expect("a grid lock is never poisoned");
@@ -239,6 +249,78 @@ fn sort_first_of_each(curve: &mut Vec<(f64, f64)>) {
 /// The dtype code of a KV cache of `bytes` per element.
 fn kv_dtype(bytes: f64) -> u8 {
     if bytes <= 1.0 { 2 } else { 1 }
+}
+
+/// Where an attention shape is priced from: a table measured for its
+/// query heads — its own (dtype, KV heads, head dim), or failing that the
+/// one of the nearest KV-head count that measured them — or its own with
+/// the query heads out of range.
+struct AttnSource {
+    grid: Arc<Grid>,
+    /// The KV heads the table measured (`0`: as many as query heads).
+    nk: i64,
+    /// Whether the query heads lie within the table's.
+    covered: bool,
+}
+
+/// The attention table to price `(heads, nk)` from among `tables` (of one
+/// kind, dtype `dtype`, head dim `head_dim`, full attention): its own if it
+/// measured `heads` query heads; else, of the tables that did, the one with
+/// the KV-head count nearest `kv_heads` (the larger on a tie); else its own.
+fn attn_source(
+    tables: &HashMap<AttnKey, AttnPoints>,
+    dtype: u8,
+    heads: u64,
+    kv_heads: u64,
+    head_dim: u64,
+) -> Option<AttnSource> {
+    let nk = if heads == kv_heads { 0 } else { kv_heads as i64 };
+    let own = tables.get(&(dtype, nk, head_dim as i64, 0));
+    let covers = |p: &AttnPoints| {
+        let (lo, hi) = p.heads_range();
+        (lo..=hi).contains(&(heads as i64))
+    };
+    if let Some(p) = own.filter(|p| covers(p)) {
+        return Some(AttnSource { grid: p.grid(), nk, covered: true });
+    }
+    let kv_of = |k: &AttnKey| if k.1 == 0 { heads as i64 } else { k.1 };
+    let other = tables
+        .iter()
+        .filter(|(k, p)| k.0 == dtype && k.2 == head_dim as i64 && k.3 == 0 && covers(p))
+        .min_by_key(|(k, _)| ((kv_of(k) - kv_heads as i64).abs(), std::cmp::Reverse(kv_of(k))));
+    match other {
+        Some((k, p)) => Some(AttnSource { grid: p.grid(), nk: k.1, covered: true }),
+        None => own.map(|p| AttnSource { grid: p.grid(), nk, covered: false }),
+    }
+}
+
+/// The latency at `q` (heads first) from `src`. A table of other KV heads,
+/// or query heads out of its range (clamped to the nearest measured count),
+/// gives its latency there with its fixed part — the latency there of the
+/// least work along the table (`least(q)`: the same shape with the fewest
+/// keys), the launch and setup a kernel pays whatever its size — counted
+/// once, and the rest scaled by the work: the speed of light of the shape
+/// priced (`sol`) over the table's (`sol_src`). (aiconfigurator holds the
+/// utilisation instead, which multiplies the fixed part by the ratio: on
+/// A100, where a batch-1 decode's attention is mostly fixed cost, 4× for
+/// Llama-2-7B's 32 KV heads from 8.)
+fn priced_from(
+    src: &AttnSource,
+    own_nk: i64,
+    q: [f64; 3],
+    sol: &dyn Fn(f64, &[f64]) -> f64,
+    sqrt_axis: Option<usize>,
+    least: impl Fn([f64; 3]) -> [f64; 3],
+) -> f64 {
+    let sol_src = |p: &[f64]| sol(src.nk as f64, p);
+    if src.covered && src.nk == own_nk {
+        return src.grid.query(&q, &sol_src, sqrt_axis);
+    }
+    let (lo, hi) = src.grid.range(0);
+    let at = [q[0].clamp(lo, hi), q[1], q[2]];
+    let measured = src.grid.query(&at, &sol_src, sqrt_axis);
+    let fixed = src.grid.query(&least(at), &sol_src, sqrt_axis).min(measured);
+    fixed + (measured - fixed) * sol(own_nk as f64, &q) / sol_src(&at)
 }
 
 /// Speed of light of decode attention at `[heads, batch, s]` (aiconfigurator's `gen_sol`).
@@ -551,13 +633,14 @@ impl AicTables {
         if a.mla.is_some() {
             return None;
         }
-        let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
-        let grid = self.ctx.get(&(kv_dtype(a.kv_bytes), nk, a.head_dim as i64, 0))?.grid();
-        if grid.is_empty() {
+        let src = attn_source(&self.ctx, kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
+        if src.grid.is_empty() {
             return None;
         }
-        let sol = |q: &[f64]| ctx_sol(&self.peaks, nk as f64, a.head_dim as f64, a.kv_bytes, q);
-        let full = grid.query(&[a.heads as f64, s, 1.0], &sol, Some(1));
+        let own = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
+        let sol = |nk: f64, q: &[f64]| ctx_sol(&self.peaks, nk, a.head_dim as f64, a.kv_bytes, q);
+        let least = src.grid.range(1).0;
+        let full = priced_from(&src, own, [a.heads as f64, s, 1.0], &sol, Some(1), |q| [q[0], least, 1.0]);
         Some(full * (s * s - prefix * prefix) / (s * s))
     }
 
@@ -566,21 +649,25 @@ impl AicTables {
         if a.mla.is_some() {
             return None;
         }
-        let nk = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
-        let grid = self.decode.get(&(kv_dtype(a.kv_bytes), nk, a.head_dim as i64, 0))?.grid();
-        if grid.is_empty() {
+        let src = attn_source(&self.decode, kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
+        if src.grid.is_empty() {
             return None;
         }
-        let sol = |q: &[f64]| gen_sol(&self.peaks, nk as f64, a.head_dim as f64, a.kv_bytes, q);
+        let own = if a.heads == a.kv_heads { 0 } else { a.kv_heads as i64 };
+        let sol = |nk: f64, q: &[f64]| gen_sol(&self.peaks, nk, a.head_dim as f64, a.kv_bytes, q);
         // aiconfigurator smooths over five key counts within ±10 % (here kept
         // within the measured keys when `s` is: the smoothing alone never
         // leaves the table).
         let lo = ((s * 0.9) as i64).max(1);
         let hi = ((s * 1.1) as i64).max(lo);
-        let (first, last) = grid.range(2);
+        let (first, last) = src.grid.range(2);
         let inside = |k: i64| if (first..=last).contains(&s) { (k as f64).clamp(first, last) } else { k as f64 };
-        let total: f64 =
-            (0..5).map(|i| grid.query(&[a.heads as f64, batch, inside(lo + (hi - lo) * i / 4)], &sol, None)).sum();
+        let total: f64 = (0..5)
+            .map(|i| {
+                let q = [a.heads as f64, batch, inside(lo + (hi - lo) * i / 4)];
+                priced_from(&src, own, q, &sol, None, |q| [q[0], q[1], first])
+            })
+            .sum();
         Some(total / 5.0)
     }
 
@@ -674,6 +761,57 @@ mod tests {
         let (_, peaks) = h100();
         let t = AicTables::from_files("test".into(), peaks, &[(ALLREDUCE_FILE, bytes.into())]).unwrap();
         assert_eq!(t.allreduce, vec![(2, vec![(1024.0, 0.01e-3), (2048.0, 0.02e-3), (4096.0, 0.04e-3)])]);
+    }
+
+    #[test]
+    fn a_32_kv_head_decode_is_priced_from_8_kv_head_rows_by_its_kv_bytes_with_the_fixed_cost_once() {
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, StringArray};
+        // Decode attention measured only for 32 query heads over 8 KV heads
+        // (head dim 128, bf16), batch 1: 12.5 µs at 2 keys, 29.5 µs at 4,096
+        // (A100's rows for Llama-3's shape).
+        let batch = RecordBatch::try_from_iter([
+            ("batch_size", Arc::new(Int64Array::from(vec![1, 1])) as ArrayRef),
+            ("isl", Arc::new(Int64Array::from(vec![1, 1]))),
+            ("step", Arc::new(Int64Array::from(vec![1, 4095]))),
+            ("num_heads", Arc::new(Int64Array::from(vec![32, 32]))),
+            ("num_key_value_heads", Arc::new(Int64Array::from(vec![8, 8]))),
+            ("head_dim", Arc::new(Int64Array::from(vec![128, 128]))),
+            ("kv_cache_dtype", Arc::new(StringArray::from(vec!["bfloat16", "bfloat16"]))),
+            ("latency", Arc::new(Float64Array::from(vec![0.0125, 0.0295]))),
+        ])
+        .unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let peaks = GpuSpec::preset("A100-80G").unwrap().peaks();
+        let t = AicTables::from_files("test".into(), peaks, &[(GEN_FILE, bytes.into())]).unwrap();
+        // Llama-2-7B's layer: 32 query heads over 32 KV heads. At s keys the
+        // 8-KV-head rows give 12.5 + 17 × (s − 2) / 4094 µs, of which the
+        // 12.5 µs at the fewest keys is fixed and the rest grows with the KV
+        // bytes read: 4× as many per key (HBM bytes 2·32·128·2 for the query
+        // and output and 2·32·(s − 1)·128·2 for the keys and values before
+        // the new one, against 8 KV heads').
+        let hand = |s: f64| {
+            let measured = 12.5e-6 + 17e-6 * (s - 2.0) / 4094.0;
+            let bytes = |kv: f64| 2.0 * 32.0 * 128.0 * 2.0 + 2.0 * kv * (s - 1.0) * 128.0 * 2.0;
+            12.5e-6 + (measured - 12.5e-6) * bytes(32.0) / bytes(8.0)
+        };
+        // The 5 keys aiconfigurator averages over (±10 %, kept within the rows).
+        let want = (hand(3686.0) + hand(3890.0) + hand(4095.0) + 2.0 * hand(4096.0)) / 5.0;
+        let llama2 = AttnShape { heads: 32, kv_heads: 32, head_dim: 128, kv_bytes: 2.0, mla: None };
+        let got = t.gen_attention(&llama2, 1.0, 4096.0).unwrap();
+        assert!((got - want).abs() < 1e-12, "{got} vs {want}");
+        // ≈ 12.5 + 16.5 × 4 = 78.4 µs (16.5 µs above the fixed part at the
+        // five keys' mean, 3,972.6): 2.1 ms over 32 layers from 128 keys to
+        // 4,096 (Vidur measured FlashAttention's +1.7 ms), not the measured
+        // latency held at its utilisation (4 × 29 µs).
+        assert!((got - 78.4e-6).abs() < 0.05e-6, "{got}");
+        // The measured shape itself is priced as measured.
+        let llama3 = AttnShape { kv_heads: 8, ..llama2 };
+        let own = t.gen_attention(&llama3, 1.0, 4096.0).unwrap();
+        let rows = |s: f64| 12.5e-6 + 17e-6 * (s - 2.0) / 4094.0;
+        assert!((own - (rows(3686.0) + rows(3890.0) + rows(4095.0) + 2.0 * rows(4096.0)) / 5.0).abs() < 1e-12);
     }
 
     #[test]
