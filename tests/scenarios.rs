@@ -335,24 +335,23 @@ fn each_stage_row_equals_what_its_requests_say() {
 }
 
 /// The digest of the shipped Opal example (`examples/opal/exponential-12rps.json`)
-/// as the a/b roofline ran it before the operator-level step model became the
-/// default, before KV was saved as it is computed and before partial chunks
-/// were keyed by their exact tokens: with `kvc.save_timing = "on_finish"`
-/// and `kvc.partial_chunk_key = "blocks"` an imported Opal configuration
-/// must keep running exactly so — except that, since issue 26, a save no
-/// longer refreshes the recency of chunks a tier already holds and a
-/// request refreshes its held prefix once, when it is scheduled (LMCache's
-/// put of a held key changes nothing; the original Opal's store keeps no
-/// recency at all), which moves its CPU tier's evictions; and, since issue
-/// 35, a tier load starts only when its first chunk's blocks fit beside
-/// those promised to the loads ahead, as the original's FIFO batch scan
-/// stops at the first ready request that does not fit, and DFS hits are
-/// written back into the loading worker's CPU memory.
-const OPAL_EXAMPLE_DIGEST_ON_FINISH: u64 = 8_614_634_211_812_122_034;
+/// as imported: the a/b roofline, with the original's KV and batch rules
+/// (since issue 35: KV stored at completion, hits copied nowhere, a
+/// batch's prefill priced as its longest request's) and partial chunks
+/// keyed by their exact tokens (issue 24).
+const OPAL_EXAMPLE_DIGEST: u64 = 18_341_605_238_275_134_892;
 
-/// The same with today's defaults (KV saved as computed, exact partial
-/// chunk keys: issue 24; DFS hits kept in the worker's CPU memory: issue 35).
-const OPAL_EXAMPLE_DIGEST: u64 = 12_796_597_114_447_985_241;
+/// The same with partial chunks keyed by their full blocks
+/// (`kvc.partial_chunk_key = "blocks"`), as the roofline ran it before the
+/// operator-level step model became the default — except that, since issue
+/// 26, a save no longer refreshes the recency of chunks a tier already
+/// holds and a request refreshes its held prefix once, when it is scheduled
+/// (LMCache's put of a held key changes nothing; the original Opal's store
+/// keeps no recency at all), which moves its CPU tier's evictions; and,
+/// since issue 35, a tier load starts only when its first chunk's blocks fit
+/// beside those promised to the loads ahead, as the original's FIFO batch
+/// scan stops at the first ready request that does not fit.
+const OPAL_EXAMPLE_DIGEST_BLOCK_KEYS: u64 = 12_539_235_716_026_793_577;
 
 #[test]
 fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
@@ -361,11 +360,11 @@ fn the_shipped_opal_example_runs_the_roofline_exactly_as_before() {
     let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{e}"));
     let run = plan.runs().next().unwrap();
     let mut scenario = opal::sweep::run_scenario(&run).unwrap();
+    assert_eq!(scenario.kvc.save_timing, opal::kvcache::SaveTiming::OnFinish, "the original's save rule");
     let out = opal::simulate(&scenario).unwrap();
     assert_eq!(out.event_digest, OPAL_EXAMPLE_DIGEST, "{} requests", out.summary.requests_completed);
-    scenario.kvc.save_timing = opal::kvcache::SaveTiming::OnFinish;
     scenario.kvc.partial_chunks = opal::kvcache::PartialChunks::FullBlocks;
-    assert_eq!(opal::simulate(&scenario).unwrap().event_digest, OPAL_EXAMPLE_DIGEST_ON_FINISH);
+    assert_eq!(opal::simulate(&scenario).unwrap().event_digest, OPAL_EXAMPLE_DIGEST_BLOCK_KEYS);
 }
 
 #[test]

@@ -151,6 +151,7 @@ fn fill_step_model_defaults(ip: &mut super::schema::InferenceParams, absolute: &
             ip.decode_bw_efficiency.get_or_insert(1.0);
             ip.step_overhead_secs.get_or_insert(0.0);
             ip.mixed_step.get_or_insert_with(|| "max".into());
+            ip.prefill_batch.get_or_insert_with(|| "sum".into());
         }
         "synthetic" => {
             ip.mean_latency_secs.get_or_insert(1.0);

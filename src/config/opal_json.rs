@@ -19,16 +19,16 @@
 //!   milliseconds), and Opal's prompts for its synthetic stages (every prompt
 //!   of n tokens is `list(range(n))`: `prompt_content = "single_sequence"`)
 //!   — so the imported scenario means what it meant to Opal.
-//! - **KV saving**: the import keeps our defaults, KV saved as it is
-//!   computed (`kvc.save_timing = "on_compute"`, LMCache's behaviour). The
-//!   Python Opal's own cold start — a token-weighted hit of 90 % over its
-//!   first 1,000 requests at 16 workers — is reached only with chunks
-//!   visible as they are computed (measured here on that workload: 96 %;
-//!   36 % with `"on_finish"`, the earlier rule, which the import does not
-//!   set), and a partial chunk keyed by its exact tokens
-//!   (`kvc.partial_chunk_key = "tokens"`): the original's steady-state hit
-//!   on that workload is 98.5 %, ours 99.0 % with exact keys and 99.9 %
-//!   with `"blocks"` (a partial chunk matched at block granularity).
+//! - **The original's KV and batch rules**, where the JSON leaves them out:
+//!   KV stored when a request completes (`kvc.save_timing = "on_finish"`:
+//!   `opal/vllm_worker.py`'s only `kvc_manager.store` call is in
+//!   `_handle_completed_requests`), a hit read from the tier holding it and
+//!   copied nowhere (`kvc.write_back_hits = false`: its `retrieve` reads
+//!   and `batched_put` only stores), and a roofline batch's prefill priced
+//!   as its longest request's (`worker.inference_params.prefill_batch =
+//!   "max"`, its `_calculate_batch_time`). Native scenarios keep vLLM's and
+//!   LMCache's rules (KV saved as computed, hits written back to CPU
+//!   memory, a batch's prefill work summed).
 //! - **Opal keys with no counterpart** ([`OPAL_ONLY_KEYS`]: progress bars,
 //!   wall-clock caps, knobs of Opal engines not modelled here) are removed
 //!   and listed by name; nothing is dropped silently. Any other unknown key
@@ -62,7 +62,7 @@ struct OpalDefault {
 }
 
 /// Set when the JSON leaves them out.
-const OPAL_DEFAULTS: [OpalDefault; 4] = [
+const OPAL_DEFAULTS: [OpalDefault; 6] = [
     OpalDefault {
         section: "worker.inference_params",
         key: "model",
@@ -86,6 +86,18 @@ const OPAL_DEFAULTS: [OpalDefault; 4] = [
         key: "periodic_infra_update_time",
         value: || toml::Value::Float(30.0),
         why: "Opal's configs/defaults.json reports load every 30 s",
+    },
+    OpalDefault {
+        section: "kvc",
+        key: "save_timing",
+        value: || toml::Value::String("on_finish".into()),
+        why: "Opal stores a request's KV when it completes: its only kvc_manager.store call is in _handle_completed_requests",
+    },
+    OpalDefault {
+        section: "kvc",
+        key: "write_back_hits",
+        value: || toml::Value::Boolean(false),
+        why: "Opal's retrieve reads a chunk from the tier holding it and copies it nowhere",
     },
 ];
 
@@ -161,6 +173,7 @@ pub fn import(
         }
     }
     other_models_keys(&mut out);
+    opal_batch_pricing(&mut out);
     trace_seconds(&mut out);
     opal_prompts(&mut out);
     renamed_stage_keys(&mut out);
@@ -202,6 +215,19 @@ fn other_models_keys(out: &mut Imported) {
     for (key, _) in super::schema::foreign_keys(t, &model) {
         t.remove(key);
         out.notes.push(format!("worker.inference_params.{key} left out (the {model} step model does not use it)"));
+    }
+}
+
+/// Opal's roofline prices a batch's prefill as its longest request's
+/// (`_calculate_batch_time`): an imported roofline does the same.
+fn opal_batch_pricing(out: &mut Imported) {
+    let t = table_at(&mut out.table, "worker.inference_params");
+    let roofline = t.get("model").and_then(toml::Value::as_str).is_some_and(|m| m.eq_ignore_ascii_case("roofline"));
+    if roofline && !t.contains_key("prefill_batch") {
+        t.insert("prefill_batch".into(), toml::Value::String("max".into()));
+        out.notes.push(
+            "worker.inference_params.prefill_batch = \"max\" (Opal's _calculate_batch_time prices a batch's prefill as its longest request's)".into(),
+        );
     }
 }
 
@@ -554,6 +580,18 @@ mod tests {
         // The original's defaults.json reports load every 30 s (ours: 5).
         assert_eq!(out.table["worker"]["worker_params"]["periodic_infra_update_time"].as_float(), Some(30.0));
         assert!(notes.contains("periodic_infra_update_time = 30.0"), "{notes}");
+        // The original's KV and batch rules: stored at completion, hits
+        // copied nowhere, a batch's prefill its longest request's.
+        let kvc = out.table["kvc"].as_table().unwrap();
+        assert_eq!((kvc["save_timing"].as_str(), kvc["write_back_hits"].as_bool()), (Some("on_finish"), Some(false)));
+        let ip = out.table["worker"]["inference_params"].as_table().unwrap();
+        assert_eq!((ip["model"].as_str(), ip["prefill_batch"].as_str()), (Some("roofline"), Some("max")));
+        assert!(notes.contains("_handle_completed_requests") && notes.contains("_calculate_batch_time"), "{notes}");
+        // A JSON that says otherwise keeps what it says; another step model gets no roofline key.
+        let json = r#"{"kvc": {"save_timing": "on_compute"}, "worker": {"inference_params": {"model": "synthetic"}}}"#;
+        let out = import(json, Path::new("c.json"), |_| Ok(())).unwrap();
+        assert_eq!(out.table["kvc"]["save_timing"].as_str(), Some("on_compute"));
+        assert!(!out.table["worker"]["inference_params"].as_table().unwrap().contains_key("prefill_batch"));
     }
 
     #[test]

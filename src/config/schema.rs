@@ -876,6 +876,8 @@ pub struct InferenceParams {
     pub decode_bw_efficiency: Option<f64>,
     /// `roofline`, `table`: how a step with prefill and decode work combines them: `max` (Opal; the roofline's default) or `sum` (the table's default; its fixed cost once).
     pub mixed_step: Option<String>,
+    /// `roofline`: how the prefill chunks of one step combine: `sum` (default: the GPU computes them all) or `max` (the original Opal's `_calculate_batch_time`: the step's longest prefill; an imported Opal configuration's).
+    pub prefill_batch: Option<String>,
     /// `table`: CSV of measured latencies (columns `phase,batch_size,tokens,latency_ms`), relative to the spec file.
     pub table_path: Option<String>,
 }
@@ -896,6 +898,7 @@ impl Default for InferenceParams {
             b: None,
             decode_bw_efficiency: None,
             mixed_step: None,
+            prefill_batch: None,
             table_path: None,
         }
     }
@@ -903,7 +906,7 @@ impl Default for InferenceParams {
 
 /// The keys of `[worker.inference_params]` that belong to some step models
 /// only, with those models.
-pub const MODEL_KEYS: [(&str, &[&str]); 13] = [
+pub const MODEL_KEYS: [(&str, &[&str]); 14] = [
     ("profile", &["operators"]),
     ("compute_scale", &["operators"]),
     ("memory_scale", &["operators"]),
@@ -916,6 +919,7 @@ pub const MODEL_KEYS: [(&str, &[&str]); 13] = [
     ("b", &["roofline"]),
     ("decode_bw_efficiency", &["roofline"]),
     ("mixed_step", &["roofline", "table"]),
+    ("prefill_batch", &["roofline"]),
     ("table_path", &["table"]),
 ];
 

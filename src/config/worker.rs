@@ -9,7 +9,7 @@ use crate::time::SimDuration;
 use crate::worker::model::{KvPool, ModelArch};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
 use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, shipped, vidur};
-use crate::worker::perf::{Coefficients, LatencyTable, MixRule, Roofline, StepModel};
+use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PrefillBatch, Roofline, StepModel};
 use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
 use crate::worker::{Scheduler, SlotMode, WorkerConfig};
@@ -209,7 +209,17 @@ fn resolve_perf(
                 decode_bw_efficiency: efficiency,
                 step_overhead_secs: non_negative("step_overhead_secs", ip.step_overhead_secs, 0.0)?,
             };
-            StepModel::Roofline(Roofline::new(model, gpu, tp, c), mix(MixRule::Max)?)
+            let mut roofline = Roofline::new(model, gpu, tp, c);
+            roofline.prefill_batch = match ip.prefill_batch.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None | Some("sum") => PrefillBatch::Sum,
+                Some("max") => PrefillBatch::Max,
+                Some(other) => {
+                    return Err(cx
+                        .err(&key("prefill_batch"), format!("unknown rule {other:?}"), "use `sum` or `max` (Opal)")
+                        .schema());
+                }
+            };
+            StepModel::Roofline(roofline, mix(MixRule::Max)?)
         }
         "synthetic" => StepModel::Synthetic(SimDuration::from_secs_f64(
             cx.positive(&key("mean_latency_secs"), ip.mean_latency_secs.unwrap_or(1.0))?,

@@ -22,7 +22,7 @@ pub mod profile;
 mod roofline;
 mod table;
 
-pub use roofline::{Coefficients, MixRule, Roofline, WeightTraffic};
+pub use roofline::{Coefficients, MixRule, PrefillBatch, Roofline, WeightTraffic};
 pub use table::{COLUMNS, LatencyRows, LatencyTable, Measured, Phase, parse_measured, read_measured};
 
 use crate::time::SimDuration;
@@ -73,7 +73,7 @@ impl StepModel {
             StepModel::Synthetic(d) => return *d,
             StepModel::Operators(o) => o.secs(work),
             StepModel::Roofline(r, mix) => {
-                let prefill: f64 = work.prefill.iter().map(|c| r.prefill_secs(c.cached, c.end)).sum();
+                let prefill = r.prefill_batch_secs(work.prefill.iter().map(|c| (c.cached, c.end)));
                 let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
                 let decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
                 mix.combine(prefill, decode)

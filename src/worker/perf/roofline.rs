@@ -26,6 +26,17 @@ impl MixRule {
     }
 }
 
+/// How the prefill chunks of one step combine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillBatch {
+    /// The GPU computes them all: their times add up.
+    Sum,
+    /// The step's longest prefill: the original Opal's `_calculate_batch_time`
+    /// (`opal/vllm_worker.py`, animeshtrivedi/opal-sim 6c7c38a: "max_prefill_time
+    /// = max(max_prefill_time, prefill_time)" over the batch's prefill requests).
+    Max,
+}
+
 /// The roofline with every constant resolved (Opal's model, generalised).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Roofline {
@@ -47,6 +58,8 @@ pub struct Roofline {
     pub step_overhead_secs: f64,
     /// Weight bytes read by a forward pass over all its tokens.
     pub weights: WeightTraffic,
+    /// How a step's prefill chunks combine.
+    pub prefill_batch: PrefillBatch,
 }
 
 /// Weight bytes a forward pass reads.
@@ -120,6 +133,16 @@ impl Roofline {
                 experts: moe.map_or(0, |m| m.experts),
                 active: moe.map_or(0, |m| m.active),
             },
+            prefill_batch: PrefillBatch::Sum,
+        }
+    }
+
+    /// Seconds of a step's prefill chunks (`(computed before, computed after)`), combined per [`PrefillBatch`].
+    pub fn prefill_batch_secs(&self, chunks: impl Iterator<Item = (u64, u64)>) -> f64 {
+        let secs = chunks.map(|(p, n)| self.prefill_secs(p, n));
+        match self.prefill_batch {
+            PrefillBatch::Sum => secs.sum(),
+            PrefillBatch::Max => secs.fold(0.0, f64::max),
         }
     }
 
@@ -209,6 +232,7 @@ impl Roofline {
             decode_bw_efficiency: 1.0,
             step_overhead_secs: 0.0,
             weights: WeightTraffic { total_bytes: weights, expert_bytes: 0.0, moe_layers: 0.0, experts: 0, active: 0 },
+            prefill_batch: PrefillBatch::Sum,
         }
     }
 }
@@ -263,8 +287,11 @@ mod tests {
         // prefill = 0.0568 + 0.0728 = 0.1296 s; decode = (500 + 10·30)/1e3 = 0.8 s.
         let max = StepModel::Roofline(r.clone(), MixRule::Max);
         assert_eq!(max.step_time(&work), SimDuration(800_000_000));
-        let sum = StepModel::Roofline(r, MixRule::Sum);
+        let sum = StepModel::Roofline(r.clone(), MixRule::Sum);
         assert_eq!(sum.step_time(&work), SimDuration(929_600_000));
+        // The original Opal's batch pricing: the longest prefill, 0.0728 s.
+        let opal = Roofline { prefill_batch: PrefillBatch::Max, ..r };
+        assert_eq!(StepModel::Roofline(opal, MixRule::Sum).step_time(&work), SimDuration(872_800_000));
     }
 
     #[test]
