@@ -339,16 +339,9 @@ impl<'a> Cluster<'a> {
             // Every load that finished now first, then each worker once, so
             // that a step planned now sees all of them.
             for d in &out.loaded {
-                let r = &mut self.arena.requests[d.request.index()];
-                for (acc, b) in r.read_bytes.iter_mut().zip(d.bytes) {
-                    *acc += b;
-                }
-                if d.link_bytes == 0 {
-                    r.fetch_time.get_or_insert(now - d.started);
-                }
                 self.recorder.on_load_done(now, d);
                 let cfg = self.scenario.worker_config(d.worker.index());
-                self.workers[d.worker.index()].fetched(d.request, now, &mut self.arena.requests, cfg);
+                self.workers[d.worker.index()].fetched(d, now, &mut self.arena.requests, cfg);
             }
             for (i, d) in out.loaded.iter().enumerate() {
                 if out.loaded[..i].iter().all(|e| e.worker != d.worker) {

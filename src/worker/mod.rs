@@ -92,7 +92,7 @@ use scheduler::Room;
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
-use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, PrefixCache, Tier};
+use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, LoadDone, PrefixCache, Tier};
 use crate::metrics::{PeakSeconds, StepRecord, StepRow};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
@@ -1017,9 +1017,7 @@ mod tests {
                     self.at(at, Ev::Device(i, timer));
                 }
                 for d in &out.loaded {
-                    let r = &mut self.reqs[d.request.index()];
-                    r.read_bytes.iter_mut().zip(d.bytes).for_each(|(a, b)| *a += b);
-                    self.w.fetched(d.request, t, &mut self.reqs, &self.cfg);
+                    self.w.fetched(d, t, &mut self.reqs, &self.cfg);
                     self.poll(t);
                 }
             }

@@ -19,11 +19,19 @@ pub(super) enum Room {
 }
 
 impl Worker {
-    /// The request's KV load finished: the loaded blocks join the prefix
-    /// cache (still held by the request, which stays in the waiting queue
-    /// until admitted); in pipelined mode it returns its I/O slot.
-    pub fn fetched(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
-        reqs[id.index()].seq.status = RequestStatus::Loaded;
+    /// A request's KV load finished (`d`): its bytes read per tier and (for
+    /// a tier load) its fetch time are the request's, the loaded blocks join
+    /// the prefix cache (still held by the request, which stays in the
+    /// waiting queue until admitted); in pipelined mode it returns its I/O slot.
+    pub fn fetched(&mut self, d: &LoadDone, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
+        let (id, r) = (d.request, &mut reqs[d.request.index()]);
+        for (acc, b) in r.read_bytes.iter_mut().zip(d.bytes) {
+            *acc += b;
+        }
+        if d.link_bytes == 0 {
+            r.fetch_time.get_or_insert(now - d.started);
+        }
+        r.seq.status = RequestStatus::Loaded;
         self.loading -= 1;
         self.register_blocks(id, now, reqs, cfg);
         if cfg.slot_mode == SlotMode::Pipelined {
