@@ -176,3 +176,24 @@ pub fn simulate(scenario: &Scenario) -> Result<RunOutput, RunError> {
 pub fn simulate_with(scenario: &Scenario, opts: &RunOptions<'_>) -> Result<RunOutput, RunError> {
     cluster::Cluster::new(scenario).run(opts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::RunError;
+
+    #[test]
+    fn a_run_too_long_for_its_time_series_says_whether_the_platform_had_stopped_answering() {
+        let e = |in_system, last_response_s| {
+            RunError::TimeSeries { at_s: 400_000.0, interval_s: 1.0, in_system, last_response_s }.to_string()
+        };
+        // Requests waiting and no response for most of the run: the real cause is named.
+        let stuck = e(16, Some(12.2));
+        assert!(stuck.contains("16 requests in the system; responses: the last at 12.200 s"), "{stuck}");
+        assert!(stuck.contains("the platform had stopped answering"), "{stuck}");
+        assert!(stuck.contains("fix: raise time_series_interval_sec"), "{stuck}");
+        // A long run that kept answering (or had nothing in flight) is only too long.
+        assert!(!e(3, Some(399_990.0)).contains("stopped answering"));
+        assert!(!e(0, Some(5.0)).contains("stopped answering"));
+        assert!(e(2, None).contains("responses: none yet"));
+    }
+}
