@@ -20,7 +20,7 @@ use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::saving::{AfterSave, SaveRules};
 use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
-use crate::metrics::{Recorder, RunEnd, StepRecord, gauges};
+use crate::metrics::{Recorder, RowSink, RunEnd, StepRecord, StepRow, gauges};
 use crate::request::Arena;
 use crate::rng::SeedTree;
 use crate::router::pd::{Handover, Next, PdRule, Transfer};
@@ -89,6 +89,13 @@ struct Scratch {
     conn_spare: ConnectorOutput,
 }
 
+/// Rows a run holds before handing them to its [`RowSink`] (checked every
+/// [`SINK_CHECK_EVENTS`] events, so a table holds at most about twice this
+/// many: tens of megabytes whatever the run's length).
+const SINK_CHUNK_ROWS: usize = 32_768;
+/// Events between two looks at the rows held.
+const SINK_CHECK_EVENTS: u32 = 128;
+
 /// The state of one run.
 pub struct Cluster<'a> {
     scenario: &'a Scenario,
@@ -110,6 +117,10 @@ pub struct Cluster<'a> {
     /// Whether anything reads requests' block hashes (the GPU prefix cache,
     /// a tier, the router's KV index; with disaggregation, always).
     hashes_read: bool,
+    /// Where the per-row tables go as the run goes (else they are kept to the end).
+    sink: Option<&'a mut dyn RowSink>,
+    /// Events since the rows held were last looked at.
+    since_sink_check: u32,
 }
 
 impl<'a> Cluster<'a> {
@@ -138,6 +149,8 @@ impl<'a> Cluster<'a> {
             log_steps: false,
             fatal: None,
             hashes_read: false,
+            sink: None,
+            since_sink_check: 0,
         };
         c.hashes_read = c.router.needs().kv_index
             || !scenario.kvc.tiers.is_empty()
@@ -439,8 +452,35 @@ impl<'a> Cluster<'a> {
         self.schedule_arrival(step, sched);
     }
 
-    /// Runs to the end and reports.
-    pub fn run(mut self, opts: &crate::RunOptions<'_>) -> Result<RunOutput, RunError> {
+    /// Hands the rows held to the sink: all of them at the end of the run
+    /// (`all`), else each table's once it holds [`SINK_CHUNK_ROWS`].
+    fn drain_rows(&mut self, all: bool) {
+        let Some(sink) = self.sink.as_deref_mut() else { return };
+        let mut result = Ok(());
+        if all || self.recorder.records_kept() >= SINK_CHUNK_ROWS {
+            result = sink.requests(&self.recorder.take_records());
+        }
+        if self.log_steps {
+            let held: usize = self.workers.iter().map(Worker::step_rows_held).sum();
+            if result.is_ok() && (all || held >= SINK_CHUNK_ROWS) {
+                let mut steps: Vec<StepRow> = self.workers.iter_mut().flat_map(Worker::take_step_rows).collect();
+                sort_steps(&mut steps);
+                result = sink.steps(&steps);
+            }
+        }
+        if let Err(e) = result {
+            self.fail(RunError::Rows(e.to_string()));
+        }
+    }
+
+    /// Runs to the end and reports; with a `sink`, the per-row tables go to
+    /// it as the run goes (see [`RowSink`]).
+    pub fn run(
+        mut self,
+        opts: &crate::RunOptions<'_>,
+        sink: Option<&'a mut dyn RowSink>,
+    ) -> Result<RunOutput, RunError> {
+        self.sink = sink;
         if opts.profile_routing {
             self.router.profile();
         }
@@ -482,7 +522,7 @@ impl<'a> Cluster<'a> {
         }
         self.materialize_all(stats.end_time, false);
         let mut steps: Vec<_> = self.workers.iter_mut().flat_map(Worker::take_step_rows).collect();
-        steps.sort_by(|a, b| a.start_s.total_cmp(&b.start_s).then(a.worker.cmp(&b.worker)));
+        sort_steps(&mut steps);
         let end = RunEnd {
             scenario: self.scenario,
             stats,
@@ -495,8 +535,19 @@ impl<'a> Cluster<'a> {
         };
         let mut out = self.recorder.finish(&end, self.arena.live());
         out.steps = steps;
+        if let Some(sink) = self.sink.take() {
+            let written = sink.requests(&out.requests).and_then(|()| sink.steps(&out.steps));
+            written.map_err(|e| RunError::Rows(e.to_string()))?;
+            out.requests = Vec::new();
+            out.steps = Vec::new();
+        }
         Ok(out)
     }
+}
+
+/// The steps table's order: by start, then worker.
+fn sort_steps(steps: &mut [StepRow]) {
+    steps.sort_by(|a, b| a.start_s.total_cmp(&b.start_s).then(a.worker.cmp(&b.worker)));
 }
 
 impl Model for Cluster<'_> {
@@ -506,6 +557,13 @@ impl Model for Cluster<'_> {
         if self.fatal.is_some() {
             // The run has failed (e.g. in `advance_to`): nothing more happens.
             return;
+        }
+        if self.sink.is_some() {
+            self.since_sink_check += 1;
+            if self.since_sink_check >= SINK_CHECK_EVENTS {
+                self.since_sink_check = 0;
+                self.drain_rows(false);
+            }
         }
         match event {
             Event::Arrival(stage) => self.on_arrival(now, stage, sched),

@@ -108,6 +108,8 @@ pub enum RunError {
     Config(config::ConfigError),
     /// The simulation broke an invariant (a bug), with the panic's message.
     Panic(String),
+    /// The run's rows could not be written as it went (see [`metrics::RowSink`]).
+    Rows(String),
     /// [`RunOptions::stop`] was raised; the run had simulated this many seconds.
     Interrupted {
         /// Simulated time reached, seconds.
@@ -150,6 +152,7 @@ impl std::fmt::Display for RunError {
                 "the run stopped at {at_s:.3} simulated seconds with requests in the system and nothing left to happen: {workers}\n  fix: this is a defect of the simulator's scheduler (please report it with the spec); more KV blocks per worker (gpu_memory_utilization) or fewer sequences (max_num_seqs) may avoid it"
             ),
             RunError::Config(e) => write!(f, "{e}"),
+            RunError::Rows(m) => write!(f, "could not write the run's rows: {m}"),
             RunError::Interrupted { sim_time_s } => {
                 write!(f, "interrupted by a signal after {sim_time_s:.3} simulated seconds")
             }
@@ -174,7 +177,18 @@ pub fn simulate(scenario: &Scenario) -> Result<RunOutput, RunError> {
 
 /// [`simulate`] with options.
 pub fn simulate_with(scenario: &Scenario, opts: &RunOptions<'_>) -> Result<RunOutput, RunError> {
-    cluster::Cluster::new(scenario).run(opts)
+    cluster::Cluster::new(scenario).run(opts, None)
+}
+
+/// [`simulate_with`], the per-row tables the options ask for handed to
+/// `sink` as the run goes (the output's `requests` and `steps` stay empty):
+/// memory bounded whatever the run's length.
+pub fn simulate_into(
+    scenario: &Scenario,
+    opts: &RunOptions<'_>,
+    sink: &mut dyn metrics::RowSink,
+) -> Result<RunOutput, RunError> {
+    cluster::Cluster::new(scenario).run(opts, Some(sink))
 }
 
 #[cfg(test)]

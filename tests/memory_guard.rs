@@ -139,3 +139,63 @@ fn a_run_whose_next_event_lies_beyond_the_horizon_fails_naming_the_likely_causes
         &["run: ", "t.jsonl:2: field `timestamp`", "1.000e10 s after the stage start", "multiplier_to_sec"],
     );
 }
+
+/// The heap's peak above the start while a sweep of one run of `requests`
+/// requests writes every per-row table, and the steps it wrote.
+fn tables_run(requests: u32) -> (usize, usize) {
+    use opal::sweep::runner::{RunnerOptions, run_sweep};
+    let dir = std::env::temp_dir().join(format!("opal-guard-tables-{requests}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = format!(
+        r#"
+        [sweep]
+        name = "tables"
+        tables = ["runs", "requests", "steps"]
+        [simulation]
+        num_workers = 4
+        [model.model_params]
+        name = "llama-3.1-8b"
+        [[workload.stages]]
+        type = "ExponentialReqRate"
+        [workload.stages.workload_params]
+        request_rate = 30.0
+        total_requests = {requests}
+        prompt_size_min = 256
+        prompt_size_max = 2048
+        output_tokens_min = 16
+        output_tokens_max = 256
+        "#
+    );
+    let spec = opal::config::Spec::from_text(&spec, &dir.join("spec.toml")).unwrap();
+    let plan = opal::sweep::plan(&spec).unwrap();
+    let opts = RunnerOptions {
+        output: dir.clone(),
+        jobs: Some(1),
+        shard: None,
+        resume: false,
+        overwrite: true,
+        progress: false,
+    };
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    run_sweep(&plan, &opts, &std::sync::atomic::AtomicBool::new(false)).unwrap();
+    let peak = PEAK.load(Relaxed) - base;
+    let steps = opal::output::read_table(&dir.join("steps.parquet")).unwrap().iter().map(|b| b.num_rows()).sum();
+    std::fs::remove_dir_all(&dir).unwrap();
+    (peak, steps)
+}
+
+#[test]
+fn a_runs_per_row_tables_do_not_grow_its_memory_with_its_length() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // Steps and requests go to spill files as the run goes (in chunks of
+    // 32,768 rows) and are merged into the tables a batch at a time: four
+    // times the run, much the same peak (measured: 30 and 44 MiB). Held in
+    // memory to the end, the 750,000 step rows of the long run alone took
+    // over 100 MiB.
+    let (short, short_steps) = tables_run(10_000);
+    let (long, long_steps) = tables_run(40_000);
+    eprintln!("peak heap: {} KiB for {short_steps} steps, {} KiB for {long_steps}", short >> 10, long >> 10);
+    assert!(long_steps > 3 * short_steps);
+    assert!(long < 2 * short && long < 80 << 20, "{long} bytes at the peak for 40,000 requests, {short} for 10,000");
+}

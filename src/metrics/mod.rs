@@ -12,6 +12,20 @@ mod series;
 pub mod steady;
 
 pub use recorder::{Recorder, RunEnd, RunOutput, gauges};
+
+/// Where a run's per-row tables go as the run goes, so that its memory does
+/// not grow with its length: each call hands over a chunk of rows sorted by
+/// the table's order (requests by id, steps by start then worker); the
+/// chunks of one run together hold every row once.
+pub trait RowSink {
+    /// A sorted chunk of request records.
+    fn requests(&mut self, rows: &[RequestRecord]) -> Result<(), SinkError>;
+    /// A sorted chunk of step rows.
+    fn steps(&mut self, rows: &[StepRow]) -> Result<(), SinkError>;
+}
+
+/// Why a [`RowSink`] could not take rows (the writer's own error).
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepRecord, TimeSeries};
 
 use crate::time::{SimDuration, SimTime};

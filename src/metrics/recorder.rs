@@ -336,6 +336,18 @@ impl Recorder {
         }
     }
 
+    /// The request records kept so far, taken (sorted by id).
+    pub fn take_records(&mut self) -> Vec<RequestRecord> {
+        let mut records = std::mem::take(&mut self.records);
+        records.sort_unstable_by_key(|r| r.id);
+        records
+    }
+
+    /// Request records kept and not yet taken.
+    pub fn records_kept(&self) -> usize {
+        self.records.len()
+    }
+
     /// Requests in the system now.
     pub fn in_system(&self) -> u64 {
         self.in_system.count()
@@ -515,8 +527,7 @@ impl Recorder {
             tier_cost,
             pd: self.pd_summary(s, end.connector, at, &worker_rows),
         };
-        let mut requests = std::mem::take(&mut self.records);
-        requests.sort_unstable_by_key(|r| r.id);
+        let requests = self.take_records();
         self.sc25.sort_unstable_by_key(|s| s.serial);
         RunOutput {
             summary,

@@ -14,6 +14,12 @@ use std::fmt::Arguments;
 pub mod col {
     /// Every table's first column.
     pub const RUN_ID: &str = "run_id";
+    /// Requests: the request (their order within a run).
+    pub const REQUEST_ID: &str = "request_id";
+    /// Steps: the worker (their order within a run, after the start).
+    pub const WORKER: &str = "worker";
+    /// Steps: when the step started (their order within a run).
+    pub const START_S: &str = "start_s";
     /// Runs: the grid point.
     pub const POINT_ID: &str = "point_id";
     /// Runs: the replicate.
@@ -169,7 +175,7 @@ impl Row for StageRow {
 
 impl Row for RequestRecord {
     fn visit<'a, S: Sink<'a>>(&'a self, s: &mut S) {
-        s.col(format_args!("request_id"), U32, Cell::U32(self.id));
+        s.col(format_args!("{}", col::REQUEST_ID), U32, Cell::U32(self.id));
         s.col(format_args!("stage"), U32, Cell::U32(self.stage));
         s.col(format_args!("worker"), U32, self.worker.map_or(Cell::Null, Cell::U32));
         s.col(format_args!("arrival_s"), F64, Cell::F64(self.arrival_s));
@@ -204,8 +210,8 @@ impl Row for RequestRecord {
 
 impl Row for StepRow {
     fn visit<'a, S: Sink<'a>>(&'a self, s: &mut S) {
-        s.col(format_args!("worker"), U32, Cell::U32(self.worker));
-        s.col(format_args!("start_s"), F64, Cell::F64(self.start_s));
+        s.col(format_args!("{}", col::WORKER), U32, Cell::U32(self.worker));
+        s.col(format_args!("{}", col::START_S), F64, Cell::F64(self.start_s));
         s.col(format_args!("duration_s"), F64, Cell::F64(self.duration_s));
         s.col(format_args!("kind"), Str, Cell::Str(self.kind()));
         s.col(format_args!("prefill_chunks"), U32, Cell::U32(self.prefill_chunks));

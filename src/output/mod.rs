@@ -23,6 +23,7 @@
 //! other table. Merging is a k-way merge by `run_id` that streams one run at
 //! a time, so memory stays bounded whatever the table size.
 
+pub mod spill;
 pub mod table;
 
 use crate::RunError;
@@ -163,6 +164,8 @@ pub struct RunResult {
     /// Serialized histograms `(metric, samples, bytes)`, prepared on the
     /// run's own thread so the writer does no compression work.
     pub histograms: Vec<(LatencyMetric, u64, Vec<u8>)>,
+    /// Its per-row tables, written as it ran (see [`spill`]); else they are in `outcome`.
+    pub spilled: Option<spill::Spilled>,
 }
 
 impl RunResult {
@@ -178,7 +181,7 @@ impl RunResult {
                 .collect(),
             Err(_) => Vec::new(),
         };
-        RunResult { meta, axes, outcome, wall_s, histograms }
+        RunResult { meta, axes, outcome, wall_s, histograms, spilled: None }
     }
 }
 
@@ -338,11 +341,17 @@ fn oerr(path: &Path, what: &str, e: impl std::fmt::Display) -> OutputError {
     OutputError::file(path, format!("{what}: {e}"))
 }
 
+/// zstd at level 1: a few times smaller than plain for a few per cent of the writing.
+fn zstd1() -> Compression {
+    Compression::ZSTD(ZstdLevel::try_new(1).expect("zstd level 1 is valid"))
+}
+
 /// Final tables are zstd-compressed, with dictionaries for text columns
 /// only (numeric columns gain little from one under zstd, and setting one
 /// up per column chunk was a fifth of a short run's table writing); part
-/// files are temporary and written plain: uncompressed, with no
-/// dictionaries and no statistics (nothing but the merge reads them).
+/// files are temporary (nothing but the merge reads them), with no
+/// dictionaries and no statistics, but compressed alike: written plain
+/// they took about five times the disk of the tables they merge into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FileKind {
     Final,
@@ -357,8 +366,8 @@ fn writer_props(kind: FileKind, schema: &arrow_schema::Schema) -> WriterProperti
             .iter()
             .filter(|f| f.data_type() == &arrow_schema::DataType::Utf8)
             .fold(b, |b, f| b.set_column_dictionary_enabled(ColumnPath::from(f.name().as_str()), true))
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).expect("zstd level 1 is valid"))),
-        FileKind::Part => b.set_compression(Compression::UNCOMPRESSED).set_statistics_enabled(EnabledStatistics::None),
+            .set_compression(zstd1()),
+        FileKind::Part => b.set_compression(zstd1()).set_statistics_enabled(EnabledStatistics::None),
     }
     .build()
 }
@@ -507,6 +516,8 @@ impl PartBuffer {
     pub fn write_final(&mut self, layout: &Layout) -> Result<MergeReport, OutputError> {
         let runs = self.runs.len();
         self.write(FileKind::Final, |kind| layout.table(kind))?;
+        // The runs' spill files were there (nothing else runs now).
+        let _ = std::fs::remove_dir(layout.parts_dir());
         Ok(MergeReport { runs, parts: 0, duplicates: 0 })
     }
 
@@ -516,12 +527,40 @@ impl PartBuffer {
             if !self.set.tables.contains(&kind) {
                 continue;
             }
+            fn spilled(r: &RunResult, kind: TableKind) -> Option<&Path> {
+                r.spilled.as_ref().filter(|_| r.outcome.is_ok()).and_then(|s| s.file(kind))
+            }
+            if self.runs.iter().any(|r| spilled(r, kind).is_some()) {
+                // Rows written as the runs went: each run's merged back into
+                // the table's order, a batch at a time.
+                let schema = TableBuilder::new(&self.set.columns(kind)).schema();
+                let batches = self.runs.iter().flat_map(|r| -> Box<dyn Iterator<Item = _>> {
+                    match spilled(r, kind) {
+                        Some(p) => match spill::merged(kind, p) {
+                            Ok(m) => Box::new(m),
+                            Err(e) => Box::new(std::iter::once(Err(e))),
+                        },
+                        None => {
+                            let mut b = TableBuilder::new(&self.set.columns(kind));
+                            self.set.push(kind, &mut b, r);
+                            Box::new(std::iter::once(Ok(b.finish())))
+                        }
+                    }
+                });
+                write_atomic(&path(kind), file, schema, batches)?;
+                continue;
+            }
             let mut b = TableBuilder::new(&self.set.columns(kind));
             for r in &self.runs {
                 self.set.push(kind, &mut b, r);
             }
             let batch = b.finish();
             write_atomic(&path(kind), file, b.schema(), [Ok(batch)])?;
+        }
+        for r in &self.runs {
+            if let Some(s) = &r.spilled {
+                s.remove();
+            }
         }
         self.runs.clear();
         self.request_rows = 0;
@@ -811,19 +850,27 @@ impl RunStream {
         }
     }
 
+    /// The next rows of run `id` in the batch at hand (`None` once the run's rows are all taken).
+    fn take_slice(&mut self, id: u32) -> Result<Option<RecordBatch>, OutputError> {
+        if self.peek()? != Some(id) {
+            return Ok(None);
+        }
+        let (b, ids) = self.batch.as_ref().expect("peek loaded a batch");
+        let start = self.pos;
+        let mut end = start;
+        while end < b.num_rows() && ids.value(end) == id {
+            end += 1;
+        }
+        self.pos = end;
+        Ok(Some(b.slice(start, end - start)))
+    }
+
     /// Moves the rows of run `id` (which must be current) into `out` (or drops them).
     fn take_run(&mut self, id: u32, mut out: Option<&mut Vec<RecordBatch>>) -> Result<(), OutputError> {
-        while self.peek()? == Some(id) {
-            let (b, ids) = self.batch.as_ref().expect("peek loaded a batch");
-            let start = self.pos;
-            let mut end = start;
-            while end < b.num_rows() && ids.value(end) == id {
-                end += 1;
-            }
+        while let Some(slice) = self.take_slice(id)? {
             if let Some(out) = out.as_deref_mut() {
-                out.push(b.slice(start, end - start));
+                out.push(slice);
             }
-            self.pos = end;
         }
         Ok(())
     }
@@ -841,6 +888,33 @@ pub struct MergeReport {
     pub parts: usize,
     /// Runs found more than once (the first complete copy was kept).
     pub duplicates: usize,
+}
+
+/// Run `id` is copied from input `first`: its copies in the other inputs
+/// are dropped (counted in `dups`), and every input it held is queued at its
+/// next run.
+fn finish_run(
+    inputs: &mut [RunStream],
+    heap: &mut BinaryHeap<Reverse<(u32, usize)>>,
+    id: u32,
+    first: usize,
+    dups: &mut usize,
+) -> Result<(), OutputError> {
+    if let Some(next) = inputs[first].peek()? {
+        heap.push(Reverse((next, first)));
+    }
+    while let Some(&Reverse((dup, i))) = heap.peek() {
+        if dup != id {
+            break;
+        }
+        heap.pop();
+        inputs[i].take_run(id, None)?;
+        *dups += 1;
+        if let Some(next) = inputs[i].peek()? {
+            heap.push(Reverse((next, i)));
+        }
+    }
+    Ok(())
 }
 
 /// Merges the parts of every table in `tables` (and any existing final
@@ -893,12 +967,35 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
         let mut runs = 0;
         let mut dups = 0;
         let out_schema = schema.clone();
+        // A run being copied from an input a slice at a time (every table
+        // but runs: a run's rows may be millions, and only the runs table's
+        // first copy can be replaced by a later one).
+        let mut copying: Option<(u32, usize)> = None;
         let merged = std::iter::from_fn(|| -> Option<Result<RecordBatch, OutputError>> {
             let step = (|| -> Result<Option<RecordBatch>, OutputError> {
                 let mut slices: Vec<RecordBatch> = Vec::new();
                 let mut rows = 0;
                 while rows < MERGE_BATCH_ROWS {
+                    if let Some((id, i)) = copying {
+                        match inputs[i].take_slice(id)? {
+                            Some(slice) => {
+                                rows += slice.num_rows();
+                                slices.push(slice);
+                                continue;
+                            }
+                            None => {
+                                copying = None;
+                                finish_run(&mut inputs, &mut heap, id, i, &mut dups)?;
+                                continue;
+                            }
+                        }
+                    }
                     let Some(Reverse((id, first))) = heap.pop() else { break };
+                    runs += 1;
+                    if kind != TableKind::Runs {
+                        copying = Some((id, first));
+                        continue;
+                    }
                     let mut kept = Vec::new();
                     inputs[first].take_run(id, Some(&mut kept))?;
                     if let Some(next) = inputs[first].peek()? {
@@ -925,7 +1022,6 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                     }
                     rows += kept.iter().map(RecordBatch::num_rows).sum::<usize>();
                     slices.append(&mut kept);
-                    runs += 1;
                 }
                 if slices.is_empty() {
                     return Ok(None);
@@ -995,7 +1091,7 @@ mod tests {
     }
 
     #[test]
-    fn final_tables_have_dictionaries_for_text_only_and_parts_are_plain() {
+    fn final_tables_have_dictionaries_for_text_only_and_parts_are_compressed_without_them() {
         use parquet::file::reader::{FileReader, SerializedFileReader};
         let dir = std::env::temp_dir().join(format!("opal-props-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1022,8 +1118,10 @@ mod tests {
         };
         let zstd = Compression::ZSTD(ZstdLevel::try_new(1).unwrap());
         assert_eq!(chunks(&fin), [(true, zstd, true), (false, zstd, true)]);
-        let plain = (false, Compression::UNCOMPRESSED, false);
-        assert_eq!(chunks(&part), [plain, plain]);
+        // Parts: no dictionaries, no statistics, but zstd (plain, they took
+        // about five times the disk of the tables they merge into).
+        let part_chunk = (false, zstd, false);
+        assert_eq!(chunks(&part), [part_chunk, part_chunk]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

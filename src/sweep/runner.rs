@@ -10,6 +10,8 @@
 
 use super::{RunPlan, SweepPlan, run_scenario};
 use crate::metrics::RunSummary;
+use crate::output::TableSet;
+use crate::output::spill::RunSpill;
 use crate::output::{
     Layout, MergeReport, OutputError, PartBuffer, RunResult, TableKind, completed_runs, merge, rebase, stored_runs,
 };
@@ -267,12 +269,33 @@ pub fn isolate<T>(f: impl FnOnce() -> T) -> Result<T, Panic> {
     })
 }
 
-pub(crate) fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>) -> RunResult {
+/// Runs `run`; its per-row tables (those of `tables` it asks for) are
+/// written as it goes into spill files under `layout` (see
+/// [`crate::output::spill`]), so its memory does not grow with its length.
+pub(crate) fn execute(run: RunPlan<'_>, opts: &RunOptions<'_>, layout: &Layout, tables: &TableSet) -> RunResult {
     let started = Instant::now();
-    let outcome = run_scenario(&run)
-        .map_err(RunError::Config)
-        .and_then(|s| isolate(|| crate::simulate_with(&s, opts)).map_err(|p| RunError::Panic(p.0))?);
-    RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64())
+    let mut spill = Some(RunSpill::new(layout, tables, run.meta.run_id)).filter(|s| !s.is_empty());
+    let outcome = run_scenario(&run).map_err(RunError::Config).and_then(|s| {
+        isolate(|| match spill.as_mut() {
+            Some(sink) => crate::simulate_into(&s, opts, sink),
+            None => crate::simulate_with(&s, opts),
+        })
+        .map_err(|p| RunError::Panic(p.0))?
+    });
+    let (outcome, spilled) = match (outcome, spill) {
+        (Ok(out), Some(sp)) => match sp.finish() {
+            Ok(files) => (Ok(out), Some(files)),
+            Err(e) => (Err(RunError::Rows(e.to_string())), None),
+        },
+        (outcome, Some(sp)) => {
+            sp.discard();
+            (outcome, None)
+        }
+        (outcome, None) => (outcome, None),
+    };
+    let mut r = RunResult::new(run.meta, run.point.axis_values.clone(), outcome, started.elapsed().as_secs_f64());
+    r.spilled = spilled;
+    r
 }
 
 /// Worker threads for `todo` runs: `jobs` (all cores when unset or 0),
@@ -507,6 +530,7 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
         let todo = &todo;
         let run_opts = &run_opts;
         let watch = &watch;
+        let (layout, tables) = (&layout, &plan.tables);
         scope.spawn(move || {
             pool.install(|| {
                 todo.par_iter().enumerate().with_max_len(1).for_each_with(tx, |tx, (i, run)| {
@@ -514,14 +538,14 @@ pub fn run_sweep(plan: &SweepPlan, opts: &RunnerOptions, stop: &AtomicBool) -> R
                         return;
                     }
                     let opts = RunOptions { progress: watch.get(i).map(|w| &w.progress), ..*run_opts };
-                    let _ = tx.send(execute(*run, &opts));
+                    let _ = tx.send(execute(*run, &opts, layout, tables));
                 });
             });
         });
         let mut last_flush = Instant::now();
         let flush = |buffer: &mut PartBuffer, seq: &mut u32| -> Result<(), OutputError> {
             *seq += 1;
-            buffer.flush(&layout, &format!("{shard_tag}.{pid}-{seq:05}"))
+            buffer.flush(layout, &format!("{shard_tag}.{pid}-{seq:05}"))
         };
         loop {
             let result = match rx.recv_timeout(Duration::from_millis(250)) {
@@ -683,7 +707,7 @@ impl SearchWriter {
         let results: Vec<RunResult> = self.pool.install(|| {
             runs.par_iter()
                 .with_max_len(1)
-                .map(|(run, axes)| RunResult { axes: axes.clone(), ..execute(*run, &opts) })
+                .map(|(run, axes)| RunResult { axes: axes.clone(), ..execute(*run, &opts, &self.layout, &self.tables) })
                 .collect()
         });
         for r in &results {

@@ -33,6 +33,11 @@ impl Worker {
         self.log.get_or_insert_with(StepLog::default);
     }
 
+    /// Rows of steps done and not yet taken.
+    pub fn step_rows_held(&self) -> usize {
+        self.log.as_ref().map_or(0, |l| l.rows.len())
+    }
+
     /// The rows of the steps done so far (empty unless [`Self::log_steps`]).
     pub fn take_step_rows(&mut self) -> Vec<StepRow> {
         self.log.as_mut().map(|l| std::mem::take(&mut l.rows)).unwrap_or_default()
