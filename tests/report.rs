@@ -441,6 +441,7 @@ fn a_runs_steps_become_a_trace_event_timeline_perfetto_opens() {
 [sweep]
 name = "tl"
 tables = ["runs", "steps", "workers"]
+replicates = 2
 [simulation]
 num_workers = 2
 [model.model_params]
@@ -464,13 +465,15 @@ output_tokens_max = 256
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("timeline: t.json (run 0, "), "{}", text(&o));
     let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("t.json")).unwrap()).unwrap();
     let events = trace_events(&doc);
-    // One complete event per step, whose durations add up to each worker's busy time.
+    // One complete event per step of run 0, whose durations add up to each worker's busy time.
     let steps = read(&dir.join("out/steps.parquet"));
+    let run_ids = opal::output::f64_column(&steps, "run_id").unwrap();
+    let of_run = |r: f64| run_ids.iter().filter(|&&x| x == Some(r)).count();
     let slices: Vec<&serde_json::Value> = events.iter().filter(|e| e["ph"] == "X").collect();
-    assert_eq!(slices.len(), steps.num_rows());
+    assert_eq!(slices.len(), of_run(0.0));
     let workers = read(&dir.join("out/workers.parquet"));
     let busy = opal::output::f64_column(&workers, "busy_s").unwrap();
-    for (w, busy) in busy.iter().enumerate() {
+    for (w, busy) in busy.iter().take(2).enumerate() {
         let sum: f64 =
             slices.iter().filter(|e| e["pid"] == w as u64 + 1).map(|e| e["dur"].as_f64().unwrap()).sum::<f64>() / 1e6;
         assert!((sum - busy.unwrap()).abs() < 1e-6, "worker {w}: {sum} s of steps, {busy:?} s busy");
@@ -478,6 +481,12 @@ output_tokens_max = 256
     // The preemptions marked are the run's, and KV saves are marked (a CPU tier, saved as computed).
     let runs = read(&dir.join("out/runs.parquet"));
     let preemptions = opal::output::f64_column(&runs, "preemptions").unwrap()[0].unwrap();
+    // Run 1's steps, found by the row groups' run-id statistics, with no limit that matters.
+    let o = opal_sweep(&["timeline", "out", "--run", "1", "-o", "r1.json", "--max-steps", "1000000000"], &dir);
+    assert!(o.status.success(), "{}", text(&o));
+    let r1: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("r1.json")).unwrap()).unwrap();
+    assert_eq!(trace_events(&r1).iter().filter(|e| e["ph"] == "X").count(), of_run(1.0));
+    assert_eq!(r1["otherData"]["run_id"], 1);
     let marked: f64 =
         events.iter().filter(|e| e["name"] == "preempt").map(|e| e["args"]["requests"].as_f64().unwrap()).sum();
     assert!(preemptions > 0.0, "the scenario preempts");
