@@ -143,6 +143,13 @@ fn a_run_whose_next_event_lies_beyond_the_horizon_fails_naming_the_likely_causes
 /// The heap's peak above the start while a sweep of one run of `requests`
 /// requests writes every per-row table, and the steps it wrote.
 fn tables_run(requests: u32) -> (usize, usize) {
+    let (peak, steps, dir) = tables_kept(requests);
+    std::fs::remove_dir_all(&dir).unwrap();
+    (peak, steps)
+}
+
+/// [`tables_run`], its results directory kept.
+fn tables_kept(requests: u32) -> (usize, usize, PathBuf) {
     use opal::sweep::runner::{RunnerOptions, run_sweep};
     let dir = std::env::temp_dir().join(format!("opal-guard-tables-{requests}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -181,8 +188,7 @@ fn tables_run(requests: u32) -> (usize, usize) {
     run_sweep(&plan, &opts, &std::sync::atomic::AtomicBool::new(false)).unwrap();
     let peak = PEAK.load(Relaxed) - base;
     let steps = opal::output::read_table(&dir.join("steps.parquet")).unwrap().iter().map(|b| b.num_rows()).sum();
-    std::fs::remove_dir_all(&dir).unwrap();
-    (peak, steps)
+    (peak, steps, dir)
 }
 
 #[test]
@@ -198,4 +204,21 @@ fn a_runs_per_row_tables_do_not_grow_its_memory_with_its_length() {
     eprintln!("peak heap: {} KiB for {short_steps} steps, {} KiB for {long_steps}", short >> 10, long >> 10);
     assert!(long_steps > 3 * short_steps);
     assert!(long < 2 * short && long < 80 << 20, "{long} bytes at the peak for 40,000 requests, {short} for 10,000");
+}
+
+#[test]
+fn a_timeline_of_a_whole_long_run_streams_in_little_memory() {
+    let _one = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (_, steps, dir) = tables_kept(40_000);
+    // Every one of the run's 750,000 steps (no limit that binds): read a
+    // batch at a time and written as made, where the whole table was read
+    // and held (over 100 MiB of steps for this run).
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let t = opal::report::timeline::write_timeline(&dir, None, Some(&dir.join("t.json")), 1_000_000_000).unwrap();
+    let peak = PEAK.load(Relaxed) - base;
+    eprintln!("timeline: {} steps, peak heap {} KiB", t.steps, peak >> 10);
+    assert_eq!((t.steps, t.total_steps), (steps, steps));
+    assert!(peak < 16 << 20, "{peak} bytes at the peak");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -340,6 +340,35 @@ fn resume_after_adding_a_grid_value_and_a_replicate_runs_only_the_new_runs() {
 }
 
 #[test]
+fn resume_never_deletes_another_study_or_a_study_it_would_keep_nothing_of() {
+    let dir = setup("no-silent-deletion", SPEC);
+    ok(&opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir));
+    let before = by_key(&dir.join("out"));
+    // Another study (another name) into the same directory, with --resume: refused, nothing touched.
+    std::fs::write(dir.join("other.toml"), SPEC.replace("name = \"t\"", "name = \"other\"")).unwrap();
+    let o = opal_sweep(&["other.toml", "-o", "out", "--resume", "-q"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("another study, \"t\"") && err.contains("nothing was changed"), "{err}");
+    assert!(err.contains("fix: choose another output with -o"), "the safe fix first: {err}");
+    assert_eq!(by_key(&dir.join("out")), before);
+    // The same study, changed so that none of its runs remain: refused too.
+    let none_kept = SPEC.replace("base_seed = 7", "base_seed = 99");
+    std::fs::write(dir.join("spec.toml"), none_kept).unwrap();
+    let o = opal_sweep(&["spec.toml", "-o", "out", "--resume", "-q"], &dir);
+    assert_eq!(o.status.code(), Some(2), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("keeps none of them"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(by_key(&dir.join("out")), before);
+    // And without --resume, the safe fix comes first.
+    let o = opal_sweep(&["spec.toml", "-o", "out", "-q"], &dir);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("fix: choose another output with -o, pass --resume"));
+}
+
+#[test]
 fn a_failing_grid_point_gives_failed_rows_and_the_others_succeed() {
     let spec = SPEC.replace(
         "\"router.router_params.policy\" = [\"RoundRobin\", \"Random\", \"LeastLoaded\"]",

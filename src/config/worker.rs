@@ -287,7 +287,7 @@ fn resolve_profile(
                 })?;
                 Profile { vidur: Some(std::sync::Arc::new(v)), tables: shipped(), analytic }
             } else {
-                let t = AicTables::from_dir(&path, gpu.peaks()).map_err(|e| cx.err(key, e, "give a directory holding aiconfigurator's gemm_perf.parquet (and its attention and all-reduce tables)"))?;
+                let t = AicTables::from_dir(&path, gpu.peaks()).map_err(|e| cx.err(key, e, "give a directory of tables in aiconfigurator's format (gemm_perf.parquet, and its attention and all-reduce tables; any Parquet codec): correct or remove a row the message names (sizes at least 1, latencies in milliseconds)"))?;
                 Profile { vidur: None, tables: Some(std::sync::Arc::new(t)), analytic }
             }
         }

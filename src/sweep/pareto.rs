@@ -131,8 +131,24 @@ pub fn pareto_spec(spec: &Spec) -> Result<Option<ParetoSpec>, ConfigError> {
             return err(&key, format!("`{path}` is also a grid axis"), "vary it in the search or the grid, not both");
         }
         let ty = super::axis_type(path, values, &source)?;
-        if let Err((msg, hint)) = super::search::settable(spec, path, values[0].clone()) {
-            return err(&key, msg, &hint);
+        // Every value, before any run: its type and its range at that key.
+        for (i, v) in values.iter().enumerate() {
+            let same = |w: &toml::Value| match (v, w) {
+                (toml::Value::Integer(a), toml::Value::Float(b)) | (toml::Value::Float(b), toml::Value::Integer(a)) => {
+                    *a as f64 == *b
+                }
+                _ => v == w,
+            };
+            if let Some(j) = values[..i].iter().position(same) {
+                return err(
+                    &key,
+                    format!("value {} is listed twice (positions {} and {})", v, j + 1, i + 1),
+                    "list each value once: a lattice point is evaluated once",
+                );
+            }
+            if let Err((msg, hint)) = super::search::settable(spec, path, v.clone()) {
+                return err(&key, msg, &hint);
+            }
         }
         parameters.push((path.clone(), values.clone(), ty));
     }
@@ -168,6 +184,13 @@ pub fn pareto_spec(spec: &Spec) -> Result<Option<ParetoSpec>, ConfigError> {
         let metric = metric.trim().to_string();
         if let Err(m) = crate::stats::numeric_column(&metric) {
             return err(&format!("objectives.{i}"), m, "name a numeric runs-table column");
+        }
+        if let Some(j) = objectives.iter().position(|o: &Objective| o.metric == metric) {
+            return err(
+                &format!("objectives.{i}"),
+                format!("`{metric}` is objective {} already", j + 1),
+                "name each runs-table column once (pareto.parquet has a column per objective)",
+            );
         }
         objectives.push(Objective { metric, minimize });
     }

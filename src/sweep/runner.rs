@@ -405,11 +405,21 @@ fn prepare_dir(
             continue;
         }
         let sharded = opts.shard.is_some_and(|s| s.count > 1) || m["shard"].is_object();
+        let other_study = m["name"].as_str().filter(|&n| n != plan.name);
+        if let Some(name) = other_study {
+            // --resume continues a study; it never replaces another one.
+            return Err(SweepError::Directory(format!(
+                "{} holds the results of another study, \"{name}\" ({}), and this spec is \"{}\"; nothing was changed\n  fix: choose another output with -o (or sweep.output), or pass --overwrite to delete \"{name}\"'s results",
+                dir.display(),
+                path.display(),
+                plan.name
+            )));
+        }
         if !opts.resume || sharded {
             let fix = if sharded {
-                "fix: resume a changed spec without shards (opal-sweep SPEC --resume merges and reuses what it can), choose another output with -o, or pass --overwrite"
+                "fix: choose another output with -o, resume a changed spec without shards (opal-sweep SPEC --resume merges and reuses what it can), or pass --overwrite to delete them"
             } else {
-                "fix: pass --resume to keep the runs the spec still contains and run the rest, choose another output with -o, or pass --overwrite to delete them"
+                "fix: choose another output with -o, pass --resume to keep the runs the spec still contains and run the rest (it drops the others), or pass --overwrite to delete them"
             };
             return Err(SweepError::Directory(format!(
                 "{} holds results of a different spec ({}); refusing to mix them\n  {fix}",
@@ -455,6 +465,14 @@ fn rebase_changed_spec(plan: &SweepPlan, layout: &Layout, old: &serde_json::Valu
             None if r.interrupted => {} // run again if the plan still has it
             None => dropped.push(format!("run {} (point {}: {})", r.run_id, r.point_id, describe(r.point_id))),
         }
+    }
+    if keep.is_empty() && !dropped.is_empty() {
+        // Nothing to resume: this would only delete the other results.
+        return Err(SweepError::Directory(format!(
+            "{} holds {} finished runs of a different spec and this spec keeps none of them; nothing was changed\n  fix: choose another output with -o (or sweep.output), or pass --overwrite to delete them",
+            layout.dir.display(),
+            dropped.len()
+        )));
     }
     rebase(layout, &plan.tables, &keep)?;
     Ok(dropped)

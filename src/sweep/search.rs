@@ -138,10 +138,12 @@ impl SearchSpec {
 }
 
 /// Whether a search can set `parameter` to `value` in the spec's base
-/// scenario: a path the scenario does not have (a typo), or a value of the
-/// wrong type there, is an input error before any run — not a failed first
-/// probe. The error is (what is wrong, the fix).
+/// scenario: a path the scenario does not have (a typo), a value of the
+/// wrong type there, or one the key refuses (out of its range), is an input
+/// error before any run — not a failed first probe. The error is (what is
+/// wrong, the fix).
 pub(super) fn settable(spec: &Spec, parameter: &str, value: toml::Value) -> Result<(), (String, String)> {
+    let shown = value.clone();
     let source = spec.source();
     let Ok((mut table, base_dir, scenario_source, _)) = super::base_scenario(spec, &source) else {
         return Ok(()); // the base's own error comes out when the sweep is planned
@@ -157,7 +159,20 @@ pub(super) fn settable(spec: &Spec, parameter: &str, value: toml::Value) -> Resu
             format!("`{parameter}` is not a key a search can set: {}", e.message),
             e.hint.unwrap_or_else(|| "name a key of the scenario".into()),
         )),
+        // The key itself refuses the value (out of its range): not a probe's failure.
+        Err(e) if e.key.as_deref() == Some(parameter) => Err((
+            format!("`{parameter}` cannot be {}: {}", value_text(&shown), e.message),
+            e.hint.unwrap_or_else(|| "offer values the key accepts".into()),
+        )),
         _ => Ok(()),
+    }
+}
+
+/// A TOML value as the spec would write it.
+fn value_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("{s:?}"),
+        v => v.to_string(),
     }
 }
 

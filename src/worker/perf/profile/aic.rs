@@ -229,8 +229,31 @@ fn eager_code(name: &str) -> u8 {
     u8::from(name.ends_with("_eager"))
 }
 
+/// The longest latency a table row may give one operator, ms (a minute:
+/// no kernel of a forward pass takes that long; a larger one is a unit or
+/// a typing mistake, which would otherwise surface as a run in the far future).
+const MAX_LATENCY_MS: f64 = 60_000.0;
+
+/// Checks a shape column's value of row `row`: a positive count (`min` 1),
+/// or at least 0 (`min` 0). Missing (null) values are refused too.
+fn shape(v: i64, min: i64, column: &str, what: &str, row: usize) -> Result<i64, String> {
+    if v == i64::MIN {
+        return Err(format!("{what}: row {}: `{column}` is missing (null); every row needs one", row + 1));
+    }
+    if v < min {
+        return Err(format!("{what}: row {}: `{column}` is {v}, not a size (at least {min})", row + 1));
+    }
+    Ok(v)
+}
+
 /// Latency in ms as a table gives it → seconds, refusing what no measurement is.
 fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
+    if ms.is_finite() && ms > MAX_LATENCY_MS {
+        return Err(format!(
+            "{what}: row {}: `latency` is {ms:.3e} ms, more than the {MAX_LATENCY_MS} ms one operator could take (the column is milliseconds)",
+            row + 1
+        ));
+    }
     if ms.is_finite() && ms > 0.0 {
         Ok(ms / 1e3)
     } else {
@@ -487,6 +510,17 @@ impl AicTables {
             if attn.as_ref().is_some_and(|a| a[i] != 1) || kv[i] == 0 {
                 continue;
             }
+            for (v, min, col) in [
+                (batch[i], 1, "batch_size"),
+                (isl[i], 1, "isl"),
+                (heads[i], 1, "num_heads"),
+                (kv_heads[i], 1, "num_key_value_heads"),
+                (head_dim[i], 1, "head_dim"),
+                (step[i], 0, "step"),
+                (window[i], 0, "window_size"),
+            ] {
+                shape(v, min, col, what, i)?;
+            }
             let secs = seconds(lat[i], what, i)?;
             let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
             let key = (kv[i], nk, head_dim[i], window[i]);
@@ -526,7 +560,10 @@ impl AicTables {
                 continue;
             }
             let secs = seconds(lat[i], what, i)?;
-            let g = u32::try_from(gpus[i]).map_err(|_| format!("{what}: row {}: num_gpus {}", i + 1, gpus[i]))?;
+            shape(size[i], 1, "message_size", what, i)?;
+            let g = shape(gpus[i], 1, "num_gpus", what, i)?;
+            let g =
+                u32::try_from(g).map_err(|_| format!("{what}: row {}: `num_gpus` is {g}, not a GPU count", i + 1))?;
             let at = match curves.iter().position(|c| c.0 == g) {
                 Some(at) => at,
                 None => {
@@ -812,6 +849,19 @@ mod tests {
         let own = t.gen_attention(&llama3, 1.0, 4096.0).unwrap();
         let rows = |s: f64| 12.5e-6 + 17e-6 * (s - 2.0) / 4094.0;
         assert!((own - (rows(3686.0) + rows(3890.0) + rows(4095.0) + 2.0 * rows(4096.0)) / 5.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_table_pyarrow_wrote_with_its_default_snappy_compression_is_read() {
+        // tests/fixtures/pyarrow-snappy: the shipped H100 rows of one GEMM
+        // shape, as pyarrow, pandas, DuckDB and Spark write Parquet by
+        // default. It prices that shape exactly as the shipped table does.
+        let (shipped, peaks) = h100();
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pyarrow-snappy");
+        let t = AicTables::from_dir(&dir, peaks).unwrap();
+        for m in [1.0, 64.0, 777.0, 8192.0] {
+            assert_eq!(t.gemm(&bf16(m, 6144, 4096)), shipped.gemm(&bf16(m, 6144, 4096)), "m = {m}");
+        }
     }
 
     #[test]
