@@ -511,7 +511,7 @@ fn config(spec: Option<&std::path::Path>, point: Option<usize>, defaults: bool) 
         }
         None => opal::sweep::default_config(),
     };
-    out(&text.map_err(|e| Failure::Input(e.to_string()))?);
+    out(&text.map_err(|e| Failure::Input(e.located().to_string()))?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -768,7 +768,14 @@ fn load_model(name: &str) -> Result<opal::worker::model::ModelArch, Failure> {
     use opal::worker::model::ModelArch;
     let path = PathBuf::from(name);
     if path.is_file() || name.ends_with(".json") {
-        return ModelArch::from_hf_config(&path).map_err(Failure::Input);
+        return ModelArch::from_hf_config(&path).map_err(|e| {
+            let fix = if e.contains("\n  fix:") {
+                ""
+            } else {
+                "\n  fix: give a Hugging Face config.json (the model repository's, unchanged), or a preset name"
+            };
+            Failure::Input(format!("{e}{fix}"))
+        });
     }
     ModelArch::preset(name).ok_or_else(|| {
         Failure::Input(format!(
@@ -797,6 +804,9 @@ fn model(args: &ModelArgs) -> Result<ExitCode, Failure> {
     }
     if args.block_size == 0 {
         return Err(Failure::Input("--block-size must be at least 1\n  fix: vLLM's default is 16".into()));
+    }
+    if args.context == 0 {
+        return Err(Failure::Input("--context must be at least 1 token\n  fix: the default is 8192".into()));
     }
     if let Some(why) = model.tp_problem(u64::from(args.tp)) {
         return Err(Failure::Input(format!(

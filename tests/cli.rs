@@ -425,3 +425,51 @@ fn config_writes_a_spec_whose_base_only_fits_once_an_axis_sets_tp() {
     assert!(text.contains("does not resolve") && text.contains("grid point 0's"), "{text}");
     assert!(text.contains("tp = 4"), "{text}");
 }
+
+#[test]
+fn opal_json_values_json_refuses_name_their_key_and_a_repeated_key_is_refused() {
+    let dir = temp_dir("opal-json-values");
+    let example =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/opal/exponential-12rps.json"))
+            .unwrap();
+    assert!(example.contains("\"request_rate\": 12.0"));
+    let key = "`workload.stages.0.workload_params.request_rate`";
+    for (name, with, fix) in [
+        ("nan", "\"request_rate\": NaN", "JSON has no NaN or Infinity"),
+        ("big", "\"request_rate\": 1e400", "a 64-bit float holds"),
+        ("twice", "\"request_rate\": 12.0, \"request_rate\": 99.0", "set it once"),
+    ] {
+        std::fs::write(dir.join(format!("{name}.json")), example.replacen("\"request_rate\": 12.0", with, 1)).unwrap();
+        let o = opal_sweep(&[&format!("{name}.json"), "--dry-run"], &dir);
+        assert_input_error(&o, &[&format!("{name}.json:30:"), key, fix]);
+    }
+}
+
+#[test]
+fn model_refuses_a_zero_context_and_says_how_to_fix_a_bad_config() {
+    let dir = temp_dir("model-inputs");
+    let o = opal_sweep(&["model", "llama-3.1-8b", "--gpu", "H100", "--context", "0"], &dir);
+    assert_input_error(&o, &["--context must be at least 1", "fix:"]);
+    std::fs::write(dir.join("config.json"), "{\"hidden_size\": 4096}").unwrap();
+    let o = opal_sweep(&["model", "config.json"], &dir);
+    assert_input_error(&o, &["config.json", "fix:"]);
+}
+
+#[test]
+fn a_specs_output_directory_is_relative_to_the_spec_as_its_other_paths_are() {
+    let dir = temp_dir("output-relative");
+    std::fs::create_dir_all(dir.join("studies")).unwrap();
+    let spec = "[sweep]\nname = \"rel\"\noutput = \"out\"\n[model.model_params]\nname = \"llama-3.1-8b\"\n[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nrequest_rate = 5.0\ntotal_requests = 5\n";
+    std::fs::write(dir.join("studies/spec.toml"), spec).unwrap();
+    let o = opal_sweep(&["studies/spec.toml", "-q"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.join("studies/out/runs.parquet").exists(), "next to the spec");
+    assert!(!dir.join("out").exists(), "not in the directory it was run from");
+}
+
+#[test]
+fn config_on_a_bad_spec_names_its_line_key_and_fix_as_a_run_does() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/bad_inputs");
+    let o = opal_sweep(&["config", "block-size-against-chunk.toml"], &dir);
+    assert_input_error(&o, &["block-size-against-chunk.toml:7:", "`worker.vllm_params.block_size`", "fix:"]);
+}

@@ -175,6 +175,29 @@ fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String
                 };
                 ConfigError::file(source, format!("invalid TOML: {what}")).hint(fix).schema()
             }
+            // A number beyond TOML's 64-bit integers: name the key of its line.
+            Some(_) if e.message().contains("too large") || e.message().contains("too small") => {
+                let at = e.span().map_or(0, |s| s.start);
+                let mut err = ConfigError::file(
+                    source,
+                    format!("invalid TOML: {} (a TOML integer is from −2⁶³ to 2⁶³ − 1)", e.message().trim()),
+                )
+                .hint("use a smaller number (a seed, for one, from 0 to 9223372036854775807)")
+                .schema();
+                err.key = key_at(text, at);
+                err
+            }
+            _ if e.message().contains("recursion limit") => {
+                let deep = text.lines().position(|l| l.chars().filter(|c| matches!(c, '.' | '[' | '{')).count() > 64);
+                let mut err = ConfigError::file(
+                    source,
+                    "invalid TOML: it nests tables or values deeper than the parser allows (recursion limit)",
+                )
+                .hint("a spec nests a few levels (e.g. [worker.vllm_params]): check that line")
+                .schema();
+                err.line = deep.map(|l| l + 1);
+                return err;
+            }
             _ => ConfigError::file(source, format!("invalid TOML: {}", e.message().trim()))
                 .hint("fix the syntax at that line (strings need quotes, tables need [brackets])")
                 .schema(),
@@ -185,6 +208,38 @@ fn toml_error(e: &toml::de::Error, text: &str, source: &str, path: Option<String
         err.key = None;
     }
     err
+}
+
+/// The dotted key set on the line holding byte `at` of `text` (`key = …`
+/// under the nearest table header above it, with the index of an array of
+/// tables' element), if that line sets one.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let start = text[..at.min(text.len())].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let (key, _) = line.split_once('=')?;
+    let key = key.trim().trim_matches(['"', '\'']);
+    let above: Vec<&str> = text[..start].lines().map(str::trim).filter(|l| l.starts_with('[')).collect();
+    let Some(header) = above.last() else { return Some(key.to_string()) };
+    let name = |h: &str| h.trim_start_matches('[').split(']').next().unwrap_or("").trim().to_string();
+    // An array of tables' element: its index among the [[…]] headers of that name.
+    let index =
+        |array: &str| above.iter().filter(|l| l.starts_with("[[") && name(l) == array).count().saturating_sub(1);
+    let h = name(header);
+    let table = if header.starts_with("[[") {
+        format!("{h}.{}", index(&h))
+    } else {
+        let array = above
+            .iter()
+            .rev()
+            .filter(|l| l.starts_with("[["))
+            .map(|l| name(l))
+            .find(|a| h.starts_with(&format!("{a}.")));
+        match array {
+            Some(a) => format!("{a}.{}{}", index(&a), &h[a.len()..]),
+            None => h,
+        }
+    };
+    Some(if table.is_empty() { key.to_string() } else { format!("{table}.{key}") })
 }
 
 /// Keys that were renamed: (old, new). An old name is refused with the new
@@ -225,16 +280,31 @@ fn describe_serde(message: String, source: &str, key: String) -> ConfigError {
             .hint(format!("one of: {}", valid.join(", ")))
             .schema();
     }
+    if message.contains(" as i128") {
+        // Beyond TOML's integers (the parser keeps it as a 128-bit number).
+        let value = ticks.first().copied().unwrap_or("it");
+        return ConfigError::key(source, key, format!("{value} is beyond a TOML integer (at most 2⁶³ − 1)"))
+            .hint("use a smaller number")
+            .schema();
+    }
+    if message.starts_with("invalid type: sequence") {
+        return ConfigError::key(source, key, "a list where one value goes".to_string())
+            .hint(format!(
+                "{} (in [grid], a key's list holds its values: [1, 2, 3], not [[1, 2], [3]])",
+                expected_hint(&message)
+            ))
+            .schema();
+    }
     let hint = expected_hint(&message);
     ConfigError::key(source, key, message.trim().to_string()).hint(hint).schema()
 }
 
 /// What to write instead, from serde's "expected …" (the type the key takes).
 fn expected_hint(message: &str) -> String {
-    let expected = message.rsplit_once("expected ").map_or("", |(_, e)| e.trim());
+    let expected = message.rsplit_once("expected ").map_or("", |(_, e)| e.lines().next().unwrap_or("").trim());
     match expected {
         "u32" => format!("give a whole number from 0 to {}", u32::MAX),
-        "u64" => format!("give a whole number from 0 to {}", u64::MAX),
+        "u64" => format!("give a whole number from 0 to {}", i64::MAX),
         "i64" => "give a whole number".into(),
         "f64" => "give a number, e.g. 1.0".into(),
         "a boolean" => "give true or false".into(),

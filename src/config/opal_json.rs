@@ -151,12 +151,29 @@ pub fn import(
 ) -> Result<Imported, ConfigError> {
     let source = path.display().to_string();
     let json: serde_json::Value = serde_json::from_str(text).map_err(|e| {
-        let mut err = ConfigError::file(&source, format!("invalid JSON: {e}"))
-            .hint("fix the syntax at that line (keys and strings need double quotes, no trailing commas)")
-            .schema();
+        let at = offset_of(text, e.line(), e.column());
+        let value = text[at.min(text.len())..].trim_start();
+        let hint = if ["NaN", "Infinity", "-Infinity"].iter().any(|w| value.starts_with(w))
+            || ["NaN", "Infinity"].iter().any(|w| text[..at.min(text.len())].trim_end().ends_with(w))
+        {
+            "JSON has no NaN or Infinity: give a number"
+        } else if e.to_string().starts_with("number out of range") {
+            "give a number a 64-bit float holds (up to about 1.8e308)"
+        } else {
+            "fix the syntax at that line (keys and strings need double quotes, no trailing commas)"
+        };
+        let mut err = ConfigError::file(&source, format!("invalid JSON: {e}")).hint(hint).schema();
         err.line = Some(e.line());
+        err.key = json_path_at(text, at).filter(|k| !k.is_empty());
         err
     })?;
+    if let Some((key, line)) = duplicate_key(text) {
+        let mut err = ConfigError::key(&source, &key, "is set twice in the same object (JSON keeps only the last)")
+            .hint("set it once: remove one of the two")
+            .schema();
+        err.line = Some(line);
+        return Err(err);
+    }
     let serde_json::Value::Object(map) = json else {
         return Err(ConfigError::file(&source, "an Opal configuration is a JSON object")
             .hint("wrap the sections in { … }")
@@ -542,6 +559,134 @@ fn remove_path(table: &mut toml::Table, dotted: &str) -> bool {
 }
 
 /// The line of the JSON text where the last segment of `key` appears as a key.
+/// The byte offset of 1-based `line` and `column` in `text`.
+fn offset_of(text: &str, line: usize, column: usize) -> usize {
+    let start: usize = text.split_inclusive('\n').take(line.saturating_sub(1)).map(str::len).sum();
+    (start + column.saturating_sub(1)).min(text.len())
+}
+
+/// The dotted path of the key whose value is being read at byte `at` of
+/// the JSON `text` (the innermost object key, list indices included) — for
+/// a message about a value the JSON parser refused, which names only a line.
+fn json_path_at(text: &str, at: usize) -> Option<String> {
+    // Per open container: the key (or index) under which the value being read sits.
+    let mut stack: Vec<Option<String>> = Vec::new();
+    let mut key: Option<String> = None;
+    let (mut in_str, mut escaped, mut current) = (false, false, String::new());
+    for c in text[..at.min(text.len())].chars() {
+        if in_str {
+            match c {
+                _ if escaped => {
+                    escaped = false;
+                    current.push(c);
+                }
+                '\\' => escaped = true,
+                '"' => in_str = false,
+                _ => current.push(c),
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                current.clear();
+            }
+            ':' => key = Some(current.clone()),
+            '{' => stack.push(key.take()),
+            '[' => stack.push(Some(format!("{}\u{0}0", key.take().unwrap_or_default()))),
+            ',' => {
+                key = None;
+                if let Some(Some(last)) = stack.last_mut()
+                    && let Some((k, i)) = last.split_once('\u{0}')
+                {
+                    *last = format!("{k}\u{0}{}", i.parse::<usize>().unwrap_or(0) + 1);
+                }
+            }
+            '}' | ']' => {
+                stack.pop();
+                key = None;
+            }
+            _ => {}
+        }
+    }
+    let mut parts: Vec<String> = Vec::new();
+    for k in stack.iter().flatten() {
+        match k.split_once('\u{0}') {
+            Some((k, i)) => {
+                if !k.is_empty() {
+                    parts.push(k.to_string());
+                }
+                parts.push(i.to_string());
+            }
+            None if !k.is_empty() => parts.push(k.clone()),
+            None => {}
+        }
+    }
+    parts.extend(key);
+    Some(parts.join("."))
+}
+
+/// The first key set twice in one JSON object of `text` (serde keeps the
+/// last silently), as a dotted path, and its second line.
+fn duplicate_key(text: &str) -> Option<(String, usize)> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    /// Walks a JSON value, failing at a repeated key with its path.
+    struct Walk(String);
+    impl<'de> DeserializeSeed<'de> for Walk {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Walk {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<(), A::Error> {
+            let mut seen = std::collections::BTreeSet::new();
+            while let Some(k) = m.next_key::<String>()? {
+                let path = if self.0.is_empty() { k.clone() } else { format!("{}.{k}", self.0) };
+                if !seen.insert(k) {
+                    return Err(serde::de::Error::custom(format!("\u{0}{path}")));
+                }
+                m.next_value_seed(Walk(path))?;
+            }
+            Ok(())
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut s: A) -> Result<(), A::Error> {
+            let mut i = 0;
+            while s.next_element_seed(Walk(format!("{}.{i}", self.0)))?.is_some() {
+                i += 1;
+            }
+            Ok(())
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_str<E>(self, _: &str) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let e = Walk(String::new()).deserialize(&mut de).err()?;
+    let msg = e.to_string();
+    let path = msg.split('\u{0}').nth(1)?.split(" at line ").next()?.to_string();
+    Some((path, e.line()))
+}
+
 fn json_line(text: &str, key: &str) -> Option<usize> {
     let last = key.rsplit('.').find(|s| s.parse::<usize>().is_err())?;
     text.find(&format!("\"{last}\"")).map(|at| line_of(text, at))

@@ -333,6 +333,14 @@ fn resolve_kvc(
     let k: &KvcSection = &file.kvc;
     let block = worker.block_size;
     if k.chunk_size == 0 || u64::from(k.chunk_size) % block != 0 {
+        // Blame the key the spec sets (the chunk size left at its default: the block size).
+        if k.chunk_size == KvcSection::default().chunk_size && k.chunk_size != 0 {
+            return Err(cx.err(
+                "worker.vllm_params.block_size",
+                format!("{block} does not divide kvc.chunk_size ({}, its default): a stored chunk is whole blocks", k.chunk_size),
+                format!("use a block size that divides {} (vLLM's are 16 or 32), or set kvc.chunk_size to a multiple of {block}, e.g. {}", k.chunk_size, block * 16),
+            ));
+        }
         return Err(cx.err(
             "kvc.chunk_size",
             format!("{} is not a multiple of the block size ({block})", k.chunk_size),

@@ -170,7 +170,7 @@ pub struct SweepSection {
     /// Name of the study; results go to `results/<name>/` by default.
     /// Defaults to the spec file's stem.
     pub name: Option<String>,
-    /// Output directory (relative to the current directory); overrides `results/<name>/`.
+    /// Output directory, relative to the spec file (as every path in a spec is); overrides `results/<name>/` (which is relative to the current directory).
     pub output: Option<String>,
     /// Runs per grid point, each with its own seed (default 1).
     pub replicates: Option<u32>,

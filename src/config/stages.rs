@@ -159,14 +159,20 @@ impl StageCx<'_> {
     /// A request rate: positive, and not so small that arrivals would lie
     /// beyond the horizon a run may reach (one per 10⁹ s).
     fn request_rate(&self, v: f64) -> Result<f64, ConfigError> {
+        self.rate_of("request_rate", v, "requests", "10.0")
+    }
+
+    /// A rate of `what` per second under `key`: positive, and at least one
+    /// per horizon (a run's latest time), so that arrivals can come at all.
+    fn rate_of(&self, key: &str, v: f64, what: &str, example: &str) -> Result<f64, ConfigError> {
         let least = 1.0 / crate::time::HORIZON.as_secs_f64();
         if v.is_finite() && v >= least {
             Ok(v)
         } else {
             Err(self.cx.err(
-                &self.key("request_rate"),
-                format!("must be a positive number of requests per second, at least {least:e}, got {v}"),
-                "give the rate in requests per second, e.g. 10.0",
+                &self.key(key),
+                format!("must be a positive number of {what} per second, at least {least:e}, got {v}"),
+                format!("give the rate in {what} per second, e.g. {example}"),
             ))
         }
     }
@@ -291,6 +297,7 @@ impl StageCx<'_> {
                 "use e.g. 10 (requests per second)",
             ));
         }
+        self.request_rate(p.request_rate)?;
         if p.time_scale != defaults.time_scale {
             return Err(self.err(
                 "time_scale",
@@ -493,7 +500,7 @@ impl StageCx<'_> {
         };
         let uniform = |min: f64, max: f64| Dist::Uniform { min, max };
         let stage = SessionsStage {
-            session_rate: self.cx.positive(&self.key("session_rate"), p.session_rate)?,
+            session_rate: self.rate_of("session_rate", p.session_rate, "sessions", "2.0")?,
             jitter: self.jitter(p.jitter)?,
             total_sessions: self.count("total_sessions", p.total_sessions, time_limit)?,
             turns: or(p.turns.as_ref(), "turns", Unit::Tokens, uniform(2.0, 8.0))?,

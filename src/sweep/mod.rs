@@ -478,7 +478,9 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
         .unwrap_or_default();
     let mut h = Fnv64::default();
     h.write(canonical.as_bytes());
-    let default_output = sweep.output.as_ref().map_or_else(|| Path::new("results").join(spec.name()), PathBuf::from);
+    // `[sweep] output` is relative to the spec, as every path a spec names.
+    let default_output =
+        sweep.output.as_ref().map_or_else(|| Path::new("results").join(spec.name()), |o| spec.base_dir().join(o));
     Ok(SweepPlan {
         name: spec.name(),
         source,

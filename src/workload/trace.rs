@@ -233,6 +233,13 @@ impl TraceReader {
     }
 
     fn parse(&mut self, unique_key: u64) -> Result<TraceRequest, Bad> {
+        // serde reads a JSON list into the fields by position: a line must name them.
+        if !self.line.trim_start().starts_with('{') {
+            return Err(Bad::Line(
+                "a line is a JSON object naming its fields, not a list or a bare value (a list would be read by position)"
+                    .into(),
+            ));
+        }
         // The plain parser first; only a line it refuses is parsed again
         // with the path-tracking wrapper, to name the field (the wrapper
         // costs more than the parse on every good line).
@@ -250,7 +257,10 @@ impl TraceReader {
             }
         };
         if !(row.timestamp.is_finite() && row.timestamp >= 0.0) {
-            return Err(Bad::Line(format!("field `timestamp`: must be a non-negative number, got {}", row.timestamp)));
+            return Err(Bad::Line(format!(
+                "field `timestamp`: must be a non-negative number, got {}",
+                shown(row.timestamp)
+            )));
         }
         if row.input_length == 0 || row.input_length > u64::from(u32::MAX) {
             return Err(Bad::Line(format!(
@@ -274,14 +284,14 @@ impl TraceReader {
         if self.sent == 0 && !self.cfg.shift_to_first && secs > ABSOLUTE_TIMESTAMP_SECS {
             return Err(Bad::Absolute(format!(
                 "field `timestamp`: {} puts the first request {secs:.3e} s after the stage start — the timestamps look absolute (epoch)",
-                row.timestamp
+                shown(row.timestamp)
             )));
         }
         let horizon = crate::time::HORIZON.as_secs_f64();
         if secs > horizon {
             return Err(Bad::Late(format!(
                 "field `timestamp`: {} puts this request {secs:.3e} s after the stage start, beyond the {horizon:.0e} s a run may reach",
-                row.timestamp
+                shown(row.timestamp)
             )));
         }
         if row.timestamp < self.last {
@@ -310,6 +320,12 @@ impl TraceReader {
             content,
         })
     }
+}
+
+/// A number as a message shows it: as written for ordinary sizes, in
+/// scientific notation beyond (1e300 is not 301 digits).
+fn shown(x: f64) -> String {
+    if x != 0.0 && !(1e-4..1e12).contains(&x.abs()) { format!("{x:.3e}") } else { format!("{x}") }
 }
 
 /// Why a line was not used.
