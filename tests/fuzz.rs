@@ -1,7 +1,10 @@
 //! A bounded mutation fuzzer for the spec and trace parsers, run by
 //! `cargo test` (a fixed number of cases from a fixed seed, so it is
-//! deterministic and takes seconds). The seeds are every shipped spec and
-//! the bad-input catalogue (TOML), the Opal JSON example, and lines of the
+//! deterministic and takes seconds). The seeds are every shipped spec, the
+//! bad-input catalogue and `tests/fuzz_seeds/` (TOML: specs that set the
+//! keys the others do not — a Pareto search, a re-timed trace, priced
+//! tiers, the save rules, vLLM v0, P/D through the store), the Opal JSON
+//! example, and lines of the
 //! shipped trace; each case mutates one of them (bytes flipped, cut,
 //! repeated; values swapped for extreme ones) and feeds it to the parser
 //! and planner (specs) or the trace reader (traces). No case may panic, and
@@ -128,11 +131,26 @@ fn mutated_specs_and_traces_never_panic_nor_exhaust_memory() {
     // How far the cases got, so that a mutator that never reaches the
     // planner or the reader shows up as a failure rather than a pass.
     let (mut planned, mut refused, mut requests) = (0, 0, 0u64);
-    let mut specs = seeds("toml", &["sweeps", "tests/bad_inputs", "benches"]);
+    let mut specs = seeds("toml", &["sweeps", "tests/bad_inputs", "tests/fuzz_seeds", "benches"]);
     specs.extend(seeds("json", &["examples/opal"]));
+    // The seeds reach every kind of key (tests/fuzz_seeds holds what the rest lack).
+    for key in [
+        "kind = \"pareto\"",
+        "arrival_cv",
+        "usd_per_gb_hour",
+        "save_timing",
+        "write_back_hits",
+        "scheduler = \"v0\"",
+        "prefill_batch",
+        "kv_path",
+    ] {
+        assert!(specs.iter().any(|(_, t)| t.contains(key)), "no fuzzer seed sets {key}");
+    }
     for n in 0..CASES_PER_KIND {
         let (path, text) = &specs[n % specs.len()];
-        let text = mutate(text, &mut rng).replace("../traces/conversation_trace.jsonl", "trace.jsonl");
+        let text = mutate(text, &mut rng)
+            .replace("../../traces/conversation_trace.jsonl", "trace.jsonl")
+            .replace("../traces/conversation_trace.jsonl", "trace.jsonl");
         let file = dir.join(format!("case.{}", path.extension().unwrap().to_string_lossy()));
         std::fs::write(&file, &text).unwrap();
         let failure = check("the spec parser and planner", &text, || {
