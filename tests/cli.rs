@@ -473,3 +473,27 @@ fn config_on_a_bad_spec_names_its_line_key_and_fix_as_a_run_does() {
     let o = opal_sweep(&["config", "block-size-against-chunk.toml"], &dir);
     assert_input_error(&o, &["block-size-against-chunk.toml:7:", "`worker.vllm_params.block_size`", "fix:"]);
 }
+
+#[test]
+fn calibrate_refuses_rows_it_cannot_simulate_in_time_an_empty_fit_and_says_when_constants_are_not_identifiable() {
+    let dir = temp_dir("calibrate-bounds");
+    let args = |csv: &'static str| ["calibrate", "--model", "llama-3.1-8b", "--gpu", "H100", csv];
+    std::fs::write(dir.join("huge.csv"), "phase,batch_size,tokens,latency_ms\nprefill,1,1000000000,50\n").unwrap();
+    let o = opal_sweep(&args("huge.csv"), &dir);
+    assert_input_error(&o, &["huge.csv: line 2: tokens 1000000000 is more than the 1048576", "fix:"]);
+    std::fs::write(
+        dir.join("long.csv"),
+        "phase,batch_size,tokens,latency_ms,output_tokens\ndecode,1,512,9,1000000000\n",
+    )
+    .unwrap();
+    assert_input_error(&opal_sweep(&args("long.csv"), &dir), &["line 2: output_tokens", "fix:"]);
+    // Eight identical prefill rows: a fit, said not to pin the constants.
+    let same = "phase,batch_size,tokens,latency_ms\n".to_string() + &"prefill,1,1024,50\n".repeat(8);
+    std::fs::write(dir.join("same.csv"), same).unwrap();
+    let mut empty = args("same.csv").to_vec();
+    empty.extend(["--fit", ""]);
+    assert_input_error(&opal_sweep(&empty, &dir), &["--fit names no constant", "fix:"]);
+    let o = opal_sweep(&args("same.csv"), &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the rows tell only 1 of the 5 constants fitted apart"), "{}", stderr(&o));
+}

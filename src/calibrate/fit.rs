@@ -62,6 +62,10 @@ impl FitOptions {
                 })?;
             free[i] = true;
         }
+        if !free.contains(&true) {
+            // Nothing to fit: the defaults would be printed as a fit.
+            return Err(format!("--fit names no constant; the constants are {}", CONSTANTS.join(", ")));
+        }
         Ok(FitOptions { free })
     }
 }
@@ -351,6 +355,83 @@ fn fit_max(features: &[[f64; 6]], y: &[f64], use_rows: &[usize], free: &[usize],
     best.map(|b| b.1)
 }
 
+/// Most rows a calibration takes (each is simulated seven times).
+pub const MAX_ROWS: usize = 5_000;
+/// Most sequences in one row.
+pub const MAX_ROW_BATCH: u64 = 4_096;
+/// Most tokens (prompt, or context) of one sequence of a row.
+pub const MAX_ROW_TOKENS: u64 = 1 << 20;
+/// Most tokens one decoding sequence of a row generates.
+pub const MAX_ROW_OUTPUT: u64 = 1 << 16;
+/// Most tokens all of a row's sequences hold together (its simulated work).
+pub const MAX_ROW_WORK: u64 = 1 << 26;
+/// Most tokens all rows hold together: about two minutes of fitting (5,000
+/// rows of 250 million tokens in all took 6.7 CPU-s).
+pub const MAX_TOTAL_WORK: u64 = 1 << 32;
+/// Above this many rows, the held-out predictions are 10-fold (each row
+/// predicted by a fit without its tenth of the rows), not leave-one-out,
+/// whose n fits of n rows each grow as n².
+pub const LEAVE_ONE_OUT_ROWS: usize = 50;
+
+/// Refuses rows (or a set of them) too large to simulate in reasonable
+/// time, naming the line and the limit.
+fn check_sizes(rows: &[Measured]) -> Result<(), String> {
+    if rows.len() > MAX_ROWS {
+        return Err(format!("{} rows; a calibration takes at most {MAX_ROWS} (fit a sample of them)", rows.len()));
+    }
+    for r in rows {
+        let limits = [
+            (r.batch, MAX_ROW_BATCH, "batch_size"),
+            (r.tokens, MAX_ROW_TOKENS, "tokens"),
+            (r.output_tokens, MAX_ROW_OUTPUT, "output_tokens"),
+        ];
+        for (v, max, col) in limits {
+            if v > max {
+                return Err(format!("line {}: {col} {v} is more than the {max} a calibration row may have", r.line));
+            }
+        }
+        let work = r.batch * (r.tokens + r.output_tokens);
+        if work > MAX_ROW_WORK {
+            return Err(format!(
+                "line {}: batch_size × (tokens + output_tokens) = {work} tokens, more than the {MAX_ROW_WORK} one row may simulate",
+                r.line
+            ));
+        }
+    }
+    let total: u64 = rows.iter().map(|r| r.batch * (r.tokens + r.output_tokens)).sum();
+    if total > MAX_TOTAL_WORK {
+        return Err(format!(
+            "the rows hold {total} tokens in all (batch_size × (tokens + output_tokens)), more than the {MAX_TOTAL_WORK} a calibration simulates (about two minutes): fit a sample of them"
+        ));
+    }
+    Ok(())
+}
+
+/// How many of the columns `free` of `features` (over rows `subset`) the
+/// rows tell apart: the numerical rank of that design, each column scaled
+/// to unit length (Gram–Schmidt, relative tolerance 10⁻⁹).
+fn identifiable(features: &[[f64; 6]], subset: &[usize], free: &[usize]) -> usize {
+    let mut basis: Vec<Vec<f64>> = Vec::new();
+    for &c in free {
+        let mut v: Vec<f64> = subset.iter().map(|&r| features[r][c]).collect();
+        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        if norm == 0.0 {
+            continue;
+        }
+        v.iter_mut().for_each(|x| *x /= norm);
+        for b in &basis {
+            let dot: f64 = v.iter().zip(b).map(|(x, y)| x * y).sum();
+            v.iter_mut().zip(b).for_each(|(x, y)| *x -= dot * y);
+        }
+        let left = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        if left > 1e-9 {
+            v.iter_mut().for_each(|x| *x /= left);
+            basis.push(v);
+        }
+    }
+    basis.len()
+}
+
 /// Rows run once with each constant alone (their features) and with the
 /// defaults, ready to be fitted on any subset.
 pub struct Prepared {
@@ -370,6 +451,7 @@ impl Prepared {
         if let Some(r) = rows.iter().find(|r| r.latency_s <= 0.0) {
             return Err(format!("line {}: a latency must be positive", r.line));
         }
+        check_sizes(rows)?;
         let runs: Vec<(Bench, [f64; 6], super::bench::RowRun)> = rows
             .par_iter()
             .map(|r| {
@@ -408,6 +490,15 @@ impl Prepared {
                 opts.free[i] && used
             })
             .collect();
+        let rank = identifiable(&self.features, subset, &free);
+        if rank < free.len() {
+            let names: Vec<&str> = free.iter().map(|&i| CONSTANTS[i]).collect();
+            notes.push(format!(
+                "the rows tell only {rank} of the {} constants fitted apart ({}): their values are one fit of many, not measurements; rows of other batch sizes and token counts (prefill and decode) pin them, or --fit fewer",
+                free.len(),
+                names.join(", ")
+            ));
+        }
         let y: Vec<f64> = self.rows.iter().map(|r| r.latency_s).collect();
         let x = fit_max(&self.features, &y, subset, &free, &x0)
             .ok_or("the fit is singular: the rows do not tell the constants apart (vary batch and tokens)")?;
@@ -419,20 +510,32 @@ impl Prepared {
         Ok((OperatorConstants::from_array(x), notes))
     }
 
-    /// Leave one out within `subset`: each row predicted by a fit to the others.
+    /// Each row of `subset` predicted by a fit without it: leave one out,
+    /// or above [`LEAVE_ONE_OUT_ROWS`] rows, without its tenth of them (row
+    /// k of the subset in fold k mod 10), so that the cost grows with the
+    /// rows, not their square.
     fn held_out(&self, subset: &[usize], opts: &FitOptions) -> Vec<Option<f64>> {
         use rayon::prelude::*;
-        subset
-            .par_iter()
-            .map(|&r| {
-                if subset.len() <= 2 {
-                    return None;
-                }
-                let others: Vec<usize> = subset.iter().copied().filter(|&i| i != r).collect();
-                let (c, _) = self.fit(&others, opts).ok()?;
-                Some(latency(&self.features[r], &c.as_array()))
+        if subset.len() <= 2 {
+            return vec![None; subset.len()];
+        }
+        let folds = if subset.len() > LEAVE_ONE_OUT_ROWS { 10 } else { subset.len() };
+        let predicted: Vec<Vec<(usize, Option<f64>)>> = (0..folds)
+            .into_par_iter()
+            .map(|f| {
+                let others: Vec<usize> = (0..subset.len()).filter(|k| k % folds != f).map(|k| subset[k]).collect();
+                let fit = self.fit(&others, opts).ok();
+                (0..subset.len())
+                    .filter(|k| k % folds == f)
+                    .map(|k| (k, fit.as_ref().map(|(c, _)| latency(&self.features[subset[k]], &c.as_array()))))
+                    .collect()
             })
-            .collect()
+            .collect();
+        let mut out = vec![None; subset.len()];
+        for (k, p) in predicted.into_iter().flatten() {
+            out[k] = p;
+        }
+        out
     }
 
     /// Runs the rows `subset` with `constants` (and `power`), in parallel.
@@ -569,6 +672,46 @@ mod tests {
         let x = bounded_least_squares(&a, &ones, &[0], &[(0.0, 10.0), (0.0, 10.0)], &[1.0, 3.0]).unwrap();
         assert_eq!(x[1], 3.0);
         assert!((x[0] - 2.0).abs() < 1e-9, "{x:?}");
+    }
+
+    #[test]
+    fn rows_too_large_to_simulate_are_refused_by_line_and_limit() {
+        let row = |line, batch, tokens, output_tokens| Measured {
+            phase: crate::worker::perf::Phase::Decode,
+            batch,
+            tokens,
+            output_tokens,
+            tp: None,
+            latency_s: 0.01,
+            power_w: None,
+            line,
+        };
+        assert!(check_sizes(&[row(2, 8, 4096, 2)]).is_ok());
+        let e = check_sizes(&[row(2, 1, 1_000_000_000, 2)]).unwrap_err();
+        assert!(e.contains("line 2: tokens 1000000000 is more than the 1048576"), "{e}");
+        let e = check_sizes(&[row(3, 1, 512, 1_000_000_000)]).unwrap_err();
+        assert!(e.starts_with("line 3: output_tokens"), "{e}");
+        let e = check_sizes(&[row(4, 4096, 1 << 20, 2)]).unwrap_err();
+        assert!(e.starts_with("line 4: batch_size × (tokens + output_tokens)"), "{e}");
+        let many: Vec<Measured> = (0..MAX_ROWS as u64 + 1).map(|i| row(i + 2, 1, 128, 2)).collect();
+        assert!(check_sizes(&many).unwrap_err().contains("at most 5000"));
+    }
+
+    #[test]
+    fn identical_rows_tell_one_constant_apart_and_varied_ones_more() {
+        // Three rows with the same features: rank 1 whatever is free.
+        let f = [[1.0, 2.0, 0.0, 1.0, 1.0, 1.0]; 3];
+        assert_eq!(identifiable(&f, &[0, 1, 2], &[0, 1, 3, 4, 5]), 1);
+        // Rows told apart by batch (the per-sequence overhead) and by tokens (compute).
+        let g = [[1.0, 1.0, 0.0, 1.0, 1.0, 0.0], [2.0, 1.0, 0.0, 1.0, 4.0, 0.0], [3.0, 2.0, 0.0, 1.0, 2.0, 0.0]];
+        assert_eq!(identifiable(&g, &[0, 1, 2], &[0, 1, 3, 4]), 3);
+        assert_eq!(identifiable(&g, &[0, 1, 2], &[0, 4]), 2);
+    }
+
+    #[test]
+    fn an_empty_fit_list_is_refused() {
+        assert!(FitOptions::parse("").unwrap_err().contains("names no constant"));
+        assert!(FitOptions::parse(" , ").is_err());
     }
 
     #[test]

@@ -688,7 +688,12 @@ pub fn calibration_table(fit: &crate::calibrate::Calibration) -> String {
     };
     out.push_str(&format!("default model:       {}\n", pct(fit.default_error())));
     out.push_str(&format!("fitted:              {}\n", pct(fit.fit_error())));
-    out.push_str(&format!("held out (each row predicted by a fit without it): {}\n", pct(fit.cv_error())));
+    let how = if fit.rows.len() > crate::calibrate::fit::LEAVE_ONE_OUT_ROWS {
+        "each row predicted by a fit without its tenth of the rows"
+    } else {
+        "each row predicted by a fit without it"
+    };
+    out.push_str(&format!("held out ({how}): {}\n", pct(fit.cv_error())));
     if fit.rows.iter().any(|r| r.power_w.is_some()) {
         out.push_str(&format!("power, fitted:       {}\n", pct(fit.power_error())));
     }
