@@ -3,7 +3,8 @@
 //! `tests/golden/` run with every table written, and each table's content
 //! (every column but the wall-clock `wall_s` and the checkout-dependent
 //! `run_key`) is digested and compared with
-//! `tests/golden/digests.txt`, recorded before the code was restructured.
+//! `tests/golden/digests.txt` column by column (so a changed number changes
+//! one line and a new column adds one), recorded before the code was restructured.
 //! A refactoring must leave every digest as it was; a deliberate model
 //! change re-records them (`OPAL_BLESS=1 cargo test golden`) and says why in
 //! its commit.
@@ -36,29 +37,24 @@ impl Fnv {
     }
 }
 
-/// The digest of every cell of `b` (row-major, nulls marked), and its row count.
-fn digest(b: &RecordBatch) -> u64 {
-    let mut h = Fnv::new();
-    for (field, col) in b.schema().fields().iter().zip(b.columns()) {
-        h.bytes(field.name().as_bytes());
-        for i in 0..col.len() {
-            if col.is_null(i) {
-                h.bytes(b"\xffnull");
-                continue;
-            }
-            match col.data_type() {
-                DataType::Float64 => h.bytes(&col.as_primitive::<Float64Type>().value(i).to_bits().to_le_bytes()),
-                DataType::UInt64 => h.bytes(&col.as_primitive::<UInt64Type>().value(i).to_le_bytes()),
-                DataType::UInt32 => h.bytes(&col.as_primitive::<UInt32Type>().value(i).to_le_bytes()),
-                DataType::Int64 => h.bytes(&col.as_primitive::<Int64Type>().value(i).to_le_bytes()),
-                DataType::Boolean => h.bytes(&[u8::from(col.as_boolean().value(i))]),
-                DataType::Utf8 => h.bytes(col.as_string::<i32>().value(i).as_bytes()),
-                DataType::Binary => h.bytes(col.as_binary::<i32>().value(i)),
-                other => panic!("column {} has a type the golden digest does not know: {other}", field.name()),
-            }
+/// Feeds every cell of column `col` (nulls marked) to `h`.
+fn digest_column(h: &mut Fnv, name: &str, col: &dyn Array) {
+    for i in 0..col.len() {
+        if col.is_null(i) {
+            h.bytes(b"\xffnull");
+            continue;
+        }
+        match col.data_type() {
+            DataType::Float64 => h.bytes(&col.as_primitive::<Float64Type>().value(i).to_bits().to_le_bytes()),
+            DataType::UInt64 => h.bytes(&col.as_primitive::<UInt64Type>().value(i).to_le_bytes()),
+            DataType::UInt32 => h.bytes(&col.as_primitive::<UInt32Type>().value(i).to_le_bytes()),
+            DataType::Int64 => h.bytes(&col.as_primitive::<Int64Type>().value(i).to_le_bytes()),
+            DataType::Boolean => h.bytes(&[u8::from(col.as_boolean().value(i))]),
+            DataType::Utf8 => h.bytes(col.as_string::<i32>().value(i).as_bytes()),
+            DataType::Binary => h.bytes(col.as_binary::<i32>().value(i)),
+            other => panic!("column {name} has a type the golden digest does not know: {other}"),
         }
     }
-    h.0
 }
 
 /// Every case: (name, spec text, the path it is read as).
@@ -90,7 +86,8 @@ fn cases() -> Vec<(String, String, PathBuf)> {
     out
 }
 
-/// Every table of every case, as `case table rows digest` lines.
+/// Every column of every table of every case, as `case table.column rows
+/// digest` lines: a number that changes changes one line, a new column adds one.
 fn record() -> String {
     let dir = crate::temp_dir("golden");
     let mut lines = String::new();
@@ -116,20 +113,24 @@ fn record() -> String {
         assert!(report.failures.is_empty(), "{name}: {:?}", report.failures);
         for t in &plan.tables.tables {
             let batches = opal::output::read_table(&out.join(t.file_name())).unwrap_or_else(|e| panic!("{e}"));
-            let (mut rows, mut h) = (0, Fnv::new());
-            for mut b in batches {
-                // `wall_s` is the clock's; `run_key` hashes the resolved
-                // scenario, whose trace paths are absolute, so it differs
-                // between checkouts (CI clones elsewhere).
-                for machine_dependent in ["wall_s", "run_key"] {
-                    if let Ok(i) = b.schema().index_of(machine_dependent) {
-                        b.remove_column(i);
-                    }
+            let Some(schema) = batches.first().map(RecordBatch::schema) else { continue };
+            // `wall_s` is the clock's; `run_key` hashes the resolved
+            // scenario, whose trace paths are absolute, so it differs
+            // between checkouts (CI clones elsewhere).
+            let columns: Vec<&str> = schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .filter(|n| !["wall_s", "run_key"].contains(n))
+                .collect();
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+            for c in columns {
+                let mut h = Fnv::new();
+                for b in &batches {
+                    digest_column(&mut h, c, b.column_by_name(c).expect("every batch has the schema's columns"));
                 }
-                rows += b.num_rows();
-                h.bytes(&digest(&b).to_le_bytes());
+                writeln!(lines, "{name} {}.{c} {rows} {:016x}", t.name(), h.0).unwrap();
             }
-            writeln!(lines, "{name} {} {rows} {:016x}", t.name(), h.0).unwrap();
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -145,17 +146,30 @@ fn every_table_of_every_golden_case_is_as_recorded() {
         return;
     }
     let recorded = std::fs::read_to_string(&file).unwrap();
-    let changed: Vec<String> = recorded
-        .lines()
-        .zip(now.lines())
-        .filter(|(a, b)| a != b)
-        .map(|(a, b)| format!("  recorded {a}\n  now      {b}"))
-        .collect();
+    // Keyed by `case table.column`: what changed, what is new, what is gone.
+    let keyed = |text: &str| -> std::collections::BTreeMap<String, String> {
+        text.lines()
+            .filter_map(|l| {
+                let mut parts = l.splitn(3, ' ');
+                Some((format!("{} {}", parts.next()?, parts.next()?), parts.next()?.to_string()))
+            })
+            .collect()
+    };
+    let (was, is) = (keyed(&recorded), keyed(&now));
+    let mut report = Vec::new();
+    for (k, v) in &is {
+        match was.get(k) {
+            Some(w) if w == v => {}
+            Some(w) => report.push(format!("  changed {k}: {w} -> {v}")),
+            None => report.push(format!("  new     {k}: {v}")),
+        }
+    }
+    report.extend(was.keys().filter(|k| !is.contains_key(*k)).map(|k| format!("  gone    {k}")));
     assert!(
-        changed.is_empty() && recorded.lines().count() == now.lines().count(),
-        "{} of {} tables differ from tests/golden/digests.txt:\n{}",
-        changed.len(),
-        recorded.lines().count(),
-        changed.join("\n")
+        report.is_empty(),
+        "{} of {} columns differ from tests/golden/digests.txt (OPAL_BLESS=1 re-records them):\n{}",
+        report.len(),
+        was.len(),
+        report.join("\n")
     );
 }
