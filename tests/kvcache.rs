@@ -614,9 +614,11 @@ fn a_requests_tier_writes_and_kv_events_do_not_grow_with_its_shared_prefix() {
 /// prompt only in the tier.
 fn pressure(n: u32, blocks: u64, prompt: u32, output: u32, tier: bool, scheduler: &str) -> opal::Scenario {
     let chunked = scheduler != "v0-unchunked";
+    // The pool holds one sequence of max_model_len, as vLLM requires.
+    let max_len = blocks * 16;
     let scheduler = if chunked { scheduler } else { "v0" };
     let tiers = if tier { "[\"CPUMemory\"]" } else { "[]" };
-    let mut s = crate::scenario(&format!(
+    let s = crate::scenario(&format!(
         r#"
         [simulation]
         num_workers = 1
@@ -625,10 +627,11 @@ fn pressure(n: u32, blocks: u64, prompt: u32, output: u32, tier: bool, scheduler
         [worker.hw]
         gpu = "H100"
         [worker.vllm_params]
-        max_model_len = 8192
+        max_model_len = {max_len}
         enable_prefix_caching = false
         scheduler = "{scheduler}"
         chunked_prefill = {chunked}
+        num_gpu_blocks_override = {blocks}
         [kvc]
         kvc_tiers = {tiers}
         [kvc.CPUMemory]
@@ -645,11 +648,7 @@ fn pressure(n: u32, blocks: u64, prompt: u32, output: u32, tier: bool, scheduler
         default_prefix_length = {prompt}
         "#
     ));
-    // The engine's own pool (vLLM's num_gpu_blocks_override), and v0's 1 % watermark of it.
-    s.worker.total_blocks = blocks;
-    if s.worker.admission_watermark > 0 {
-        s.worker.admission_watermark = blocks / 100;
-    }
+    assert_eq!(s.worker.total_blocks, blocks);
     s
 }
 

@@ -517,6 +517,19 @@ mod tests {
     }
 
     #[test]
+    fn the_engines_block_count_replaces_the_memory_arithmetic_when_given() {
+        let stage = "[[workload.stages]]\ntype = \"UniformReqRate\"\n[workload.stages.workload_params]\nprompt_size_max = 1000\noutput_tokens_max = 64\n[worker.vllm_params]\nmax_model_len = 4096\n";
+        let computed = scenario(stage).unwrap().worker.total_blocks;
+        assert!(computed > 10_000, "{computed}");
+        let given = scenario(&format!("{stage}num_gpu_blocks_override = 1000\n")).unwrap();
+        assert_eq!(given.worker.total_blocks, 1000);
+        // One 4,096-token sequence needs 256 blocks of 16: fewer is refused by the key.
+        let e = scenario(&format!("{stage}num_gpu_blocks_override = 255\n")).unwrap_err().to_string();
+        assert!(e.contains("`worker.vllm_params.num_gpu_blocks_override`") && e.contains("256 blocks of 16"), "{e}");
+        assert!(scenario(&format!("{stage}num_gpu_blocks_override = 0\n")).is_err());
+    }
+
+    #[test]
     fn defaults_resolve_to_opal_values() {
         let s = scenario("").unwrap();
         assert_eq!(s.seed, 42);

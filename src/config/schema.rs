@@ -783,6 +783,9 @@ pub struct VllmParams {
     /// Longest sequence (prompt + output) served; longer requests are rejected.
     /// Default: the model's context length. The KV pool must hold one such sequence.
     pub max_model_len: Option<u64>,
+    /// KV blocks of the GPU pool, as the engine reports them (vLLM's `--num-gpu-blocks-override`;
+    /// copy "# GPU blocks" from the server's log), instead of the memory arithmetic. Default: unset (computed).
+    pub num_gpu_blocks_override: Option<u64>,
     /// Let `max_model_len` exceed the model's context length (vLLM's
     /// `VLLM_ALLOW_LONG_MAX_MODEL_LEN=1`: for timing studies; outputs past the
     /// trained context would be meaningless).
@@ -807,6 +810,7 @@ impl Default for VllmParams {
             block_size: 16,
             gpu_memory_utilization: 0.9,
             max_model_len: None,
+            num_gpu_blocks_override: None,
             allow_long_max_model_len: false,
             enable_prefix_caching: true,
             apc_lru_ttl: 0.0,

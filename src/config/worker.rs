@@ -350,7 +350,18 @@ pub(super) fn resolve_worker(
             fit_hint,
         ));
     }
-    let total_blocks = pool.blocks;
+    // The engine's own count when given (vLLM's --num-gpu-blocks-override), else the arithmetic.
+    let total_blocks = match v.num_gpu_blocks_override {
+        Some(0) => {
+            return Err(cx.err(
+                &key("num_gpu_blocks_override"),
+                "must be at least 1 block",
+                "copy \"# GPU blocks\" from the vLLM server's log, or leave it unset to compute the pool from memory",
+            ));
+        }
+        Some(n) => n,
+        None => pool.blocks,
+    };
     let max_model_len = match v.max_model_len {
         None => model.max_model_len,
         Some(0) => {
@@ -385,6 +396,15 @@ pub(super) fn resolve_worker(
     }
     // As vLLM at start-up: one sequence of max_model_len tokens must fit.
     let needed = max_model_len.div_ceil(u64::from(block_size));
+    if total_blocks < needed && v.num_gpu_blocks_override.is_some() {
+        return Err(cx.err(
+            &key("num_gpu_blocks_override"),
+            format!(
+                "one maximum-length sequence ({max_model_len} tokens = {needed} blocks of {block_size}) does not fit in {total_blocks} blocks"
+            ),
+            "give the engine's block count (vLLM refuses to start with fewer than one sequence's), or a smaller worker.vllm_params.max_model_len",
+        ));
+    }
     if total_blocks < needed {
         return Err(cx.err(
             "worker.hw",
