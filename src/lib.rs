@@ -26,6 +26,7 @@
 #![warn(missing_docs)]
 
 pub mod calibrate;
+pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod engine;

@@ -33,10 +33,13 @@ const RESULT_STRING_ALLOWED: &[&str] = &[
     "src/workload/rate.rs",
     "src/workload/sc25.rs",
     "src/workload/sessions.rs",
+    "src/workload/vllm_bench.rs",
     // The calibration command's readers and fits: main prints the message as an input error.
     "src/calibrate/fit.rs",
     "src/calibrate/bench.rs",
     "src/calibrate/sets.rs",
+    // vLLM's --percentile-metrics and --metric-percentiles: the command prints the message as an input error.
+    "src/output/vllm.rs",
     // A dotted path, a constraint, the effective configuration's typed round trip: wrapped into ConfigErrors.
     "src/sweep/path.rs",
     "src/stats.rs",

@@ -19,6 +19,7 @@ mod search;
 mod shipped;
 mod signals;
 mod sweep;
+mod vllm_bench;
 mod workloads;
 
 use std::path::PathBuf;

@@ -5,7 +5,9 @@
 //! from the schema's doc comments at build time, see `build.rs`).
 
 use super::Scenario;
-use super::schema::{RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, TierParams, TraceParams};
+use super::schema::{
+    RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, TierParams, TraceParams, VllmBenchParams,
+};
 use crate::kvcache::Tier;
 use std::fmt::Write;
 use std::path::Path;
@@ -120,6 +122,13 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
             "sc25workload" => typed::<Sc25Params>(params)?,
             "ragworkload" => typed::<RagParams>(params)?,
             "sessions" => typed::<SessionsParams>(params)?,
+            "vllmbench" => {
+                let mut t = typed::<VllmBenchParams>(params)?;
+                if let Some(toml::Value::String(p)) = t.get_mut("result_file") {
+                    *p = absolute(p);
+                }
+                t
+            }
             other => return Err(format!("unknown workload type {other:?}")),
         };
         st.as_table_mut().ok_or("a stage is a table")?.insert("workload_params".into(), toml::Value::Table(full));
@@ -175,6 +184,7 @@ fn stage_struct(kind: &str) -> &'static str {
         "sc25workload" => "Sc25Params",
         "ragworkload" => "RagParams",
         "sessions" => "SessionsParams",
+        "vllmbench" => "VllmBenchParams",
         _ => "RateParams",
     }
 }

@@ -588,6 +588,40 @@ impl Default for TraceParams {
     }
 }
 
+/// `workload_params` of `VllmBench`: a measured `vllm bench serve` run replayed.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VllmBenchParams {
+    /// The JSON file `vllm bench serve --save-result --save-detailed` wrote, relative to the spec file.
+    pub result_file: String,
+    /// Successful requests to replay, from the first; `-1` = all of them.
+    pub total_requests: i64,
+    /// Leading prompt tokens every request shares (the `random` dataset's `--random-prefix-len`).
+    pub shared_prefix_tokens: i64,
+    /// Requests/s to send them at instead of the file's own timing; `-1` = as measured (its `start_times`, else its `request_rate`).
+    pub request_rate: f64,
+    /// With `request_rate`: the gamma shape of the gaps (vLLM's `--burstiness`; 1 = Poisson); `-1` = the file's.
+    pub burstiness: f64,
+    /// Stage time limit, seconds from the stage start; `-1` = none.
+    pub time_duration_sec: f64,
+    /// In-flight cap (vLLM's `--max-concurrency`); `0` = the file's `max_concurrency` (none if it has none), `-1` = unlimited.
+    pub max_outstanding_requests: i64,
+}
+
+impl Default for VllmBenchParams {
+    fn default() -> Self {
+        VllmBenchParams {
+            result_file: String::new(),
+            total_requests: -1,
+            shared_prefix_tokens: 0,
+            request_rate: -1.0,
+            burstiness: -1.0,
+            time_duration_sec: -1.0,
+            max_outstanding_requests: 0,
+        }
+    }
+}
+
 /// `[kvc]`: the tiers below the GPU (LMCache-like), Opal's key names.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

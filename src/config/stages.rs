@@ -3,17 +3,20 @@
 
 use super::context::Ctx;
 use super::error::{ConfigError, closest};
-use super::schema::{RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, StageSection, TraceParams};
+use super::schema::{
+    RagParams, RateParams, Sc25Params, SessionsParams, SpecFile, StageSection, TraceParams, VllmBenchParams,
+};
 use crate::time::SimDuration;
 use crate::workload::{
-    ArrivalProcess, Dist, PromptContent, RagStage, RateStage, SC25_PROMPT_SIZES, Sc25Stage, SessionsStage, StageConfig,
-    StageKind, TraceStage,
+    ArrivalProcess, BENCH_COMMAND, BenchFile, BenchTiming, Dist, PromptContent, RagStage, RateStage, SC25_PROMPT_SIZES,
+    Sc25Stage, SessionsStage, StageConfig, StageKind, TraceStage, VllmBenchStage,
 };
 use std::path::Path;
 use std::sync::Arc;
 
 /// Workload types, as Opal spells them (matched case-insensitively).
-const TYPES: [&str; 6] = ["UniformReqRate", "ExponentialReqRate", "Trace", "SC25Workload", "RAGWorkload", "Sessions"];
+const TYPES: [&str; 7] =
+    ["UniformReqRate", "ExponentialReqRate", "Trace", "SC25Workload", "RAGWorkload", "Sessions", "VllmBench"];
 
 /// What a distribution describes: lengths are at least one token, times at least zero seconds.
 #[derive(Clone, Copy, PartialEq)]
@@ -101,6 +104,7 @@ impl StageCx<'_> {
             "sc25workload" => self.sc25(self.params(st)?),
             "ragworkload" => self.rag(self.params(st)?),
             "sessions" => self.sessions(self.params(st)?),
+            "vllmbench" => self.vllm_bench(self.params(st)?),
             _ => Err(self
                 .cx
                 .err(
@@ -345,28 +349,7 @@ impl StageCx<'_> {
                 )
                 .schema());
         }
-        let path = self.base_dir.join(&p.trace_file);
-        if path.is_dir() {
-            return Err(self.err(
-                "trace_file",
-                format!("{} is a directory, not a trace file", path.display()),
-                "name the JSONL file itself",
-            ));
-        }
-        if path.exists() && !path.is_file() {
-            return Err(self.err(
-                "trace_file",
-                format!("{} is not a regular file (a device or a FIFO cannot be replayed)", path.display()),
-                "name a JSONL file",
-            ));
-        }
-        if !path.is_file() {
-            return Err(self.err(
-                "trace_file",
-                format!("{} does not exist", path.display()),
-                "paths are relative to the spec file",
-            ));
-        }
+        let path = self.input_file("trace_file", &p.trace_file, "a trace file", "JSONL")?;
         let chunk_size = self.at_least("chunk_size", p.chunk_size, 1)?;
         let multiplier_to_sec = self.cx.positive(&self.key("multiplier_to_sec"), p.multiplier_to_sec)?;
         let time_scale = self.cx.positive(&self.key("time_scale"), p.time_scale)?;
@@ -408,6 +391,97 @@ impl StageCx<'_> {
             kind: StageKind::Trace(trace),
             time_limit: self.time_limit(p.time_duration_sec)?,
             max_outstanding: self.cap("max_outstanding_requests", p.max_outstanding_requests)?,
+        })
+    }
+
+    /// The file `name` (relative to the spec) of key `k`: it must be a regular file.
+    fn input_file(&self, k: &str, name: &str, what: &str, format: &str) -> Result<std::path::PathBuf, ConfigError> {
+        let path = self.base_dir.join(name);
+        if path.is_dir() {
+            return Err(self.err(
+                k,
+                format!("{} is a directory, not {what}", path.display()),
+                format!("name the {format} file itself"),
+            ));
+        }
+        if path.exists() && !path.is_file() {
+            return Err(self.err(
+                k,
+                format!("{} is not a regular file (a device or a FIFO cannot be replayed)", path.display()),
+                format!("name a {format} file"),
+            ));
+        }
+        if !path.is_file() {
+            return Err(self.err(
+                k,
+                format!("{} does not exist", path.display()),
+                "paths are relative to the spec file",
+            ));
+        }
+        Ok(path)
+    }
+
+    fn vllm_bench(&self, p: VllmBenchParams) -> Result<StageConfig, ConfigError> {
+        if p.result_file.is_empty() {
+            return Err(self
+                .err(
+                    "result_file",
+                    "a VllmBench stage needs the result of a vllm bench serve run",
+                    format!("set result_file = \"measured.json\" (relative to the spec), written by: {BENCH_COMMAND}"),
+                )
+                .schema());
+        }
+        let path = self.input_file("result_file", &p.result_file, "a vllm bench serve result", "JSON")?;
+        let file = BenchFile::read(&path, false).map_err(|e| {
+            let at = ConfigError::file(e.path.display().to_string(), e.message).hint(e.hint);
+            match e.line {
+                Some(l) => at.at_line(l),
+                None => at,
+            }
+        })?;
+        let total = unlimited_or(self, "total_requests", p.total_requests)?;
+        let timing = match (p.request_rate, p.burstiness) {
+            (-1.0, -1.0) => None,
+            (-1.0, _) => {
+                return Err(self.err(
+                    "burstiness",
+                    "burstiness shapes the gaps of request_rate, which is not set",
+                    "set request_rate (requests/s) as well, or remove burstiness",
+                ));
+            }
+            (r, b) => {
+                let rate = if r.is_infinite() && r > 0.0 { None } else { Some(self.request_rate(r)?) };
+                let burstiness = match b {
+                    -1.0 => file.burstiness,
+                    b if b > 0.0 && !b.is_nan() => b,
+                    b => {
+                        return Err(self.err(
+                            "burstiness",
+                            format!("must be positive, got {b}"),
+                            "use 1 for Poisson arrivals, less for burstier ones, inf for fixed gaps",
+                        ));
+                    }
+                };
+                Some(BenchTiming::Rate { rate, burstiness, ramp_up: None })
+            }
+        };
+        let shared = self.at_least("shared_prefix_tokens", p.shared_prefix_tokens, 0)?;
+        let stage = VllmBenchStage::new(path, &file, total, timing, shared);
+        if stage.requests.is_empty() {
+            return Err(self.err(
+                "result_file",
+                format!("{} lists no successful request ({} failed)", stage.path.display(), file.len()),
+                "replay a run whose requests succeeded",
+            ));
+        }
+        let max_outstanding = match p.max_outstanding_requests {
+            0 => file.max_concurrency,
+            v => self.cap("max_outstanding_requests", v)?,
+        };
+        Ok(StageConfig {
+            kind: StageKind::VllmBench(stage),
+            time_limit: self.time_limit(p.time_duration_sec)?,
+            max_outstanding,
         })
     }
 

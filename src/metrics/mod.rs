@@ -30,6 +30,7 @@ pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeco
 
 use crate::time::{SimDuration, SimTime};
 use hdrhistogram::Histogram;
+use rows::col;
 use serde::Serialize;
 
 /// A latency distribution.
@@ -835,26 +836,26 @@ impl RunSummary {
         };
         let mut c: Vec<(String, SummaryValue)> = vec![
             ("requests_generated".into(), Count(self.requests_generated)),
-            ("requests_completed".into(), Count(self.requests_completed)),
-            ("requests_rejected".into(), Count(self.requests_rejected)),
-            ("requests_incomplete".into(), Count(self.requests_incomplete)),
-            ("sim_time_s".into(), Real(self.sim_time_s)),
+            (col::REQUESTS_COMPLETED.into(), Count(self.requests_completed)),
+            (col::REQUESTS_REJECTED.into(), Count(self.requests_rejected)),
+            (col::REQUESTS_INCOMPLETE.into(), Count(self.requests_incomplete)),
+            (col::SIM_TIME_S.into(), Real(self.sim_time_s)),
             ("events".into(), Count(self.events)),
             ("stop_reason".into(), Label(stop)),
-            ("input_tokens_per_s".into(), Real(self.input_tokens_per_s)),
-            ("output_tokens_per_s".into(), Real(self.output_tokens_per_s)),
+            (col::INPUT_TOKENS_PER_S.into(), Real(self.input_tokens_per_s)),
+            (col::OUTPUT_TOKENS_PER_S.into(), Real(self.output_tokens_per_s)),
             ("requests_per_s".into(), Real(self.requests_per_s)),
         ];
-        for (name, stats) in [
-            ("ttft", &self.ttft_ms),
-            ("tpot", &self.tpot_ms),
-            ("itl", &self.itl_ms),
-            ("e2e", &self.e2e_ms),
-            ("queue_wait", &self.queue_wait_ms),
-            ("kv_fetch", &self.kv_fetch_ms),
-            ("kv_staleness", &self.kv_staleness_ms),
+        for (metric, stats) in [
+            (LatencyMetric::Ttft, &self.ttft_ms),
+            (LatencyMetric::Tpot, &self.tpot_ms),
+            (LatencyMetric::Itl, &self.itl_ms),
+            (LatencyMetric::E2e, &self.e2e_ms),
+            (LatencyMetric::QueueWait, &self.queue_wait_ms),
+            (LatencyMetric::KvFetch, &self.kv_fetch_ms),
+            (LatencyMetric::KvStaleness, &self.kv_staleness_ms),
         ] {
-            c.extend(stats.fields().iter().map(|(s, v)| (format!("{name}_{s}_ms"), Real(*v))));
+            c.extend(stats.fields().iter().map(|(s, v)| (col::latency(metric, s), Real(*v))));
         }
         c.extend([
             ("gpu_busy_fraction".into(), Real(self.gpu_busy_fraction)),

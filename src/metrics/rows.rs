@@ -34,7 +34,7 @@ pub mod col {
     pub const HDR: &str = "hdr";
     /// Timeseries: the interval's start.
     pub const INTERVAL_START_S: &str = "interval_start_s";
-    /// Timeseries: responses in the interval.
+    /// Runs: requests completed; timeseries: responses in the interval.
     pub const REQUESTS_COMPLETED: &str = "requests_completed";
     /// Timeseries, sc25: prompt tokens.
     pub const PROMPT_TOKENS: &str = "prompt_tokens";
@@ -58,6 +58,22 @@ pub mod col {
     pub const STAGE: &str = "stage";
     /// Stages: the stage's type.
     pub const TYPE: &str = "type";
+    /// Runs: requests rejected (longer than the engine serves).
+    pub const REQUESTS_REJECTED: &str = "requests_rejected";
+    /// Runs: requests in flight when the run stopped.
+    pub const REQUESTS_INCOMPLETE: &str = "requests_incomplete";
+    /// Runs: simulated seconds covered.
+    pub const SIM_TIME_S: &str = "sim_time_s";
+    /// Runs: prompt tokens of completed requests per simulated second.
+    pub const INPUT_TOKENS_PER_S: &str = "input_tokens_per_s";
+    /// Runs: output tokens of completed requests per simulated second.
+    pub const OUTPUT_TOKENS_PER_S: &str = "output_tokens_per_s";
+
+    /// Runs: statistic `stat` (`p50`, `p90`, `p95`, `p99`, `p999`, `mean`,
+    /// `max`) of a latency metric, milliseconds.
+    pub fn latency(metric: crate::metrics::LatencyMetric, stat: &str) -> String {
+        format!("{}_{stat}_ms", metric.name())
+    }
 }
 
 /// Where a row's columns go: the schema, or a row's cells.

@@ -25,6 +25,7 @@
 
 pub mod spill;
 pub mod table;
+pub mod vllm;
 
 use crate::RunError;
 use crate::cluster::RunOutput;

@@ -11,7 +11,7 @@
 //! the first completion that frees a place.
 //!
 //! Generators (one file each) are open-loop (`UniformReqRate`,
-//! `ExponentialReqRate`, `Trace`, `RAGWorkload`: arrivals at given times) or
+//! `ExponentialReqRate`, `Trace`, `RAGWorkload`, `VllmBench`: arrivals at given times) or
 //! closed-loop (`SC25Workload`, `Sessions`: completions make the next
 //! request due). This module only sequences stages, applies limits and
 //! makes sure an arrival event is scheduled for whatever is due next.
@@ -23,6 +23,7 @@ mod rate;
 mod sc25;
 mod sessions;
 mod trace;
+mod vllm_bench;
 
 pub use arrivals::ArrivalProcess;
 pub use dist::Dist;
@@ -31,6 +32,7 @@ pub use rate::{PromptContent, RateStage};
 pub use sc25::{SC25_PROMPT_SIZES, Sc25Stage};
 pub use sessions::SessionsStage;
 pub use trace::{TraceCounts, TraceError, TraceReader, TraceRequest, TraceStage, bursts as trace_bursts};
+pub use vllm_bench::{BENCH_COMMAND, BenchError, BenchFile, BenchRequest, BenchTiming, RampUp, VllmBenchStage};
 
 use crate::ids::StageId;
 use crate::kvcache::{Content, content_id};
@@ -51,6 +53,8 @@ pub enum StageKind {
     Rag(RagStage),
     /// `Sessions`.
     Sessions(SessionsStage),
+    /// `VllmBench`.
+    VllmBench(VllmBenchStage),
 }
 
 /// A resolved workload stage.
@@ -74,6 +78,7 @@ impl StageConfig {
             StageKind::Sc25(_) => "SC25Workload",
             StageKind::Rag(_) => "RAGWorkload",
             StageKind::Sessions(_) => "Sessions",
+            StageKind::VllmBench(_) => "VllmBench",
         }
     }
 
@@ -86,6 +91,7 @@ impl StageConfig {
             StageKind::Sc25(s) => Some(2 * s.prompt_sizes.len() as u64),
             StageKind::Rag(s) => s.total,
             StageKind::Sessions(_) => None,
+            StageKind::VllmBench(s) => Some(s.requests.len() as u64),
         }
     }
 
@@ -95,6 +101,9 @@ impl StageConfig {
             StageKind::Rate(s) => Some(s.prompt.upper_bound()? as u64 + s.output.upper_bound()? as u64),
             StageKind::Sc25(s) => Some(u64::from(*s.prompt_sizes.iter().max()?) + u64::from(s.output_tokens)),
             StageKind::Rag(s) => Some(s.prompt_tokens() + s.output_tokens.upper_bound()? as u64),
+            StageKind::VllmBench(s) => {
+                s.requests.iter().map(|r| u64::from(r.prompt_tokens) + u64::from(r.output_tokens)).max()
+            }
             // Long traces and conversations are rejected per request, as vLLM does.
             StageKind::Trace(_) | StageKind::Sessions(_) => None,
         }
@@ -213,6 +222,7 @@ enum Source {
     Sc25(sc25::Sc25Source),
     Rag(rag::RagSource),
     Sessions(sessions::SessionSource),
+    VllmBench(vllm_bench::VllmBenchSource),
 }
 
 impl Source {
@@ -223,6 +233,7 @@ impl Source {
             Source::Sc25(g) => g,
             Source::Rag(g) => g,
             Source::Sessions(g) => g,
+            Source::VllmBench(g) => g,
         }
     }
 }
@@ -270,6 +281,7 @@ impl Workload {
                     StageKind::Sc25(c) => Source::Sc25(sc25::Sc25Source::new(c, i)),
                     StageKind::Rag(c) => Source::Rag(rag::RagSource::new(c, i, seeds)),
                     StageKind::Sessions(c) => Source::Sessions(sessions::SessionSource::new(c, i, seeds)),
+                    StageKind::VllmBench(c) => Source::VllmBench(vllm_bench::VllmBenchSource::new(c, i, seeds)),
                 },
             })
             .collect();
