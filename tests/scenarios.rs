@@ -271,6 +271,14 @@ fn tier_capacity_is_priced_per_gib_hour_beside_the_gpus() {
     assert!((unpriced.cost.usd - 2.0 * hours * 3.0).abs() < 1e-12);
     let tier_joules = 2.0 * 64.0 * 0.375 * sum.sim_time_s;
     assert!((sum.cost.energy_j - unpriced.cost.energy_j - tier_joules).abs() < 1e-6);
+    // Per GPU the power is the GPUs' alone: the tiers' watts are their own column.
+    let column = |s: &opal::metrics::RunSummary, name: &str| match s.columns().into_iter().find(|(n, _)| n == name) {
+        Some((_, opal::metrics::SummaryValue::Real(v))) => v,
+        other => panic!("{name}: {other:?}"),
+    };
+    assert!((column(&sum, "mean_power_w") - column(&unpriced, "mean_power_w")).abs() < 1e-9);
+    assert!((column(&sum, "tier_energy_kwh") - tier_joules / 3.6e6).abs() < 1e-15);
+    assert_eq!(column(&unpriced, "tier_energy_kwh"), 0.0);
 }
 
 #[test]

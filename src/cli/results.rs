@@ -2,6 +2,7 @@
 //! `vllm bench serve`'s result format out and in.
 
 use super::{Failure, out};
+use crate::report::text::count;
 use crate::sweep::runner::merge_dir;
 use clap::Args;
 use std::path::PathBuf;
@@ -18,7 +19,12 @@ pub(super) fn merge(dir: &std::path::Path) -> Result<ExitCode, Failure> {
         .map_err(|e| Failure::Input(e.to_string()))?;
     // A gap (shards not yet run) is incomplete results, like a failed run: exit 1.
     let report = merge_dir(dir).map_err(|e| Failure::Run(e.to_string()))?;
-    out(&format!("merged {} parts: {} runs in {}\n", report.parts, report.runs, dir.display()));
+    out(&format!(
+        "merged {}: {} in {}\n",
+        count(report.parts as u64, "part"),
+        count(report.runs as u64, "run"),
+        dir.display()
+    ));
     if crate::sweep::runner::report_requested(dir) {
         auto_report(dir);
     }
@@ -52,11 +58,14 @@ pub(super) fn auto_report(dir: &std::path::Path) {
 
 fn report_line(r: &crate::report::ReportSummary, wall: f64) -> String {
     let mut text = format!(
-        "report: {} ({} figures from {} runs{}, {wall:.2} s)\n",
+        "report: {} ({} from {}{}, {wall:.2} s)\n",
         r.index.display(),
-        r.figures,
-        r.runs,
-        if r.failed > 0 { format!("; {} failed runs left out", r.failed) } else { String::new() }
+        count(r.figures as u64, "figure"),
+        count(r.runs as u64, "run"),
+        match r.failed {
+            0 => String::new(),
+            n => format!("; {} left out", count(n as u64, "failed run")),
+        }
     );
     for s in &r.skipped {
         text.push_str(&format!("  {s}\n"));

@@ -1,6 +1,8 @@
 //! Running a spec: a sweep, a search or a Pareto search, and what it prints.
 
 use super::{Failure, STOP, out};
+use crate::config::Spec;
+use crate::report::text::count;
 use crate::sweep::runner::{RunnerOptions, Shard, SweepReport, run_sweep};
 use crate::sweep::{SweepPlan, plan};
 use clap::Args;
@@ -39,11 +41,11 @@ pub struct RunArgs {
     quiet: bool,
 }
 
-/// Loads and expands a spec. If no point can run, that is an input error
-/// (for a spec without axes: its one scenario is invalid).
-pub(super) fn load_plan(spec: &std::path::Path) -> Result<SweepPlan, Failure> {
-    let spec = crate::config::load_spec(spec).map_err(|e| Failure::Input(e.to_string()))?;
-    let plan = plan(&spec).map_err(|e| Failure::Input(e.to_string()))?;
+/// Loads and expands a spec (parsed once, here). If no point can run, that
+/// is an input error (for a spec without axes: its one scenario is invalid).
+pub(super) fn load_plan(spec: &std::path::Path) -> Result<(Spec, SweepPlan), Failure> {
+    let spec = crate::config::load_spec(spec).map_err(input)?;
+    let plan = plan(&spec).map_err(input)?;
     for n in &plan.notes {
         eprintln!("warning: {n}");
     }
@@ -54,39 +56,46 @@ pub(super) fn load_plan(spec: &std::path::Path) -> Result<SweepPlan, Failure> {
         };
         return Err(Failure::Input(format!("{e}{also}")));
     }
-    Ok(plan)
+    Ok((spec, plan))
+}
+
+fn input(e: impl ToString) -> Failure {
+    Failure::Input(e.to_string())
+}
+
+fn list<T: ToString>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
-    let spec_path = args.spec.as_ref().expect("clap requires the spec");
-    let plan = load_plan(spec_path)?;
+    let (spec, plan) = load_plan(args.spec.as_ref().expect("clap requires the spec"))?;
+    let search = crate::sweep::search::search_spec(&spec).map_err(input)?;
+    let pareto = crate::sweep::pareto::pareto_spec(&spec).map_err(input)?;
     if args.dry_run {
-        let spec = crate::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
-        if let Some(s) = crate::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+        if let Some(s) = &search {
             out(&format!(
-                "a search: per grid point below, the {} {} in [{}, {}] meeting {}; its probes ({} to {} run(s) each, the seeds below on) are chosen as it runs\n",
+                "a search: per grid point below, the {} {} in [{}, {}] meeting {}; its probes ({} each, the seeds below on) are chosen as it runs\n",
                 if s.maximize { "largest" } else { "smallest" },
                 s.parameter,
                 s.min,
                 s.max,
-                s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
-                s.replicates,
-                s.max_replicates
+                list(&s.slo),
+                if s.replicates == s.max_replicates {
+                    count(s.replicates, "run")
+                } else {
+                    format!("{} to {} runs", s.replicates, s.max_replicates)
+                }
             ));
         }
-        if let Some(s) = crate::sweep::pareto::pareto_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+        if let Some(s) = &pareto {
             out(&format!(
-                "a Pareto search: per grid point below, the frontier of {} over {} lattice points of {}{}; at most {} are evaluated ({} run(s) each), chosen as it runs\n",
-                s.objectives.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "),
+                "a Pareto search: per grid point below, the frontier of {} over {} lattice points of {}{}; at most {} are evaluated ({}), chosen as it runs\n",
+                list(&s.objectives),
                 s.lattice_size(),
                 s.parameters.iter().map(|(p, _, _)| p.as_str()).collect::<Vec<_>>().join(" × "),
-                if s.slo.is_empty() {
-                    String::new()
-                } else {
-                    format!(" meeting {}", s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))
-                },
+                if s.slo.is_empty() { String::new() } else { format!(" meeting {}", list(&s.slo)) },
                 s.max_points,
-                plan.replicates
+                count(plan.replicates, "run") + " each"
             ));
         }
         out(&crate::report::text::dry_run(&plan));
@@ -112,8 +121,8 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         overwrite: args.overwrite,
         progress: !args.quiet,
     };
-    let _lock = crate::sweep::lock::DirLock::acquire(&output, shard, crate::sweep::lock::Purpose::Run)
-        .map_err(|e| Failure::Input(e.to_string()))?;
+    let _lock =
+        crate::sweep::lock::DirLock::acquire(&output, shard, crate::sweep::lock::Purpose::Run).map_err(input)?;
     let _ = ctrlc::set_handler(|| {
         if STOP.swap(true, Ordering::SeqCst) {
             std::process::exit(130);
@@ -123,58 +132,30 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         );
     });
     let started = std::time::Instant::now();
-    let spec = crate::config::load_spec(spec_path).map_err(|e| Failure::Input(e.to_string()))?;
-    if args.resume && spec.file.search.is_some() && Shard::from_slurm_env().is_none() {
+    if args.resume && search.is_some() && Shard::from_slurm_env().is_none() {
         // A Slurm array task always passes --resume; by hand it is a request this cannot honour.
         eprintln!(
             "warning: a search cannot resume (each probe depends on the results before it): it starts over in {}",
             output.display()
         );
     }
-    if let Some(pareto) = crate::sweep::pareto::pareto_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+    if let Some(pareto) = pareto {
         let report = crate::sweep::pareto::run_pareto(&spec, &plan, &pareto, &opts, &STOP)?;
         if !args.quiet {
             out(&crate::report::text::pareto_table(&report));
         }
-        let place = if report.runs.merged.is_some() {
-            format!("results: {}", output.display())
-        } else {
-            format!("parts in {} (opal-sweep merge when every shard is done)", output.display())
-        };
         let evaluated: usize = report.points.iter().map(|(_, _, p)| p.evaluated.len()).sum();
-        out(&format!(
-            "{evaluated} of {} lattice points evaluated ({} runs, {} failed) in {:.2} s\n{place}\n",
-            pareto.lattice_size() * report.points.len(),
-            report.runs.executed,
-            report.runs.failures.len(),
-            started.elapsed().as_secs_f64()
-        ));
-        if plan.report && report.runs.merged.is_some() {
-            super::results::auto_report(&output);
-        }
-        return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        let what = format!("{evaluated} of {} lattice points evaluated", pareto.lattice_size() * report.points.len());
+        return Ok(close_search(&what, &report.runs, &output, plan.report, started));
     }
-    if let Some(search) = crate::sweep::search::search_spec(&spec).map_err(|e| Failure::Input(e.to_string()))? {
+    if let Some(search) = search {
         let report = crate::sweep::search::run_search(&spec, &plan, &search, &opts, &STOP)?;
         if !args.quiet {
             out(&crate::report::text::search_table(&report));
         }
-        let place = if report.runs.merged.is_some() {
-            format!("results: {}", output.display())
-        } else {
-            format!("parts in {} (opal-sweep merge when every shard is done)", output.display())
-        };
-        out(&format!(
-            "{} probes ({} runs, {} failed) in {:.2} s\n{place}\n",
-            report.probes(),
-            report.runs.executed,
-            report.runs.failures.len(),
-            started.elapsed().as_secs_f64()
-        ));
-        if plan.report && report.runs.merged.is_some() {
-            super::results::auto_report(&output);
-        }
-        return Ok(if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        let probes = report.probes();
+        let what = if probes == 1 { "1 probe".to_string() } else { format!("{probes} probes") };
+        return Ok(close_search(&what, &report.runs, &output, plan.report, started));
     }
     let report = run_sweep(&plan, &opts, &STOP)?;
     let wall = started.elapsed().as_secs_f64();
@@ -213,6 +194,32 @@ pub(super) fn run(args: &RunArgs) -> Result<ExitCode, Failure> {
         )));
     }
     Ok(if report.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+/// The close of a search or a Pareto search: what it did, its runs, where
+/// the results are, the report; exit 1 if it was interrupted.
+fn close_search(
+    what: &str,
+    runs_done: &SweepReport,
+    output: &std::path::Path,
+    report: bool,
+    started: std::time::Instant,
+) -> ExitCode {
+    let place = if runs_done.merged.is_some() {
+        format!("results: {}", output.display())
+    } else {
+        format!("parts in {} (opal-sweep merge when every shard is done)", output.display())
+    };
+    out(&format!(
+        "{what} ({}, {} failed) in {:.2} s\n{place}\n",
+        count(runs_done.executed, "run"),
+        runs_done.failures.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    if report && runs_done.merged.is_some() {
+        super::results::auto_report(output);
+    }
+    if STOP.load(Ordering::SeqCst) { ExitCode::from(1) } else { ExitCode::SUCCESS }
 }
 
 /// What a finished sweep prints: the summary (a run's numbers or one line
@@ -256,10 +263,9 @@ fn summarize(plan: &SweepPlan, report: &SweepReport, output: &std::path::Path, w
         text.push_str(&place);
         text.push_str(" — ");
     }
-    let runs = |n: usize| if n == 1 { "1 run".to_string() } else { format!("{n} runs") };
     text.push_str(&format!(
         "{} ok, {} failed, {}{} skipped (already done) of {} in {wall:.2} s",
-        runs(ok),
+        count(ok as u64, "run"),
         report.failures.len(),
         match report.interrupted_runs.len() {
             0 => String::new(),

@@ -110,7 +110,7 @@ pub(super) fn slurm(args: &SlurmArgs) -> Result<ExitCode, Failure> {
             return Err(Failure::Input(format!("--time {t:?}: not a Slurm time limit\n  fix: {fix}")));
         }
     }
-    let plan = super::run::load_plan(&args.spec)?;
+    let (_, plan) = super::run::load_plan(&args.spec)?;
     let abs = |p: &std::path::Path| std::path::absolute(p).map_err(|e| Failure::Input(format!("{}: {e}", p.display())));
     let spec = abs(&args.spec)?;
     let output = abs(&args.output.clone().unwrap_or_else(|| plan.default_output.clone()))?;

@@ -14,6 +14,11 @@ use std::path::Path;
 
 include!(concat!(env!("OUT_DIR"), "/schema_docs.rs"));
 
+/// Every key of the spec schema, as `(struct, key)`.
+pub fn schema_keys() -> impl Iterator<Item = (&'static str, &'static str)> {
+    SCHEMA_DOCS.iter().map(|&(s, k, _, _)| (s, k))
+}
+
 /// The documentation and type of `key` of schema struct `strukt`.
 fn doc(strukt: &str, key: &str) -> Option<(&'static str, &'static str)> {
     SCHEMA_DOCS.iter().find(|(s, k, _, _)| *s == strukt && *k == key).map(|&(_, _, ty, d)| (ty, d))
@@ -44,6 +49,10 @@ pub fn effective_table(file: &SpecFile, scenario: Option<&Scenario>, base_dir: &
     f.zip = Vec::new();
     if let Some(scenario) = scenario {
         let hw = &mut f.worker.hw;
+        // A preset under another of its names (`H100-SXM`) is written as the preset it is.
+        if crate::worker::presets::GpuSpec::preset(&hw.gpu).is_some() {
+            hw.gpu.clone_from(&scenario.gpu.name);
+        }
         hw.memory_gb.get_or_insert(scenario.gpu.memory_gb);
         hw.tflops.get_or_insert(scenario.gpu.tflops);
         if hw.tflops_fp8.is_none() {
@@ -193,8 +202,60 @@ fn stage_struct(kind: &str) -> &'static str {
 /// every key and section commented with its documentation.
 pub fn commented(table: &toml::Table) -> String {
     let mut out = String::new();
-    section(&mut out, "", table, "SpecFile");
+    section(&mut out, "", table, "SpecFile", false);
     out
+}
+
+/// The default scenario `table` as [`commented`] writes it, and then every
+/// other key of the schema commented out: unset optional keys (`(unset)`;
+/// each key's documentation says what that means), the study sections
+/// (`[sweep]`, `[grid]`, `[[zip]]`, `[search]`, `[disaggregation]`) and the
+/// other workload types' parameters, each with its default — a reference
+/// that still runs to the default scenario.
+pub fn reference(table: &toml::Table) -> String {
+    let mut out = String::new();
+    section(&mut out, "", table, "SpecFile", true);
+    out.push_str("\n# The other workload types, each with its defaults:\n");
+    for (kind, params) in [
+        ("ExponentialReqRate", typed::<RateParams>(&toml::Table::new())),
+        ("Trace", typed::<TraceParams>(&toml::Table::new())),
+        ("SC25Workload", typed::<Sc25Params>(&toml::Table::new())),
+        ("RAGWorkload", typed::<RagParams>(&toml::Table::new())),
+        ("Sessions", typed::<SessionsParams>(&toml::Table::new())),
+        ("VllmBench", typed::<VllmBenchParams>(&toml::Table::new())),
+    ] {
+        let params = params.expect("every stage type's defaults serialize");
+        let mut block = format!("\n[[workload.stages]]\ntype = \"{kind}\"\n[workload.stages.workload_params]\n");
+        section(&mut block, "workload.stages.workload_params", &params, stage_struct(kind), true);
+        out.push_str(&commented_out(&block));
+    }
+    out
+}
+
+/// `text` with every line commented out (blank lines kept).
+fn commented_out(text: &str) -> String {
+    text.lines()
+        .map(|l| if l.is_empty() || l.starts_with('#') { format!("{l}\n") } else { format!("# {l}\n") })
+        .collect()
+}
+
+/// Whether a schema type is one of the schema's structs (a section).
+fn is_struct(ty: &str) -> bool {
+    let t = inner(ty);
+    SCHEMA_DOCS.iter().any(|(s, _, _, _)| *s == t)
+}
+
+/// The serde defaults of an optional section's struct (none for a struct
+/// with a required key).
+fn section_defaults(strukt: &str) -> toml::Table {
+    use super::schema::{DisaggregationSection, SearchSection, SweepSection};
+    let t = match strukt {
+        "SearchSection" => typed::<SearchSection>(&toml::Table::new()),
+        "DisaggregationSection" => typed::<DisaggregationSection>(&toml::Table::new()),
+        "SweepSection" => typed::<SweepSection>(&toml::Table::new()),
+        _ => Ok(toml::Table::new()),
+    };
+    t.unwrap_or_default()
 }
 
 fn comment(out: &mut String, text: &str) {
@@ -212,7 +273,9 @@ fn key_text(k: &str) -> String {
     }
 }
 
-fn section(out: &mut String, path: &str, table: &toml::Table, strukt: &str) {
+/// Writes `table` (of schema struct `strukt`) under `path`; with
+/// `every_key`, the struct's keys the table leaves out too, commented out.
+fn section(out: &mut String, path: &str, table: &toml::Table, strukt: &str, every_key: bool) {
     let join = |k: &str| if path.is_empty() { key_text(k) } else { format!("{path}.{}", key_text(k)) };
     // A table is a section unless the schema takes the key as a free value
     // (a length distribution, written inline).
@@ -231,6 +294,23 @@ fn section(out: &mut String, path: &str, table: &toml::Table, strukt: &str) {
         }
         out.push('\n');
     }
+    let absent: Vec<(&str, &str, &str)> = if every_key {
+        SCHEMA_DOCS
+            .iter()
+            .filter(|(s, k, _, _)| *s == strukt && !table.contains_key(*k) && *k != "workload_params")
+            .map(|&(_, k, ty, d)| (k, ty, d))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let is_table = |ty: &str| is_struct(ty) || ty.ends_with("toml::Table>") || ty == "toml::Table";
+    for &(k, _, d) in absent.iter().filter(|(_, ty, _)| !is_table(ty)) {
+        let _ = write!(out, "# {} = (unset)", key_text(k));
+        if !d.is_empty() {
+            let _ = write!(out, "  # {d}");
+        }
+        out.push('\n');
+    }
     for (k, v) in table.iter().filter(|(k, v)| is_section(k, v)) {
         let (ty, d) = doc(strukt, k).unwrap_or(("", ""));
         match v {
@@ -238,7 +318,7 @@ fn section(out: &mut String, path: &str, table: &toml::Table, strukt: &str) {
                 out.push('\n');
                 comment(out, d);
                 let _ = writeln!(out, "[{}]", join(k));
-                section(out, &join(k), t, inner(ty));
+                section(out, &join(k), t, inner(ty), every_key);
             }
             toml::Value::Array(items) => {
                 for item in items {
@@ -249,14 +329,28 @@ fn section(out: &mut String, path: &str, table: &toml::Table, strukt: &str) {
                     let kind = t.get("type").and_then(toml::Value::as_str).unwrap_or("");
                     let mut head = t.clone();
                     let params = head.remove("workload_params").filter(|_| !kind.is_empty());
-                    section(out, &join(k), &head, inner(ty));
+                    section(out, &join(k), &head, inner(ty), every_key);
                     if let Some(toml::Value::Table(p)) = params {
                         let _ = writeln!(out, "[{}.workload_params]", join(k));
-                        section(out, &format!("{}.workload_params", join(k)), &p, stage_struct(kind));
+                        section(out, &format!("{}.workload_params", join(k)), &p, stage_struct(kind), every_key);
                     }
                 }
             }
             _ => unreachable!("is_section admits tables and arrays of tables"),
         }
+    }
+    // Sections the table leaves out (a study's, or an optional one): commented out, with their defaults.
+    for &(k, ty, d) in absent.iter().filter(|(_, ty, _)| is_table(ty)) {
+        let mut block = String::from("\n");
+        comment(&mut block, d);
+        if ty.starts_with("Vec<") {
+            let _ = writeln!(block, "[[{}]]", join(k));
+        } else {
+            let _ = writeln!(block, "[{}]", join(k));
+        }
+        if is_struct(ty) {
+            section(&mut block, &join(k), &section_defaults(inner(ty)), inner(ty), true);
+        }
+        out.push_str(&commented_out(&block));
     }
 }

@@ -183,7 +183,7 @@ pub struct SweepSection {
     /// Time-series interval for every run, seconds (overrides `simulation.time_series_interval_sec`).
     pub time_series_interval_sec: Option<f64>,
     /// A scenario file to use as the base (relative to this spec); the spec
-    /// then holds only `[sweep]`, `[grid]` and `[[zip]]`.
+    /// then holds only `[sweep]`, `[grid]` and `[[zip]]` (unset: the spec is its own scenario).
     pub base: Option<String>,
     /// Write the HTML report (`opal-sweep report`) into `<output>/report/`
     /// when the sweep finishes (default false).
@@ -202,9 +202,9 @@ pub struct SimulationSection {
     pub num_workers: u32,
     /// Width of one time-series interval, simulated seconds (not in Opal, which samples every second).
     pub time_series_interval_sec: f64,
-    /// A request meets its SLO when its TTFT is at most this, ms (with `slo_tpot_ms`: both); gives `slo_attainment` and `goodput_rps` (DistServe's goodput).
+    /// A request meets its SLO when its TTFT is at most this, ms (with `slo_tpot_ms`: both); gives `slo_attainment` and `goodput_rps` (DistServe's goodput). Unset (with `slo_tpot_ms`): no per-request SLO, both null.
     pub slo_ttft_ms: Option<f64>,
-    /// A request meets its SLO when its TPOT is at most this, ms (one-token answers meet it).
+    /// A request meets its SLO when its TPOT is at most this, ms (one-token answers meet it); unset: no TPOT bound.
     pub slo_tpot_ms: Option<f64>,
 }
 
@@ -237,9 +237,9 @@ pub struct ModelParams {
     /// A model preset (`opal-sweep presets` lists them; Hugging Face ids and `-instruct` names
     /// accepted) or, with `config_dir`, a sub-directory holding `config.json`.
     pub name: String,
-    /// Directory containing `<name>/config.json` (Opal's layout), relative to the spec file.
+    /// Directory containing `<name>/config.json` (Opal's layout), relative to the spec file (unset: `name` is a preset).
     pub config_dir: Option<String>,
-    /// A Hugging Face `config.json` to read directly, relative to the spec file.
+    /// A Hugging Face `config.json` to read directly, relative to the spec file (unset: `name` is a preset).
     pub config_path: Option<String>,
 }
 
@@ -353,7 +353,7 @@ impl Default for WorkloadSection {
 #[serde(deny_unknown_fields)]
 pub struct StageSection {
     /// Workload type, case-insensitive: UniformReqRate, ExponentialReqRate, Trace,
-    /// SC25Workload, RAGWorkload, Sessions.
+    /// SC25Workload, RAGWorkload, Sessions, VllmBench.
     #[serde(rename = "type")]
     pub kind: String,
     /// Parameters of that type (checked against the type's own keys).
@@ -691,11 +691,11 @@ pub struct TierParams {
     pub capacity_GB: Option<f64>,
     /// `lru` (default), `lfu` or `fifo`.
     pub eviction_policy: Option<String>,
-    /// DistributedFS only: each worker's link, 10⁹ bytes/s (max-min fair sharing).
+    /// DistributedFS only: each worker's link to it, 10⁹ bytes/s, shared max-min fairly by the worker's transfers (unset: no per-worker cap, only the device's bandwidth).
     pub client_bandwidth_GBps: Option<f64>,
-    /// Price of its capacity, dollars per GiB (as `capacity_GB`) per hour, per instance (none built in; the README gives sources).
+    /// Price of its capacity, dollars per GiB (as `capacity_GB`) per hour, per instance (unset: free; none built in, the README gives sources).
     pub usd_per_gb_hour: Option<f64>,
-    /// Power its capacity draws, watts per GiB, counted in the run's energy.
+    /// Power its capacity draws, watts per GiB, counted in the run's energy (unset: 0).
     pub watts_per_gb: Option<f64>,
 }
 
@@ -767,7 +767,7 @@ pub struct HwParams {
     pub compute_watts: Option<f64>,
     /// Power added at full use of HBM bandwidth (× the step's share of peak bandwidth), W per GPU.
     pub memory_watts: Option<f64>,
-    /// Tensor-parallel interconnect per GPU and direction, GB/s (10⁹ B/s); overrides the preset (NVLink, or PCIe).
+    /// Tensor-parallel interconnect per GPU and direction, GB/s (10⁹ B/s); overrides the preset's (NVLink, or PCIe).
     pub link_GBps: Option<f64>,
     /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
     pub usd_per_gpu_hour: Option<f64>,

@@ -928,7 +928,7 @@ impl RunSummary {
         c.extend([
             ("gpu_hours".into(), Real(k.gpu_hours)),
             ("energy_kwh".into(), Real(k.energy_j / 3.6e6)),
-            ("mean_power_w".into(), Real(k.energy_j / (k.gpu_hours * 3600.0))),
+            ("mean_power_w".into(), Real(self.gpu_power_w())),
             ("joules_per_output_token".into(), Real(k.energy_j / output)),
             ("usd".into(), Real(k.usd)),
             ("usd_per_m_input_tokens".into(), Real(k.usd / input * 1e6)),
@@ -938,7 +938,14 @@ impl RunSummary {
             c.push((format!("tier_gib_hours_{}", t.short()), Real(self.tier_cost.gib_hours[t.index() - 1])));
         }
         c.push(("tier_usd".into(), Real(self.tier_cost.usd)));
+        c.push(("tier_energy_kwh".into(), Real(self.tier_cost.energy_j / 3.6e6)));
         c
+    }
+
+    /// Mean power per GPU, watts: the GPUs' energy (the run's less the KV
+    /// tiers') over their GPU-hours.
+    pub fn gpu_power_w(&self) -> f64 {
+        (self.cost.energy_j - self.tier_cost.energy_j) / (self.cost.gpu_hours * 3600.0)
     }
 }
 

@@ -3,6 +3,14 @@
 use crate::metrics::RunSummary;
 use std::fmt::Write;
 
+/// `n` and `noun`, plural unless `n` is 1 (`1 run`, `3 runs`, `2 points`).
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    match n.into() {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
+    }
+}
+
 /// A summary table of one run.
 pub fn summary_table(s: &RunSummary) -> String {
     let mut out = String::new();
@@ -111,7 +119,7 @@ fn cost_line(s: &RunSummary) -> String {
             line,
             ", {:.3} kWh (mean {:.0} W per GPU, {:.3} J per output token)",
             k.energy_j / 3.6e6,
-            k.energy_j / (k.gpu_hours * 3600.0),
+            s.gpu_power_w(),
             k.energy_j / output
         );
     }
@@ -237,7 +245,8 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     if !odd.is_empty() {
         let _ = writeln!(
             out,
-            "non-monotone at point(s) {}: a value beyond the first failing one passed (noise, or a metric not monotone in the parameter); the answer is the best value short of the first failure (the probes are in runs.parquet)",
+            "non-monotone at {} {}: a value beyond the first failing one passed (noise, or a metric not monotone in the parameter); the answer is the best value short of the first failure (the probes are in runs.parquet)",
+            if odd.len() == 1 { "point" } else { "points" },
             odd.join(", ")
         );
     }
@@ -246,15 +255,19 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
         let bound = if s.maximize { s.min } else { s.max };
         let _ = writeln!(
             out,
-            "infeasible at point(s) {}: even {} = {bound} misses the SLO (the metrics shown are that probe's means)",
+            "infeasible at {} {}: even {} = {bound} misses the SLO (the metrics shown are that probe's means)",
+            if infeasible.len() == 1 { "point" } else { "points" },
             infeasible.join(", "),
             s.parameter
         );
     }
     let unstable: u32 = r.points.iter().map(|(_, _, st)| st.unstable()).sum();
     if unstable > 0 {
-        let _ =
-            writeln!(out, "{unstable} run(s) were unstable (their queue kept growing); a probe where most were failed");
+        let _ = writeln!(
+            out,
+            "{} unstable (their queue kept growing); a probe where most were failed",
+            if unstable == 1 { "1 run was".to_string() } else { format!("{unstable} runs were") }
+        );
     }
     // Too-short runs where they matter: at the answer and the first failing value beyond it.
     let mut at_answer = Vec::new();
@@ -358,11 +371,11 @@ fn format_ms(v: f64) -> String {
 /// The expanded runs of a sweep, one line each.
 pub fn dry_run(plan: &crate::sweep::SweepPlan) -> String {
     let mut out = format!(
-        "{}: {} points × {} replicates = {} runs (base_seed {})\n{:>6} {:>6} {:>4} {:>20}  overrides\n",
+        "{}: {} × {} = {} (base_seed {})\n{:>6} {:>6} {:>4} {:>20}  overrides\n",
         plan.name,
-        plan.points.len(),
-        plan.replicates,
-        plan.total_runs(),
+        count(plan.points.len() as u64, "point"),
+        count(plan.replicates, "replicate"),
+        count(plan.total_runs(), "run"),
         plan.base_seed,
         "run",
         "point",
@@ -753,6 +766,11 @@ pub fn presets_table() -> String {
             g.memory_gb, g.tflops, g.mem_bw_tbps, g.link_gbps, g.power.max_w
         );
     }
+    let aliases: Vec<String> = GpuSpec::presets()
+        .filter(|n| !GpuSpec::aliases(n).is_empty())
+        .map(|n| format!("{} = {n}", GpuSpec::aliases(n).join(", ")))
+        .collect();
+    let _ = writeln!(out, "(also: {}; case is ignored)", aliases.join("; "));
     out
 }
 

@@ -512,11 +512,11 @@ fn trace_burst_notes(points: &[Point]) -> Vec<String> {
         if t.retime.is_some() || !seen.insert(t.path.clone()) {
             continue;
         }
-        if let Some((most, groups)) = crate::workload::trace_bursts(t, BURST_SCAN_LINES)
+        if let Some((most, groups, read)) = crate::workload::trace_bursts(t, BURST_SCAN_LINES)
             && most >= 5
         {
             notes.push(format!(
-                "{}: {groups} timestamps are shared by 5 or more requests (up to {most}) in its first {BURST_SCAN_LINES} lines; time_scale keeps such bursts — set request_rate (with arrival = \"poisson\" or \"gamma\") to re-time the requests at a chosen rate",
+                "{}: {groups} timestamps are shared by 5 or more requests (up to {most}) in the {read} requests scanned (the first {BURST_SCAN_LINES} at most); time_scale keeps such bursts — set request_rate (with arrival = \"poisson\" or \"gamma\") to re-time the requests at a chosen rate",
                 t.path.display()
             ));
         }
@@ -606,11 +606,19 @@ pub fn effective_config(spec: &Spec, point: Option<usize>) -> Result<String, Con
 }
 
 /// The default scenario (an empty spec's), written out as
-/// [`effective_config`] writes a spec's.
+/// [`effective_config`] writes a spec's, followed by every other key of the
+/// schema commented out with its default (see [`crate::config::effective::reference`]).
 pub fn default_config() -> Result<String, ConfigError> {
-    let spec = Spec::from_text("", Path::new("defaults.toml"))?;
-    let text = effective_config(&spec, None)?;
-    Ok(text.replacen("The effective configuration of defaults.toml", "The default scenario", 1))
+    let source = "defaults.toml";
+    let file = spec_from_table(&toml::Table::new(), source)?;
+    let scenario = resolve(&file, source, Path::new("."))?;
+    let table = crate::config::effective::effective_table(&file, Some(&scenario), Path::new("."))
+        .map_err(|e| ConfigError::file(source, e))?;
+    Ok(format!(
+        "# The default scenario: every key, defaults filled in (opal-sweep {}); the keys\n# a spec may add (commented out) follow each section. It runs to the same results.\n{}",
+        env!("CARGO_PKG_VERSION"),
+        crate::config::effective::reference(&table)
+    ))
 }
 
 /// The scenario of one run: its point's scenario with the replicate's seed.
@@ -640,6 +648,28 @@ mod tests {
         [workload.stages.workload_params]
         total_requests = 10
     "#;
+
+    #[test]
+    fn the_defaults_show_every_key_of_the_schema() {
+        let text = default_config().unwrap();
+        let lines: Vec<&str> = text.lines().map(|l| l.trim_start_matches("# ")).collect();
+        let mut missing = Vec::new();
+        for (strukt, key) in crate::config::effective::schema_keys() {
+            let written = lines.iter().any(|l| {
+                l.starts_with(&format!("{key} = "))
+                    || l.ends_with(&format!(".{key}]"))
+                    || l.ends_with(&format!(".{key}]]"))
+                    || *l == format!("[{key}]")
+                    || *l == format!("[[{key}]]")
+            });
+            if !written {
+                missing.push(format!("{strukt}.{key}"));
+            }
+        }
+        assert!(missing.is_empty(), "config --defaults leaves out {missing:?}");
+        // And it still runs as the default scenario: its keys parse as a spec.
+        Spec::from_text(&text, Path::new("defaults.toml")).unwrap();
+    }
 
     #[test]
     fn grid_is_cartesian_last_axis_fastest_then_zip_then_replicates() {

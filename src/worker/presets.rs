@@ -263,6 +263,11 @@ impl GpuSpec {
     pub fn preset_list() -> String {
         Self::presets().collect::<Vec<_>>().join(", ")
     }
+
+    /// Other names the preset `name` answers to (`H100-SXM` for `H100`).
+    pub fn aliases(name: &str) -> &'static [&'static str] {
+        GPUS.iter().find(|g| g.name == name).map_or(&[], |g| g.aliases)
+    }
 }
 
 #[cfg(test)]

@@ -402,18 +402,19 @@ impl Generator for TraceSource {
 }
 
 /// Bursts in the first `lines` requests a trace stage replays: the most requests that
-/// share one timestamp, and how many timestamps at least 5 share (`None`
-/// if the file cannot be read). A time scale cannot spread such bursts.
-pub fn bursts(cfg: &TraceStage, lines: usize) -> Option<(u64, u64)> {
+/// share one timestamp, how many timestamps at least 5 share, and the lines
+/// read (`None` if the file cannot be read). A time scale cannot spread such bursts.
+pub fn bursts(cfg: &TraceStage, lines: usize) -> Option<(u64, u64, u64)> {
     let total = Some(cfg.total.map_or(lines as u64, |t| t.min(lines as u64)));
     let mut reader = TraceReader::open(&TraceStage { total, skip_bad_lines: true, ..cfg.clone() }).ok()?;
-    let (mut run, mut most, mut groups, mut last) = (0u64, 0u64, 0u64, None);
+    let (mut run, mut most, mut groups, mut last, mut read) = (0u64, 0u64, 0u64, None, 0u64);
     let mut close = |run: u64| {
         if run >= 5 {
             groups += 1;
         }
     };
     while let Ok(Some(r)) = reader.next_request(0) {
+        read += 1;
         if last == Some(r.offset) {
             run += 1;
         } else {
@@ -424,7 +425,7 @@ pub fn bursts(cfg: &TraceStage, lines: usize) -> Option<(u64, u64)> {
         most = most.max(run);
     }
     close(run);
-    Some((most, groups))
+    Some((most, groups, read))
 }
 
 #[cfg(test)]
