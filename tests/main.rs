@@ -3,6 +3,7 @@
 mod architecture;
 mod bad_inputs;
 mod calibration;
+mod claims;
 mod cli;
 mod crn;
 mod disagg;

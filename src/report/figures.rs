@@ -113,7 +113,92 @@ impl Stroke {
     fn nth(i: usize) -> Stroke {
         [Stroke::Solid, Stroke::Dashed, Stroke::Dotted][i % 3]
     }
+
+    /// The opacity a patterned line is drawn with, which marks its polyline
+    /// in the SVG for [`Stroke::dash_patterns`] (no other element uses it).
+    fn tag_alpha(self) -> f64 {
+        match self {
+            Stroke::Dashed => DASHED_TAG,
+            _ => DOTTED_TAG,
+        }
+    }
+
+    /// `svg` with each tagged polyline drawn opaque with its dash pattern:
+    /// one element per line, where plotters' dashed series writes one per dash.
+    fn dash_patterns(svg: &str) -> String {
+        svg.replace(&format!(r#"opacity="{DASHED_TAG}""#), r#"opacity="1" stroke-dasharray="8,5""#)
+            .replace(&format!(r#"opacity="{DOTTED_TAG}""#), r#"opacity="1" stroke-dasharray="2,4""#)
+    }
 }
+
+/// `svg` with every polyline's points cut to what its pixels show: of a run
+/// of points in one pixel column only the first, the lowest, the highest
+/// and the last (the column's vertical extent, in drawing order), and no
+/// point between two on one row or one column. A time series of thousands
+/// of intervals drawn a few hundred pixels wide keeps a few points per
+/// column; the drawing is the same.
+fn thin_polylines(svg: &str) -> String {
+    const OPEN: &str = "<polyline";
+    const POINTS: &str = r#"points=""#;
+    let mut out = String::with_capacity(svg.len());
+    let mut rest = svg;
+    while let Some(i) = rest.find(OPEN) {
+        let Some(j) = rest[i..].find(POINTS).map(|j| i + j + POINTS.len()) else { break };
+        let Some(end) = rest[j..].find('"').map(|e| j + e) else { break };
+        out.push_str(&rest[..j]);
+        let parsed: Option<Vec<(i64, i64)>> = rest[j..end]
+            .split_whitespace()
+            .map(|p| p.split_once(',').and_then(|(x, y)| Some((x.parse().ok()?, y.parse().ok()?))))
+            .collect();
+        match parsed {
+            Some(points) => {
+                for (x, y) in thin(&points) {
+                    let _ = std::fmt::Write::write_fmt(&mut out, format_args!("{x},{y} "));
+                }
+            }
+            None => out.push_str(&rest[j..end]),
+        }
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The points of a polyline in pixels, thinned as [`thin_polylines`] says.
+fn thin(points: &[(i64, i64)]) -> Vec<(i64, i64)> {
+    let mut kept: Vec<(i64, i64)> = Vec::with_capacity(points.len());
+    let mut column = 0;
+    while column < points.len() {
+        let x = points[column].0;
+        let end = column + points[column..].iter().take_while(|p| p.0 == x).count();
+        let run = &points[column..end];
+        let lowest = (0..run.len()).min_by_key(|&k| (run[k].1, k)).expect("a run has a point");
+        let highest = (0..run.len()).max_by_key(|&k| (run[k].1, std::cmp::Reverse(k))).expect("a run has a point");
+        let mut picks = [0, lowest, highest, run.len() - 1];
+        picks.sort_unstable();
+        for k in picks {
+            if kept.last() != Some(&run[k]) {
+                kept.push(run[k]);
+            }
+        }
+        column = end;
+    }
+    // A point between two on its row or its column adds nothing.
+    let mut out: Vec<(i64, i64)> = Vec::with_capacity(kept.len());
+    for p in kept {
+        if let [.., a, b] = out[..]
+            && ((a.1 == b.1 && b.1 == p.1) || (a.0 == b.0 && b.0 == p.0))
+        {
+            out.pop();
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Opacities that tag dashed and dotted lines in the SVG plotters writes.
+const DASHED_TAG: f64 = 0.9921875;
+const DOTTED_TAG: f64 = 0.984375;
 
 /// Marker shape: line `i` gets shape `i` in turn, so markers at the same
 /// place stay visible (a circle around a triangle around a square).
@@ -1395,14 +1480,9 @@ where
         let line = k.color.stroke_width(3);
         match k.stroke {
             Stroke::Solid => area.draw(&PathElement::new(vec![(x, y), (x + 24, y)], line))?,
-            Stroke::Dashed => {
-                area.draw(&PathElement::new(vec![(x, y), (x + 9, y)], line))?;
-                area.draw(&PathElement::new(vec![(x + 15, y), (x + 24, y)], line))?;
-            }
-            Stroke::Dotted => {
-                for dx in (0..24).step_by(6) {
-                    area.draw(&PathElement::new(vec![(x + dx, y), (x + dx + 2, y)], line))?;
-                }
+            Stroke::Dashed | Stroke::Dotted => {
+                let tagged = k.color.mix(k.stroke.tag_alpha()).stroke_width(3);
+                area.draw(&PathElement::new(vec![(x, y), (x + 24, y)], tagged))?
             }
             Stroke::None if k.marker.is_none() => area.draw(&Circle::new((x + 12, y), 4, k.color.filled()))?,
             Stroke::None => {}
@@ -1551,6 +1631,7 @@ where
         .label_style(text_style(13))
         .axis_desc_style(text_style(14))
         .light_line_style(RGBColor(238, 238, 238))
+        .max_light_lines(4)
         .bold_line_style(RGBColor(215, 215, 215))
         .draw()?;
     let (ylo, yhi) = {
@@ -1577,11 +1658,11 @@ where
             Stroke::Solid => {
                 chart.draw_series(LineSeries::new(pts.clone(), style))?;
             }
-            Stroke::Dashed => {
-                chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style))?;
-            }
-            Stroke::Dotted => {
-                chart.draw_series(DashedLineSeries::new(pts.clone(), 2, 4, style))?;
+            // One polyline each, its pattern added as `stroke-dasharray`
+            // after drawing (plotters would write one polyline per dash).
+            Stroke::Dashed | Stroke::Dotted => {
+                let tagged = l.color.mix(l.stroke.tag_alpha()).stroke_width(2);
+                chart.draw_series(LineSeries::new(pts.clone(), tagged))?;
             }
             Stroke::None => {}
         }
@@ -1709,6 +1790,8 @@ where
             .label_style(text_style(13))
             .axis_desc_style(text_style(14))
             .light_line_style(RGBColor(238, 238, 238))
+            .max_light_lines(4)
+            .max_light_lines(4)
             .bold_line_style(RGBColor(215, 215, 215))
             .draw()?;
         for (i, segs) in p.segments.iter().enumerate() {
@@ -1780,7 +1863,7 @@ fn render(number: u32, f: &Figure, dir: &Path, png: bool) -> Result<FigureFile, 
     };
     let mut svg = String::new();
     draw(f, SVGBackend::with_string(&mut svg, size).into_drawing_area()).map_err(|e| fail(&file.svg, &e))?;
-    let svg = svg.replace(r#"font-family="sans-serif""#, SVG_FONTS);
+    let svg = thin_polylines(&Stroke::dash_patterns(&svg.replace(r#"font-family="sans-serif""#, SVG_FONTS)));
     super::write_atomic(&dir.join(&file.svg), svg.as_bytes())?;
     let Some(png_name) = &file.png else { return Ok(file) };
     let png = raster::png(&svg, size).map_err(|e| fail(png_name, &e))?;
