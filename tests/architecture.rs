@@ -48,6 +48,39 @@ const RESULT_STRING_ALLOWED: &[&str] = &[
     "src/report/figures.rs",
 ];
 
+/// (file, literal) pairs where a word that names an output column means something else.
+const NOT_A_COLUMN: &[(&str, &str)] = &[
+    // Table names.
+    ("src/output/mod.rs", "workers"),
+    ("src/sweep/mod.rs", "workers"),
+    // Units and axis descriptions; spec keys that name an axis.
+    ("src/report/data.rs", "workers"),
+    ("src/report/data.rs", "count"),
+    ("src/report/data.rs", "output_tokens"),
+    ("src/report/figures.rs", "workers"),
+    // Keys of the sweep manifest's JSON (a search's kind, its objectives' and constraints' metric, a shard's count).
+    ("src/report/data.rs", "kind"),
+    ("src/report/data.rs", "metric"),
+    ("src/sweep/search.rs", "kind"),
+    ("src/sweep/search.rs", "metric"),
+    ("src/sweep/pareto.rs", "kind"),
+    ("src/sweep/pareto.rs", "metric"),
+    ("src/sweep/runner.rs", "count"),
+    // search.parquet's own column (a search's status, not a run's).
+    ("src/sweep/search.rs", "status"),
+    // vLLM's field names (`vllm bench serve --save-result`) and the comparison's header.
+    ("src/output/vllm.rs", "completed"),
+    ("src/output/vllm.rs", "error"),
+    // Table headers and words on the terminal and in the report.
+    ("src/report/html.rs", "completed"),
+    ("src/report/text.rs", "stage"),
+    ("src/report/text.rs", "completed"),
+    ("src/report/text.rs", "status"),
+    ("src/report/text.rs", "replicate"),
+    ("src/report/text.rs", "seed"),
+    ("src/sweep/lock.rs", "running"),
+];
+
 /// File-to-file edges, each with one example path and its line.
 type Edges = BTreeMap<(usize, usize), (String, usize)>;
 
@@ -106,7 +139,21 @@ fn is_ident(s: &str) -> bool {
 
 /// The source with comments and string and character literals replaced by spaces (newlines kept).
 fn blank_comments_and_literals(src: &str) -> Vec<char> {
+    blank_and_strings(src).0
+}
+
+/// [`blank_comments_and_literals`], and the contents of the string literals (as written, escapes kept), each with
+/// its line.
+fn blank_and_strings(src: &str) -> (Vec<char>, Vec<(usize, String)>) {
     let c: Vec<char> = src.chars().collect();
+    let mut strings = Vec::new();
+    let newlines_before: Vec<usize> = std::iter::once(0)
+        .chain(c.iter().scan(0, |n, &ch| {
+            *n += usize::from(ch == '\n');
+            Some(*n)
+        }))
+        .collect();
+    let line_of = |k: usize| 1 + newlines_before[k];
     let at = |k: usize| c.get(k).copied().unwrap_or('\0');
     let mut out = c.clone();
     let mut i = 0;
@@ -141,12 +188,14 @@ fn blank_comments_and_literals(src: &str) -> Vec<char> {
             while i < c.len() && !(c[i] == '"' && (1..=n).all(|k| at(i + k) == '#')) {
                 i += 1;
             }
+            strings.push((line_of(start), c[start + n + 2..i.min(c.len())].iter().collect()));
             i += n + 1;
         } else if c[i] == '"' {
             i += 1;
             while i < c.len() && c[i] != '"' {
                 i += if c[i] == '\\' { 2 } else { 1 };
             }
+            strings.push((line_of(start), c[start + 1..i.min(c.len())].iter().collect()));
             i += 1;
         } else if c[i] == '\'' && (at(i + 1) == '\\' || at(i + 2) == '\'') {
             i += if at(i + 1) == '\\' { 3 } else { 2 };
@@ -164,7 +213,7 @@ fn blank_comments_and_literals(src: &str) -> Vec<char> {
             }
         }
     }
-    out
+    (out, strings)
 }
 
 /// Identifiers (with `$crate` and lifetimes as one token), `::`, `->`, `=>` and single punctuation characters.
@@ -693,4 +742,114 @@ fn no_string_errors_outside_leaf_helpers() {
          RESULT_STRING_ALLOWED):\n{report}per file:\n{}",
         counts.join("\n")
     );
+}
+
+/// The tables whose columns only `metrics/` may name by a literal: every table but the axis columns, which are
+/// the user's dotted paths.
+fn column_names() -> BTreeSet<String> {
+    use opal::output::{TableKind, TableSet};
+    let set = TableSet { tables: TableKind::WRITE_ORDER.into_iter().collect(), axis_columns: Vec::new() };
+    TableKind::WRITE_ORDER.into_iter().flat_map(|kind| set.columns(kind)).map(|(name, _)| name).collect()
+}
+
+/// DESIGN §11: a column is named once, in its row's declaration in `metrics/` (the readers use
+/// `metrics::rows::col`), so a renamed column is a build error, not a report that shows "—". This test fails on a
+/// string literal in the code that writes or reads the tables (output, report, sweep, cli, the recorder and the
+/// cluster; not in `#[cfg(test)]` code) that is exactly the name of a column of any output table, except where the
+/// same word is something else ([`NOT_A_COLUMN`]). (The configuration's readers are not scanned: `type`, `count`
+/// and `worker` are spec keys there.)
+#[test]
+fn no_column_is_named_by_a_string_literal_outside_metrics() {
+    let columns = column_names();
+    assert!(columns.contains("ttft_p99_ms") && columns.contains("interval_start_s"), "{columns:?}");
+    let krate = Crate::load(&src_dir());
+    let mut found = Vec::new();
+    let readers = ["src/output/", "src/report/", "src/sweep/", "src/cli/", "src/recorder.rs", "src/cluster.rs"];
+    for file in krate.files.iter().filter(|f| readers.iter().any(|r| f.name.starts_with(r))) {
+        let text = std::fs::read_to_string(src_dir().join(file.name.strip_prefix("src/").unwrap())).unwrap();
+        let (blank, strings) = blank_and_strings(&text);
+        let all: BTreeSet<usize> = tokenize(&blank).iter().map(|t| t.line).collect();
+        let kept: BTreeSet<usize> = file.toks.iter().map(|t| t.line).collect();
+        for (line, s) in strings {
+            let in_test = all.contains(&line) && !kept.contains(&line);
+            if columns.contains(&s) && !in_test && !NOT_A_COLUMN.contains(&(file.name.as_str(), s.as_str())) {
+                found.push(format!("{}:{line}: \"{s}\"", file.name));
+            }
+        }
+    }
+    assert!(found.is_empty(), "column names as string literals (use metrics::rows::col):\n{}", found.join("\n"));
+}
+
+/// The top-level modules, lowest first: a module may use those below it. `lib.rs` only declares the modules and
+/// re-exports; it is not a layer.
+const LAYERS: &[&str] = &[
+    "time",
+    "ids",
+    "rng",
+    "engine",
+    "storage",
+    "kvcache",
+    "workload",
+    "request",
+    "metrics",
+    "worker",
+    "router",
+    "config",
+    "stats",
+    "recorder",
+    "cluster",
+    "output",
+    "calibrate",
+    "sweep",
+    "report",
+    "cli",
+];
+
+/// The arrows that run back up [`LAYERS`], each with why it stays.
+const BACK_ARROWS: &[(&str, &str, &str)] = &[(
+    "kvcache",
+    "request",
+    "kvcache::saving decides what a finished step saves from the request's own state (what it has saved, its P/D \
+     phase), while a request is made of kvcache's types (block hashes, chunked sequences, its radix path): the \
+     save rules are the KV connector's (LMCache's), and moving them above the request would split the KV layer",
+)];
+
+/// The module graph (file edges, as [`no_import_cycles_between_files`] finds them, between top-level modules)
+/// runs downwards through [`LAYERS`] but for [`BACK_ARROWS`]; a new module must be given its layer.
+#[test]
+fn the_module_graph_runs_down_its_layers_but_for_the_arrows_named() {
+    let krate = Crate::load(&src_dir());
+    let (edges, _) = krate.edges();
+    let top = |f: usize| {
+        let rest = krate.files[f].name.strip_prefix("src/").unwrap();
+        rest.split(['/', '.']).next().unwrap().to_string()
+    };
+    let layer = |m: &str| LAYERS.iter().position(|&l| l == m);
+    let mut problems = Vec::new();
+    let mut back = BTreeMap::new();
+    for (&(f, g), (text, line)) in &edges {
+        let (from, to) = (top(f), top(g));
+        if from == to {
+            continue;
+        }
+        let (Some(a), Some(b)) = (layer(&from), layer(&to)) else {
+            problems.push(format!("{from} -> {to}: give each module its place in LAYERS"));
+            continue;
+        };
+        if a < b {
+            back.entry((from, to)).or_insert_with(|| format!("`{text}` at {}:{line}", krate.files[f].name));
+        }
+    }
+    for ((from, to), at) in &back {
+        if !BACK_ARROWS.iter().any(|&(a, b, _)| (a, b) == (from.as_str(), to.as_str())) {
+            problems.push(format!("{from} -> {to} runs back up ({at})"));
+        }
+    }
+    for &(a, b, _) in BACK_ARROWS {
+        if !back.contains_key(&(a.to_string(), b.to_string())) {
+            problems.push(format!("{a} -> {b} is listed in BACK_ARROWS but no longer exists: remove it"));
+        }
+    }
+    assert!(BACK_ARROWS.len() <= 2, "at most two arrows may run back up");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -365,3 +365,40 @@ fn through_the_shared_store_the_hand_over_waits_for_the_writes_and_the_decode_wo
     // Over the link (50 GB/s), the same request: no tier traffic to wait for.
     assert!(link.summary.pd.link_bytes > 0 && link.requests[0].read_bytes[3] == 0);
 }
+
+/// One 16,384-token prompt, 128 output tokens, Llama-3.1-8B on one prefill
+/// and one decode H100 (the default step model) behind a `link_gbps` link.
+fn one_long_pd_request(link_gbps: f64) -> RequestRecord {
+    let out = Spec::llama8b()
+        .tiers(&[])
+        .table(
+            "disaggregation",
+            toml! {
+                max_local_prefill_length = 0
+                link_bandwidth_GBps = link_gbps
+                [prefill]
+                count = 1
+                [decode]
+                count = 1
+            },
+        )
+        .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 16384 output_tokens = 128 })
+        .run();
+    out.requests[0].clone()
+}
+
+/// The README's example of the P/D TTFT rule ("One 16,384-token prompt …"),
+/// checked against the text to the precision it is written with, so the
+/// README cannot keep a number the model no longer gives.
+#[test]
+fn the_readmes_long_prompt_example_gives_the_numbers_it_quotes() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let flat = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    let quoted = "TTFT 891 ms at 5 GB/s and 483 ms at 100 GB/s, TPOT 7.09 ms at both";
+    assert!(flat.contains(quoted), "the README no longer says {quoted:?}: change it and this test together");
+    let (slow, fast) = (one_long_pd_request(5.0), one_long_pd_request(100.0));
+    let ms = |s: Option<f64>| s.unwrap() * 1e3;
+    assert_eq!(format!("{:.0}", ms(slow.ttft_s)), "891");
+    assert_eq!(format!("{:.0}", ms(fast.ttft_s)), "483");
+    assert_eq!(format!("{:.2} {:.2}", ms(slow.tpot_s), ms(fast.tpot_s)), "7.09 7.09");
+}

@@ -5,7 +5,7 @@
 //! and the fitted model on the shipped measurement sets
 //! (`opal-sweep validate`, [`sets`]).
 //!
-//! **A row as a run** ([`bench`]): a prefill row is `batch` prompts of
+//! **A row as a run** ([`bench`](mod@bench)): a prefill row is `batch` prompts of
 //! `tokens` tokens arriving together (`request_rate = inf`), timed until
 //! the last first token; a decode row is `batch` prompts of `tokens`
 //! tokens generating `output_tokens` tokens each, timed by their mean

@@ -6,6 +6,7 @@ use super::context::Ctx;
 use super::error::ConfigError;
 use super::schema::{DisaggregationSection, PoolSection, SpecFile, VllmParams};
 use super::worker::{resolve_gpu, resolve_worker};
+use crate::router::pd::KvPath;
 use crate::storage::DeviceConfig;
 use crate::time::SimDuration;
 use crate::worker::WorkerConfig;
@@ -64,17 +65,6 @@ pub struct Disaggregation {
     pub link: DeviceConfig,
     /// How the prompt's KV reaches the decode worker.
     pub kv_path: KvPath,
-}
-
-/// How a remotely prefilled prompt's KV reaches its decode worker.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvPath {
-    /// Pulled over the decode worker's link from the prefill worker (vLLM's NixlConnector).
-    Link,
-    /// Through the shared DistributedFS tier: the hand-over waits for the
-    /// prefill worker's writes, and the decode worker loads the chunks as
-    /// any tier hit (LMCache's and Mooncake's stores).
-    Store,
 }
 
 impl Disaggregation {

@@ -6,12 +6,10 @@
 //! histograms, so they can be merged exactly across replicates; means and
 //! maxima are kept exactly beside them.
 
-pub mod recorder;
 pub mod rows;
 mod series;
 pub mod steady;
-
-pub use recorder::{Recorder, RunEnd, RunOutput, gauges};
+pub mod table;
 
 /// Where a run's per-row tables go as the run goes, so that its memory does
 /// not grow with its length: each call hands over a chunk of rows sorted by
@@ -723,7 +721,7 @@ impl StepRow {
 }
 
 /// What a run's (or a worker's) GPUs cost: GPU-hours, energy from the
-/// board-power model ([`crate::worker::presets::GpuSpec::energy_j`]) and
+/// board-power model ([`crate::worker::power::PowerModel::energy_j`]) and
 /// dollars at the given price; NaN (null in the tables) where unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct CostSummary {
@@ -835,7 +833,7 @@ impl RunSummary {
             crate::engine::StopReason::Interrupted => "interrupted",
         };
         let mut c: Vec<(String, SummaryValue)> = vec![
-            ("requests_generated".into(), Count(self.requests_generated)),
+            (col::REQUESTS_GENERATED.into(), Count(self.requests_generated)),
             (col::REQUESTS_COMPLETED.into(), Count(self.requests_completed)),
             (col::REQUESTS_REJECTED.into(), Count(self.requests_rejected)),
             (col::REQUESTS_INCOMPLETE.into(), Count(self.requests_incomplete)),
@@ -844,7 +842,7 @@ impl RunSummary {
             ("stop_reason".into(), Label(stop)),
             (col::INPUT_TOKENS_PER_S.into(), Real(self.input_tokens_per_s)),
             (col::OUTPUT_TOKENS_PER_S.into(), Real(self.output_tokens_per_s)),
-            ("requests_per_s".into(), Real(self.requests_per_s)),
+            (col::REQUESTS_PER_S.into(), Real(self.requests_per_s)),
         ];
         for (metric, stats) in [
             (LatencyMetric::Ttft, &self.ttft_ms),
@@ -858,15 +856,15 @@ impl RunSummary {
             c.extend(stats.fields().iter().map(|(s, v)| (col::latency(metric, s), Real(*v))));
         }
         c.extend([
-            ("gpu_busy_fraction".into(), Real(self.gpu_busy_fraction)),
-            ("gpu_compute_fraction".into(), Real(self.gpu_compute_fraction)),
-            ("gpu_hbm_fraction".into(), Real(self.gpu_hbm_fraction)),
-            ("preemptions".into(), Count(self.preemptions)),
+            (col::GPU_BUSY_FRACTION.into(), Real(self.gpu_busy_fraction)),
+            (col::GPU_COMPUTE_FRACTION.into(), Real(self.gpu_compute_fraction)),
+            (col::GPU_HBM_FRACTION.into(), Real(self.gpu_hbm_fraction)),
+            (col::PREEMPTIONS.into(), Count(self.preemptions)),
             ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
             ("slo_attainment".into(), Real(self.slo_attainment)),
             ("goodput_rps".into(), Real(self.goodput_rps)),
-            ("stability".into(), Label(self.steady.stability.name())),
+            (col::STABILITY.into(), Label(self.steady.stability.name())),
             ("warmup_s".into(), Real(self.steady.warmup_s)),
             ("warmup_requests".into(), Count(self.steady.warmup_requests)),
             ("steady_requests".into(), Count(self.steady.steady_requests)),
@@ -882,7 +880,7 @@ impl RunSummary {
         }
         c.extend([
             ("workers".into(), Count(u64::from(self.workers))),
-            ("prefix_hit_ratio".into(), Real(self.tiers.prefix_hit_ratio())),
+            (col::PREFIX_HIT_RATIO.into(), Real(self.tiers.prefix_hit_ratio())),
             ("hit_tokens_total".into(), Count(self.tiers.hit_tokens_total)),
             ("prefix_hit_ratio_total".into(), Real(self.tiers.prefix_hit_ratio_total())),
         ]);
@@ -929,10 +927,10 @@ impl RunSummary {
             ("gpu_hours".into(), Real(k.gpu_hours)),
             ("energy_kwh".into(), Real(k.energy_j / 3.6e6)),
             ("mean_power_w".into(), Real(self.gpu_power_w())),
-            ("joules_per_output_token".into(), Real(k.energy_j / output)),
+            (col::JOULES_PER_OUTPUT_TOKEN.into(), Real(k.energy_j / output)),
             ("usd".into(), Real(k.usd)),
             ("usd_per_m_input_tokens".into(), Real(k.usd / input * 1e6)),
-            ("usd_per_m_output_tokens".into(), Real(k.usd / output * 1e6)),
+            (col::USD_PER_M_OUTPUT_TOKENS.into(), Real(k.usd / output * 1e6)),
         ]);
         for t in &Tier::ALL[1..] {
             c.push((format!("tier_gib_hours_{}", t.short()), Real(self.tier_cost.gib_hours[t.index() - 1])));

@@ -6,7 +6,7 @@
 
 use super::{IntervalRow, RequestRecord, Sc25Row, StageRow, StepRow, WorkerRow};
 use crate::kvcache::Tier;
-use crate::output::table::{Cell, ColType};
+use crate::metrics::table::{Cell, ColType};
 use crate::workload::Label;
 use std::fmt::Arguments;
 
@@ -69,6 +69,86 @@ pub mod col {
     /// Runs: output tokens of completed requests per simulated second.
     pub const OUTPUT_TOKENS_PER_S: &str = "output_tokens_per_s";
 
+    /// Runs: the run's seed.
+    pub const SEED: &str = "seed";
+    /// Runs: the run's identity (its scenario and seed), kept across resumes.
+    pub const RUN_KEY: &str = "run_key";
+    /// Runs: wall-clock seconds the run took.
+    pub const WALL_S: &str = "wall_s";
+    /// Histograms: samples recorded.
+    pub const COUNT: &str = "count";
+    /// Runs, stages: requests the workload generated.
+    pub const REQUESTS_GENERATED: &str = "requests_generated";
+    /// Runs, stages: completed requests per simulated second.
+    pub const REQUESTS_PER_S: &str = "requests_per_s";
+    /// Runs, workers, requests: preemptions.
+    pub const PREEMPTIONS: &str = "preemptions";
+    /// Runs, workers, stages: share of prompt tokens found cached.
+    pub const PREFIX_HIT_RATIO: &str = "prefix_hit_ratio";
+    /// Runs: `stable`, `too_short` or `unstable`.
+    pub const STABILITY: &str = "stability";
+    /// Runs: dollars per million output tokens.
+    pub const USD_PER_M_OUTPUT_TOKENS: &str = "usd_per_m_output_tokens";
+    /// Runs: joules per output token.
+    pub const JOULES_PER_OUTPUT_TOKEN: &str = "joules_per_output_token";
+    /// Runs: TTFT p50 (`latency(Ttft, "p50")`).
+    pub const TTFT_P50_MS: &str = "ttft_p50_ms";
+    /// Runs: TTFT p99.
+    pub const TTFT_P99_MS: &str = "ttft_p99_ms";
+    /// Runs: TPOT p50.
+    pub const TPOT_P50_MS: &str = "tpot_p50_ms";
+    /// Runs: TPOT p99.
+    pub const TPOT_P99_MS: &str = "tpot_p99_ms";
+    /// Runs: E2E p50.
+    pub const E2E_P50_MS: &str = "e2e_p50_ms";
+    /// Runs: E2E p99.
+    pub const E2E_P99_MS: &str = "e2e_p99_ms";
+    /// Runs: queue wait p99.
+    pub const QUEUE_WAIT_P99_MS: &str = "queue_wait_p99_ms";
+    /// Steps: how long the step took.
+    pub const DURATION_S: &str = "duration_s";
+    /// Steps: `prefill`, `decode`, `mixed` or `idle`.
+    pub const KIND: &str = "kind";
+    /// Steps: prefill chunks in the step.
+    pub const PREFILL_CHUNKS: &str = "prefill_chunks";
+    /// Steps: prompt tokens computed.
+    pub const PREFILL_TOKENS: &str = "prefill_tokens";
+    /// Steps: prompt tokens of its chunks already cached.
+    pub const PREFILL_CACHED_TOKENS: &str = "prefill_cached_tokens";
+    /// Steps: sequences that decoded one token.
+    pub const DECODES: &str = "decodes";
+    /// Steps: the decoders' context tokens.
+    pub const DECODE_CONTEXT_TOKENS: &str = "decode_context_tokens";
+    /// Steps: requests preempted since the last step started.
+    pub const PREEMPTED: &str = "preempted";
+    /// Steps: KV loads started since the last step started.
+    pub const KV_LOADS: &str = "kv_loads";
+    /// Steps: the tokens those loads bring.
+    pub const KV_LOAD_TOKENS: &str = "kv_load_tokens";
+    /// Steps: tokens saved to the tiers at its end.
+    pub const KV_SAVED_TOKENS: &str = "kv_saved_tokens";
+    /// Steps: the compute part of its time (operator model).
+    pub const GPU_COMPUTE_S: &str = "gpu_compute_s";
+    /// Steps: the memory part of its time (operator model).
+    pub const GPU_MEMORY_S: &str = "gpu_memory_s";
+    /// Steps: the communication part of its time (operator model).
+    pub const GPU_COMM_S: &str = "gpu_comm_s";
+    /// Steps: the counts and times the timeline shows with each step.
+    pub const STEP_NUMBERS: [&str; 12] = [
+        PREFILL_CHUNKS,
+        PREFILL_TOKENS,
+        PREFILL_CACHED_TOKENS,
+        DECODES,
+        DECODE_CONTEXT_TOKENS,
+        PREEMPTED,
+        KV_LOADS,
+        KV_LOAD_TOKENS,
+        KV_SAVED_TOKENS,
+        GPU_COMPUTE_S,
+        GPU_MEMORY_S,
+        GPU_COMM_S,
+    ];
+
     /// Runs: statistic `stat` (`p50`, `p90`, `p95`, `p99`, `p999`, `mean`,
     /// `max`) of a latency metric, milliseconds.
     pub fn latency(metric: crate::metrics::LatencyMetric, stat: &str) -> String {
@@ -128,8 +208,8 @@ impl Row for IntervalRow {
         s.col(format_args!("{}", col::REQUESTS_COMPLETED), U64, Cell::U64(self.requests_completed));
         s.col(format_args!("{}", col::PROMPT_TOKENS), U64, Cell::U64(self.prompt_tokens));
         s.col(format_args!("{}", col::GENERATED_TOKENS), U64, Cell::U64(self.generated_tokens));
-        s.col(format_args!("ttft_p50_ms"), F64, Cell::F64(self.ttft_p50_ms));
-        s.col(format_args!("ttft_p99_ms"), F64, Cell::F64(self.ttft_p99_ms));
+        s.col(format_args!("{}", col::TTFT_P50_MS), F64, Cell::F64(self.ttft_p50_ms));
+        s.col(format_args!("{}", col::TTFT_P99_MS), F64, Cell::F64(self.ttft_p99_ms));
         s.col(format_args!("{}", col::QUEUE_DEPTH), U64, Cell::U64(self.queue_depth));
         s.col(format_args!("queue_depth_prefill"), U64, Cell::U64(self.queue_depth_prefill));
         s.col(format_args!("running"), U64, Cell::U64(self.running));
@@ -153,12 +233,12 @@ impl Row for WorkerRow {
         s.col(format_args!("started_s"), F64, Cell::F64(self.started_s));
         s.col(format_args!("requests_routed"), U64, Cell::U64(self.requests_routed));
         s.col(format_args!("requests_completed"), U64, Cell::U64(self.requests_completed));
-        s.col(format_args!("prefix_hit_ratio"), F64, Cell::F64(self.prefix_hit_ratio));
+        s.col(format_args!("{}", col::PREFIX_HIT_RATIO), F64, Cell::F64(self.prefix_hit_ratio));
         s.col(format_args!("busy_s"), F64, Cell::F64(self.busy_s));
         s.col(format_args!("busy_fraction"), F64, Cell::F64(self.busy_fraction));
         s.col(format_args!("compute_fraction"), F64, Cell::F64(self.compute_fraction));
         s.col(format_args!("hbm_fraction"), F64, Cell::F64(self.hbm_fraction));
-        s.col(format_args!("preemptions"), U64, Cell::U64(self.preemptions));
+        s.col(format_args!("{}", col::PREEMPTIONS), U64, Cell::U64(self.preemptions));
         s.col(format_args!("chunks_indexed"), U64, Cell::U64(self.chunks_indexed));
         s.col(format_args!("gpu_hours"), F64, Cell::F64(self.cost.gpu_hours));
         s.col(format_args!("energy_j"), F64, Cell::F64(self.cost.energy_j));
@@ -174,13 +254,13 @@ impl Row for StageRow {
         s.col(format_args!("{}", col::TYPE), Str, Cell::Str(self.kind));
         s.col(format_args!("start_s"), F64, Cell::F64(self.start_s));
         s.col(format_args!("end_s"), F64, Cell::F64(self.end_s));
-        s.col(format_args!("requests_generated"), U64, Cell::U64(self.requests_generated));
+        s.col(format_args!("{}", col::REQUESTS_GENERATED), U64, Cell::U64(self.requests_generated));
         s.col(format_args!("requests_completed"), U64, Cell::U64(self.requests_completed));
         s.col(format_args!("requests_rejected"), U64, Cell::U64(self.requests_rejected));
-        s.col(format_args!("requests_per_s"), F64, Cell::F64(self.requests_per_s));
+        s.col(format_args!("{}", col::REQUESTS_PER_S), F64, Cell::F64(self.requests_per_s));
         s.col(format_args!("input_tokens_per_s"), F64, Cell::F64(self.input_tokens_per_s));
         s.col(format_args!("output_tokens_per_s"), F64, Cell::F64(self.output_tokens_per_s));
-        s.col(format_args!("prefix_hit_ratio"), F64, Cell::F64(self.prefix_hit_ratio));
+        s.col(format_args!("{}", col::PREFIX_HIT_RATIO), F64, Cell::F64(self.prefix_hit_ratio));
         for (stem, stats) in self.latencies() {
             for (suffix, v) in stats.fields() {
                 s.col(format_args!("{stem}_{suffix}_ms"), F64, Cell::F64(v));
@@ -203,7 +283,7 @@ impl Row for RequestRecord {
         s.col(format_args!("ttft_s"), F64, opt(self.ttft_s));
         s.col(format_args!("e2e_s"), F64, opt(self.e2e_s));
         s.col(format_args!("tpot_s"), F64, opt(self.tpot_s));
-        s.col(format_args!("preemptions"), U32, Cell::U32(self.preemptions));
+        s.col(format_args!("{}", col::PREEMPTIONS), U32, Cell::U32(self.preemptions));
         s.col(format_args!("completed"), Bool, Cell::Bool(self.completed));
         s.col(format_args!("kv_fetch_s"), F64, opt(self.kv_fetch_s));
         for (t, &h) in Tier::ALL.iter().zip(&self.hit_tokens) {
@@ -228,20 +308,20 @@ impl Row for StepRow {
     fn visit<'a, S: Sink<'a>>(&'a self, s: &mut S) {
         s.col(format_args!("{}", col::WORKER), U32, Cell::U32(self.worker));
         s.col(format_args!("{}", col::START_S), F64, Cell::F64(self.start_s));
-        s.col(format_args!("duration_s"), F64, Cell::F64(self.duration_s));
-        s.col(format_args!("kind"), Str, Cell::Str(self.kind()));
-        s.col(format_args!("prefill_chunks"), U32, Cell::U32(self.prefill_chunks));
-        s.col(format_args!("prefill_tokens"), U64, Cell::U64(self.prefill_tokens));
-        s.col(format_args!("prefill_cached_tokens"), U64, Cell::U64(self.prefill_cached_tokens));
-        s.col(format_args!("decodes"), U64, Cell::U64(self.decodes));
-        s.col(format_args!("decode_context_tokens"), U64, Cell::U64(self.decode_context_tokens));
-        s.col(format_args!("preempted"), U32, Cell::U32(self.preempted));
-        s.col(format_args!("kv_loads"), U32, Cell::U32(self.kv_loads));
-        s.col(format_args!("kv_load_tokens"), U64, Cell::U64(self.kv_load_tokens));
-        s.col(format_args!("kv_saved_tokens"), U64, Cell::U64(self.kv_saved_tokens));
-        s.col(format_args!("gpu_compute_s"), F64, opt(self.gpu_compute_s));
-        s.col(format_args!("gpu_memory_s"), F64, opt(self.gpu_memory_s));
-        s.col(format_args!("gpu_comm_s"), F64, opt(self.gpu_comm_s));
+        s.col(format_args!("{}", col::DURATION_S), F64, Cell::F64(self.duration_s));
+        s.col(format_args!("{}", col::KIND), Str, Cell::Str(self.kind()));
+        s.col(format_args!("{}", col::PREFILL_CHUNKS), U32, Cell::U32(self.prefill_chunks));
+        s.col(format_args!("{}", col::PREFILL_TOKENS), U64, Cell::U64(self.prefill_tokens));
+        s.col(format_args!("{}", col::PREFILL_CACHED_TOKENS), U64, Cell::U64(self.prefill_cached_tokens));
+        s.col(format_args!("{}", col::DECODES), U64, Cell::U64(self.decodes));
+        s.col(format_args!("{}", col::DECODE_CONTEXT_TOKENS), U64, Cell::U64(self.decode_context_tokens));
+        s.col(format_args!("{}", col::PREEMPTED), U32, Cell::U32(self.preempted));
+        s.col(format_args!("{}", col::KV_LOADS), U32, Cell::U32(self.kv_loads));
+        s.col(format_args!("{}", col::KV_LOAD_TOKENS), U64, Cell::U64(self.kv_load_tokens));
+        s.col(format_args!("{}", col::KV_SAVED_TOKENS), U64, Cell::U64(self.kv_saved_tokens));
+        s.col(format_args!("{}", col::GPU_COMPUTE_S), F64, opt(self.gpu_compute_s));
+        s.col(format_args!("{}", col::GPU_MEMORY_S), F64, opt(self.gpu_memory_s));
+        s.col(format_args!("{}", col::GPU_COMM_S), F64, opt(self.gpu_comm_s));
         s.col(format_args!("cpu_s"), F64, opt(self.cpu_s));
     }
 }
@@ -263,6 +343,30 @@ impl Row for Sc25Row {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_named_latency_columns_are_the_ones_the_runs_table_writes() {
+        use crate::metrics::LatencyMetric::{E2e, QueueWait, Tpot, Ttft};
+        let named = [
+            (col::TTFT_P50_MS, Ttft, "p50"),
+            (col::TTFT_P99_MS, Ttft, "p99"),
+            (col::TPOT_P50_MS, Tpot, "p50"),
+            (col::TPOT_P99_MS, Tpot, "p99"),
+            (col::E2E_P50_MS, E2e, "p50"),
+            (col::E2E_P99_MS, E2e, "p99"),
+            (col::QUEUE_WAIT_P99_MS, QueueWait, "p99"),
+        ];
+        let written: Vec<String> =
+            crate::metrics::RunSummary::default().columns().into_iter().map(|(n, _)| n).collect();
+        for (name, metric, stat) in named {
+            assert_eq!(name, col::latency(metric, stat));
+            assert!(written.iter().any(|w| w == name), "{name} is not a runs column");
+        }
+        let steps: Vec<String> = columns_of::<StepRow>().into_iter().map(|(n, _)| n).collect();
+        for name in col::STEP_NUMBERS.iter().chain(&[col::DURATION_S, col::KIND]) {
+            assert!(steps.iter().any(|s| s == name), "{name} is not a steps column");
+        }
+    }
 
     #[test]
     fn a_rows_cells_match_its_columns_one_for_one_and_in_type() {

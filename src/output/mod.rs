@@ -24,12 +24,12 @@
 //! a time, so memory stays bounded whatever the table size.
 
 pub mod spill;
-pub mod table;
 pub mod vllm;
 
 use crate::RunError;
 use crate::cluster::RunOutput;
 use crate::metrics::rows::{Row, cells_of, col, columns_of};
+use crate::metrics::table::{Cell, ColType, TableBuilder};
 use crate::metrics::{
     IntervalRow, LatencyMetric, RequestRecord, RunSummary, Sc25Row, StageRow, StepRow, SummaryValue, WorkerRow,
 };
@@ -44,7 +44,6 @@ use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use table::{Cell, ColType, TableBuilder};
 
 /// The tables a sweep can write.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -196,7 +195,8 @@ pub struct TableSet {
 }
 
 impl TableSet {
-    fn columns(&self, kind: TableKind) -> Vec<(String, ColType)> {
+    /// The columns of table `kind`, in order, with their types.
+    pub fn columns(&self, kind: TableKind) -> Vec<(String, ColType)> {
         let c = |n: &str, t| (n.to_string(), t);
         match kind {
             TableKind::Runs => {
@@ -204,11 +204,11 @@ impl TableSet {
                     c(col::RUN_ID, ColType::U32),
                     c(col::POINT_ID, ColType::U32),
                     c(col::REPLICATE, ColType::U32),
-                    c("seed", ColType::U64),
-                    c("run_key", ColType::U64),
+                    c(col::SEED, ColType::U64),
+                    c(col::RUN_KEY, ColType::U64),
                 ];
                 cols.extend(self.axis_columns.iter().cloned());
-                cols.extend([c(col::STATUS, ColType::Str), c(col::ERROR, ColType::Str), c("wall_s", ColType::F64)]);
+                cols.extend([c(col::STATUS, ColType::Str), c(col::ERROR, ColType::Str), c(col::WALL_S, ColType::F64)]);
                 cols.extend(RunSummary::default().columns().into_iter().map(|(n, v)| {
                     let t = match v {
                         SummaryValue::Count(_) => ColType::U64,
@@ -222,7 +222,7 @@ impl TableSet {
             TableKind::Histograms => vec![
                 c(col::RUN_ID, ColType::U32),
                 c(col::METRIC, ColType::Str),
-                c("count", ColType::U64),
+                c(col::COUNT, ColType::U64),
                 c(col::HDR, ColType::Bin),
             ],
             TableKind::Timeseries => run_id_and(columns_of::<IntervalRow>()),
@@ -600,12 +600,12 @@ pub fn completed_runs(layout: &Layout) -> Result<BTreeSet<u32>, OutputError> {
     let mut ids = BTreeSet::new();
     for path in files {
         let b = open(&path)?;
-        let status = b.schema().index_of("status").map_err(|e| oerr(&path, "has no status column", e))?;
+        let status = b.schema().index_of(col::STATUS).map_err(|e| oerr(&path, "has no status column", e))?;
         let mask = ProjectionMask::roots(b.parquet_schema(), [0, status]);
         for batch in b.with_projection(mask).build().map_err(|e| oerr(&path, "cannot read", e))? {
             let batch = batch.map_err(|e| oerr(&path, "cannot read", e))?;
             let statuses = batch
-                .column_by_name("status")
+                .column_by_name(col::STATUS)
                 .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
                 .ok_or_else(|| OutputError::file(&path, "its status column is not text"))?;
             let run_ids = run_ids(&batch, &path)?;
@@ -647,9 +647,11 @@ pub fn stored_runs(layout: &Layout) -> Result<Vec<StoredRun>, OutputError> {
         for batch in read_table(&path)? {
             let ids = run_ids(&batch, &path)?;
             let column = |name: &str| batch.column_by_name(name);
-            let points = column("point_id").and_then(|c| c.as_any().downcast_ref::<UInt32Array>().cloned());
-            let keys = column("run_key").and_then(|c| c.as_any().downcast_ref::<arrow_array::UInt64Array>().cloned());
-            let status = column("status").and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>().cloned());
+            let points = column(col::POINT_ID).and_then(|c| c.as_any().downcast_ref::<UInt32Array>().cloned());
+            let keys =
+                column(col::RUN_KEY).and_then(|c| c.as_any().downcast_ref::<arrow_array::UInt64Array>().cloned());
+            let status =
+                column(col::STATUS).and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>().cloned());
             let (Some(points), Some(status)) = (points, status) else {
                 return Err(OutputError::file(&path, "not a runs table of opal-sweep"));
             };
@@ -804,7 +806,7 @@ const STATUS_INTERRUPTED: &str = "interrupted";
 /// Whether the runs-table rows in `batches` (one run's) record an interrupted run.
 fn interrupted(batches: &[RecordBatch]) -> bool {
     batches.iter().any(|b| {
-        b.column_by_name("status")
+        b.column_by_name(col::STATUS)
             .and_then(|c| c.as_any().downcast_ref::<arrow_array::StringArray>())
             .is_some_and(|s| s.iter().any(|v| v == Some(STATUS_INTERRUPTED)))
     })

@@ -12,9 +12,9 @@
 //! reading a few hundred rows of each at a time — in passes, through
 //! intermediate spill files, when a run has more than [`FAN_IN`] chunks.
 
-use super::table::{Cell, ColType, TableBuilder};
 use super::{Layout, OutputError, TableKind, TableSet, oerr, push_rows};
 use crate::metrics::rows::{Row, col};
+use crate::metrics::table::{Cell, ColType, TableBuilder};
 use crate::metrics::{RequestRecord, RowSink, SinkError, StepRow};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, UInt32Type};

@@ -19,9 +19,10 @@
 //! the request's arrival at the router and has no HTTP, tokenizer or
 //! detokenizer time; `duration` is the run's simulated time.
 
-use super::{OutputError, f64_column, read_table, table::Cell, table::ColType, write_rows};
+use super::{OutputError, f64_column, read_table, write_rows};
 use crate::metrics::LatencyMetric;
 use crate::metrics::rows::col;
+use crate::metrics::table::{Cell, ColType};
 use crate::workload::BenchFile;
 use arrow_array::cast::AsArray;
 use std::collections::BTreeMap;

@@ -435,7 +435,7 @@ impl SweepData {
         let replicates = ids(&runs, &runs_path, col::REPLICATE)?;
         let status = strings(&runs, &runs_path, col::STATUS)?;
         let errors = strings(&runs, &runs_path, col::ERROR)?;
-        let stability = strings(&runs, &runs_path, "stability").ok();
+        let stability = strings(&runs, &runs_path, col::STABILITY).ok();
         let mut columns = Vec::new();
         for p in &axis_paths {
             columns.push(axis_values(&runs, &runs_path, p)?);

@@ -13,6 +13,7 @@
 use super::ReportError;
 use super::data::{Interval, Point, SweepData};
 use crate::kvcache::Tier;
+use crate::metrics::rows::col;
 use crate::stats::mean_ci;
 use plotters::coord::Shift;
 use plotters::coord::combinators::{LogCoord, WithKeyPoints};
@@ -598,7 +599,7 @@ fn replicate_series(data: &SweepData, point: &Point, m: SeriesMetric) -> Vec<(f6
     let mut acc: BTreeMap<usize, (f64, f64, f64, f64, usize)> = BTreeMap::new();
     for run in &point.runs {
         let Some(rows) = series.get(&run.run_id) else { continue };
-        let end = run.metrics.get("sim_time_s").copied().unwrap_or(f64::NAN);
+        let end = run.metrics.get(col::SIM_TIME_S).copied().unwrap_or(f64::NAN);
         let width = rows.get(1).map_or(end, |r| r.start_s - rows[0].start_s);
         for (k, row) in rows.iter().enumerate() {
             let next = rows.get(k + 1).map_or(end, |r| r.start_s);
@@ -838,10 +839,10 @@ fn percentiles(data: &SweepData) -> Result<Figure, String> {
     let (x_lo, x_hi) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     let x_log = numeric_x && x_lo > 0.0 && x_hi / x_lo >= 50.0;
     let metrics = [
-        ("TTFT p50 (ms)", "ttft_p50_ms", "TTFT p50 (ms)"),
-        ("TTFT p99 (ms)", "ttft_p99_ms", "TTFT p99 (ms)"),
-        ("TPOT p50 (ms)", "tpot_p50_ms", "TPOT p50 (ms)"),
-        ("TPOT p99 (ms)", "tpot_p99_ms", "TPOT p99 (ms)"),
+        ("TTFT p50 (ms)", col::TTFT_P50_MS, "TTFT p50 (ms)"),
+        ("TTFT p99 (ms)", col::TTFT_P99_MS, "TTFT p99 (ms)"),
+        ("TPOT p50 (ms)", col::TPOT_P50_MS, "TPOT p50 (ms)"),
+        ("TPOT p99 (ms)", col::TPOT_P99_MS, "TPOT p99 (ms)"),
     ];
     let panels = metrics
         .iter()
@@ -1110,12 +1111,12 @@ fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
             .iter()
             .map(|p| {
                 let x = mean_ci(&p.samples(col))?.0;
-                let y = mean_ci(&p.samples("ttft_p99_ms"))?.0;
+                let y = mean_ci(&p.samples(col::TTFT_P99_MS))?.0;
                 (x.is_finite() && y.is_finite() && x > 0.0 && y > 0.0).then_some((x, y))
             })
             .collect()
     };
-    let dollars = pick("usd_per_m_output_tokens");
+    let dollars = pick(col::USD_PER_M_OUTPUT_TOKENS);
     let (xy, x_desc, what) = if dollars.iter().flatten().count() >= 2 {
         (
             dollars,
@@ -1124,7 +1125,7 @@ fn cost_frontier(data: &SweepData) -> Result<Figure, String> {
         )
     } else {
         (
-            pick("joules_per_output_token"),
+            pick(col::JOULES_PER_OUTPUT_TOKEN),
             "joules per output token",
             "joules per output token (no usd_per_gpu_hour given)",
         )

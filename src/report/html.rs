@@ -4,6 +4,7 @@
 
 use super::data::SweepData;
 use super::figures::{Drawn, si, sig};
+use crate::metrics::rows::col;
 use crate::stats::mean_ci;
 use std::fmt::Write;
 
@@ -34,24 +35,24 @@ td small{color:#777}";
 
 /// Columns of the summary table: header, runs-table column, scale.
 const COLUMNS: [(&str, &str, f64); 13] = [
-    ("req/s", "requests_per_s", 1.0),
-    ("prompt tok/s", "input_tokens_per_s", 1.0),
-    ("output tok/s", "output_tokens_per_s", 1.0),
-    ("TTFT p50 (ms)", "ttft_p50_ms", 1.0),
-    ("TTFT p99 (ms)", "ttft_p99_ms", 1.0),
-    ("TPOT p50 (ms)", "tpot_p50_ms", 1.0),
-    ("TPOT p99 (ms)", "tpot_p99_ms", 1.0),
-    ("E2E p99 (ms)", "e2e_p99_ms", 1.0),
-    ("prefix hit", "prefix_hit_ratio", 1.0),
-    ("GPU busy (%)", "gpu_busy_fraction", 100.0),
-    ("compute (% of peak)", "gpu_compute_fraction", 100.0),
-    ("HBM bw (% of peak)", "gpu_hbm_fraction", 100.0),
-    ("preemptions", "preemptions", 1.0),
+    ("req/s", col::REQUESTS_PER_S, 1.0),
+    ("prompt tok/s", col::INPUT_TOKENS_PER_S, 1.0),
+    ("output tok/s", col::OUTPUT_TOKENS_PER_S, 1.0),
+    ("TTFT p50 (ms)", col::TTFT_P50_MS, 1.0),
+    ("TTFT p99 (ms)", col::TTFT_P99_MS, 1.0),
+    ("TPOT p50 (ms)", col::TPOT_P50_MS, 1.0),
+    ("TPOT p99 (ms)", col::TPOT_P99_MS, 1.0),
+    ("E2E p99 (ms)", col::E2E_P99_MS, 1.0),
+    ("prefix hit", col::PREFIX_HIT_RATIO, 1.0),
+    ("GPU busy (%)", col::GPU_BUSY_FRACTION, 100.0),
+    ("compute (% of peak)", col::GPU_COMPUTE_FRACTION, 100.0),
+    ("HBM bw (% of peak)", col::GPU_HBM_FRACTION, 100.0),
+    (col::PREEMPTIONS, col::PREEMPTIONS, 1.0),
 ];
 
 /// Each run's share of requests rejected (longer than `max_model_len`), %.
 fn rejected_pct(r: &super::data::RunRow) -> Option<f64> {
-    let (rejected, generated) = (r.metrics.get("requests_rejected")?, r.metrics.get("requests_generated")?);
+    let (rejected, generated) = (r.metrics.get(col::REQUESTS_REJECTED)?, r.metrics.get(col::REQUESTS_GENERATED)?);
     (*generated > 0.0).then(|| 100.0 * rejected / generated)
 }
 
@@ -150,16 +151,16 @@ fn summary_table(data: &SweepData, out: &mut String) {
 
 /// Columns of the per-stage table: header, stages-table column.
 const STAGE_COLUMNS: [(&str, &str); 10] = [
-    ("completed", "requests_completed"),
-    ("req/s", "requests_per_s"),
-    ("TTFT p50 (ms)", "ttft_p50_ms"),
-    ("TTFT p99 (ms)", "ttft_p99_ms"),
-    ("TPOT p50 (ms)", "tpot_p50_ms"),
-    ("TPOT p99 (ms)", "tpot_p99_ms"),
-    ("E2E p50 (ms)", "e2e_p50_ms"),
-    ("E2E p99 (ms)", "e2e_p99_ms"),
-    ("queue wait p99 (ms)", "queue_wait_p99_ms"),
-    ("prefix hit", "prefix_hit_ratio"),
+    ("completed", col::REQUESTS_COMPLETED),
+    ("req/s", col::REQUESTS_PER_S),
+    ("TTFT p50 (ms)", col::TTFT_P50_MS),
+    ("TTFT p99 (ms)", col::TTFT_P99_MS),
+    ("TPOT p50 (ms)", col::TPOT_P50_MS),
+    ("TPOT p99 (ms)", col::TPOT_P99_MS),
+    ("E2E p50 (ms)", col::E2E_P50_MS),
+    ("E2E p99 (ms)", col::E2E_P99_MS),
+    ("queue wait p99 (ms)", col::QUEUE_WAIT_P99_MS),
+    ("prefix hit", col::PREFIX_HIT_RATIO),
 ];
 
 /// One row per grid point and workload stage (as the Python Opal summarises

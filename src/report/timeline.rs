@@ -60,20 +60,7 @@ struct Step<'a> {
 
 /// Columns copied into each step event's `args` when not zero (those
 /// present: tables written before a column existed lack it).
-const ARGS: [&str; 12] = [
-    "prefill_chunks",
-    "prefill_tokens",
-    "prefill_cached_tokens",
-    "decodes",
-    "decode_context_tokens",
-    "preempted",
-    "kv_loads",
-    "kv_load_tokens",
-    "kv_saved_tokens",
-    "gpu_compute_s",
-    "gpu_memory_s",
-    "gpu_comm_s",
-];
+const ARGS: [&str; 12] = col::STEP_NUMBERS;
 
 /// Rows read at a time.
 const BATCH_ROWS: usize = 8192;
@@ -149,18 +136,18 @@ impl<W: Write> Events<W> {
             s.numbers.iter().map(|(c, v)| ((*c).to_string(), json!(v))).collect();
         self.push(&json!({"name": s.kind, "ph": "X", "ts": ts, "dur": end - ts, "pid": pid, "tid": 1, "args": args}))?;
         self.push(&json!({"name": "batch", "ph": "C", "ts": ts, "pid": pid,
-            "args": {"decodes": get("decodes"), "prefill_tokens": get("prefill_tokens")}}))?;
-        let preempted = get("preempted");
+            "args": {col::DECODES: get(col::DECODES), col::PREFILL_TOKENS: get(col::PREFILL_TOKENS)}}))?;
+        let preempted = get(col::PREEMPTED);
         if preempted > 0.0 {
             self.push(&json!({"name": "preempt", "cat": "scheduler", "ph": "i", "s": "t", "ts": ts,
                 "pid": pid, "tid": 1, "args": {"requests": preempted}}))?;
         }
-        let loads = get("kv_loads");
+        let loads = get(col::KV_LOADS);
         if loads > 0.0 {
             self.push(&json!({"name": "KV load", "cat": "kv", "ph": "i", "s": "t", "ts": ts, "pid": pid, "tid": 2,
-                "args": {"loads": loads, "tokens": get("kv_load_tokens")}}))?;
+                "args": {"loads": loads, "tokens": get(col::KV_LOAD_TOKENS)}}))?;
         }
-        let saved = get("kv_saved_tokens");
+        let saved = get(col::KV_SAVED_TOKENS);
         if saved > 0.0 {
             self.push(&json!({"name": "KV save", "cat": "kv", "ph": "i", "s": "t", "ts": end, "pid": pid, "tid": 2,
                 "args": {"tokens": saved}}))?;
@@ -197,7 +184,7 @@ pub fn write_timeline(
     let missing = |c: &str| input(&path, format!("has no `{c}` column — was it written by opal-sweep?"));
     let run_col = index(col::RUN_ID).ok_or_else(|| missing(col::RUN_ID))?;
     let mut columns = vec![run_col];
-    for c in [col::WORKER, col::START_S, "duration_s", "kind"] {
+    for c in [col::WORKER, col::START_S, col::DURATION_S, col::KIND] {
         columns.push(index(c).ok_or_else(|| missing(c))?);
     }
     columns.extend(ARGS.iter().filter_map(|&c| index(c)));
@@ -226,9 +213,9 @@ pub fn write_timeline(
             let runs = b.column_by_name(col::RUN_ID).and_then(|c| c.as_primitive_opt::<UInt32Type>());
             let runs = runs.ok_or_else(|| missing(col::RUN_ID))?;
             let number = |c: &str| f64_column(&b, c).ok_or_else(|| missing(c));
-            let (worker, start, duration) = (number(col::WORKER)?, number(col::START_S)?, number("duration_s")?);
+            let (worker, start, duration) = (number(col::WORKER)?, number(col::START_S)?, number(col::DURATION_S)?);
             let kind =
-                b.column_by_name("kind").and_then(|c| c.as_string_opt::<i32>()).ok_or_else(|| missing("kind"))?;
+                b.column_by_name(col::KIND).and_then(|c| c.as_string_opt::<i32>()).ok_or_else(|| missing(col::KIND))?;
             let args: Vec<(&'static str, Vec<Option<f64>>)> =
                 ARGS.iter().filter_map(|&c| f64_column(&b, c).map(|v| (c, v))).collect();
             for i in (0..b.num_rows()).filter(|&i| runs.value(i) == run_id) {
@@ -262,7 +249,7 @@ pub fn write_timeline(
             .map_err(io)?;
         }
         let mut other = serde_json::Map::new();
-        other.insert("run_id".into(), json!(run_id));
+        other.insert(col::RUN_ID.into(), json!(run_id));
         other.insert("steps".into(), json!(steps));
         other.insert("total_steps".into(), json!(total));
         other.insert("source".into(), json!(path.display().to_string()));

@@ -9,7 +9,6 @@
 //! `max_prefill_queue_size`. And the hand-over that follows a remote
 //! prefill ([`Handover`]): facts in, actions out.
 
-use crate::config::disagg::KvPath;
 use crate::ids::WorkerId;
 use crate::request::{PdPhase, Request, SeqState};
 use crate::time::SimTime;
@@ -32,6 +31,17 @@ impl PdRule {
         let queue_ok = self.max_prefill_queue_size.is_none_or(|q| (prefill_queue as u64) < q);
         uncached > self.max_local_prefill_length && queue_ok
     }
+}
+
+/// How a remotely prefilled prompt's KV reaches its decode worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPath {
+    /// Pulled over the decode worker's link from the prefill worker (vLLM's NixlConnector).
+    Link,
+    /// Through the shared DistributedFS tier: the hand-over waits for the
+    /// prefill worker's writes, and the decode worker loads the chunks as
+    /// any tier hit (LMCache's and Mooncake's stores).
+    Store,
 }
 
 /// The P/D hand-over, as a state machine over a request's [`PdPhase`]: the

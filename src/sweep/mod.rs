@@ -26,7 +26,7 @@ pub use path::set_path;
 
 use crate::config::{ConfigError, ErrorKind, Scenario, Spec, SpecFile, closest, resolve, spec_from_table};
 use crate::engine::Fnv64;
-use crate::output::table::ColType;
+use crate::metrics::table::ColType;
 use crate::output::{AxisValue, RunMeta, TableKind, TableSet};
 use std::collections::BTreeSet;
 use std::hash::Hasher;

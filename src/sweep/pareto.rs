@@ -29,7 +29,8 @@
 use super::search::Constraint;
 use super::{RunPlan, Spec, SweepPlan, plan, runner};
 use crate::config::ConfigError;
-use crate::output::table::{Cell, ColType};
+use crate::metrics::rows::col;
+use crate::metrics::table::{Cell, ColType};
 use crate::output::{AxisValue, RunMeta, RunResult};
 
 /// How far behind the frontier (a share of its own value, in every
@@ -341,7 +342,7 @@ impl PointPareto {
     /// Records lattice point `index`'s runs.
     fn add(&mut self, s: &ParetoSpec, index: usize, results: &[&RunResult]) {
         let ok: Vec<_> = results.iter().filter_map(|r| r.outcome.as_ref().ok()).collect();
-        let column = |o: &crate::metrics::RunOutput, metric: &str| {
+        let column = |o: &crate::recorder::RunOutput, metric: &str| {
             o.summary.columns().into_iter().find(|(n, _)| n == metric).map_or(f64::NAN, |(_, v)| match v {
                 crate::metrics::SummaryValue::Count(x) => x as f64,
                 crate::metrics::SummaryValue::Real(x) => x,
@@ -497,7 +498,7 @@ fn write_pareto_table(
     opts: &runner::RunnerOptions,
 ) -> Result<(), runner::SweepError> {
     let s = &r.spec;
-    let mut columns: Vec<(String, ColType)> = vec![("point_id".into(), ColType::U32)];
+    let mut columns: Vec<(String, ColType)> = vec![(col::POINT_ID.into(), ColType::U32)];
     columns.extend(base.tables.axis_columns.iter().cloned());
     columns.extend(s.parameters.iter().map(|(p, _, ty)| (p.clone(), *ty)));
     columns.extend([

@@ -10,6 +10,7 @@
 
 use super::{RunPlan, SweepPlan, run_scenario};
 use crate::metrics::RunSummary;
+use crate::metrics::rows::col;
 use crate::output::TableSet;
 use crate::output::spill::RunSpill;
 use crate::output::{
@@ -327,7 +328,7 @@ pub fn manifest(plan: &SweepPlan, shard: Option<Shard>) -> serde_json::Value {
         "report": plan.report,
         "axes": plan.tables.axis_columns.iter().map(|(p, _)| p).collect::<Vec<_>>(),
         "grid": plan.points.iter().map(|p| serde_json::json!({
-            "point_id": p.id,
+            col::POINT_ID: p.id,
             "overrides": p.overrides.iter().map(|(k, v)| (k.clone(), serde_json::to_value(v).unwrap_or_default())).collect::<serde_json::Map<_, _>>(),
         })).collect::<Vec<_>>(),
         "shard": shard.map(|s| serde_json::json!({"index": s.index, "count": s.count})),
@@ -451,7 +452,7 @@ fn rebase_changed_spec(plan: &SweepPlan, layout: &Layout, old: &serde_json::Valu
     let describe = |point: u32| {
         old["grid"]
             .as_array()
-            .and_then(|g| g.iter().find(|p| p["point_id"] == point))
+            .and_then(|g| g.iter().find(|p| p[col::POINT_ID] == point))
             .and_then(|p| p["overrides"].as_object())
             .map(|o| o.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", "))
             .filter(|d| !d.is_empty())
@@ -788,7 +789,7 @@ fn merge_parts_of(layout: &Layout, table: &str) -> Result<(), SweepError> {
     }
     let schema = batches[0].schema();
     let all = arrow_select::concat::concat_batches(&schema, &batches).map_err(SweepError::Arrow)?;
-    let ids = crate::output::f64_column(&all, "point_id").unwrap_or_default();
+    let ids = crate::output::f64_column(&all, col::POINT_ID).unwrap_or_default();
     let mut order: Vec<u32> = (0..all.num_rows() as u32).collect();
     order.sort_by(|&a, &b| ids[a as usize].partial_cmp(&ids[b as usize]).unwrap_or(std::cmp::Ordering::Equal));
     let sorted = arrow_select::take::take_record_batch(&all, &arrow_array::UInt32Array::from(order))

@@ -30,7 +30,8 @@
 
 use super::{RunPlan, Spec, SweepPlan, plan, runner};
 use crate::config::ConfigError;
-use crate::output::table::{Cell, ColType};
+use crate::metrics::rows::col;
+use crate::metrics::table::{Cell, ColType};
 use crate::output::{AxisValue, RunMeta, RunResult};
 pub use crate::stats::{Constraint, Verdict};
 
@@ -668,7 +669,7 @@ fn write_search_table(
     opts: &runner::RunnerOptions,
 ) -> Result<(), runner::SweepError> {
     let s = &r.spec;
-    let mut columns: Vec<(String, ColType)> = vec![("point_id".into(), ColType::U32)];
+    let mut columns: Vec<(String, ColType)> = vec![(col::POINT_ID.into(), ColType::U32)];
     columns.extend(base.tables.axis_columns.iter().cloned());
     columns.extend([
         ("parameter".into(), ColType::Str),

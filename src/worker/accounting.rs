@@ -1,16 +1,32 @@
 //! What a worker's steps add up to: the share of peak compute and memory
 //! bandwidth asked, energy, and the rows of the `steps` table.
 
-use super::*;
+use super::{Worker, WorkerConfig};
+use crate::ids::WorkerId;
+use crate::metrics::{PeakSeconds, StepRow};
+use crate::time::{SimDuration, SimTime};
+use crate::worker::perf::{StepModel, StepWork};
+use std::collections::VecDeque;
+
+/// What a worker's scheduler has done so far that its steps' rows count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct StepCounts {
+    /// Running requests preempted.
+    pub(super) preemptions: u64,
+    /// KV loads started.
+    pub(super) kv_loads: u64,
+    /// Tokens those loads bring.
+    pub(super) kv_load_tokens: u64,
+}
 
 /// The rows of a worker's steps (see [`Worker::log_steps`]).
 #[derive(Debug, Default)]
 pub(super) struct StepLog {
     /// Steps done.
     pub(super) rows: Vec<StepRow>,
-    /// The worker's preemptions and KV loads (count, tokens) when the last
-    /// step started: a step's row gets what happened since.
-    pub(super) counted: (u64, u64, u64),
+    /// The worker's counts when the last step started: a step's row gets
+    /// what happened since.
+    pub(super) counted: StepCounts,
     /// The step (or sub-step) in flight; its start and duration are set when it ends.
     pub(super) current: Option<StepRow>,
     /// The later sub-steps of the run in flight.
@@ -85,10 +101,12 @@ impl Worker {
     /// A step starting now with `row`: it gets the preemptions and KV loads
     /// since the last one started.
     pub(super) fn log_start(&mut self, mut row: StepRow) {
-        let now = (self.preemptions, self.kv_loads.0, self.kv_loads.1);
+        let now = self.counts;
         if let Some(log) = &mut self.log {
-            let (p, l, t) = log.counted;
-            (row.preempted, row.kv_loads, row.kv_load_tokens) = ((now.0 - p) as u32, (now.1 - l) as u32, now.2 - t);
+            let then = log.counted;
+            row.preempted = (now.preemptions - then.preemptions) as u32;
+            row.kv_loads = (now.kv_loads - then.kv_loads) as u32;
+            row.kv_load_tokens = now.kv_load_tokens - then.kv_load_tokens;
             log.counted = now;
             log.current = Some(row);
             log.pending.clear();

@@ -6,7 +6,14 @@
 //! arithmetically from the worker's step counter, so a decode step costs
 //! O(1) plus O(log n) per completion.
 
-use super::*;
+use super::{FIRST_RUN, Worker, WorkerConfig};
+use crate::ids::RequestId;
+use crate::metrics::{PeakSeconds, StepRecord};
+use crate::request::{Request, RequestStatus};
+use crate::time::SimTime;
+use crate::worker::perf::StepWork;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 impl Worker {
     /// Brings a run of decode steps up to `until`: the sub-steps that ended
@@ -20,7 +27,7 @@ impl Worker {
     /// need can be had without preemption (and without evictions others
     /// would be told about) — so doing its sub-steps late, when someone
     /// looks, changes nothing: callers materialise before they read the
-    /// worker's state, and a new request [`cut`](Self::cut)s the run.
+    /// worker's state, and a new request cuts the run (`cut`).
     pub fn materialize(&mut self, until: SimTime, inclusive: bool) {
         while let Some(&t) = self.run.front() {
             if t > until || (t == until && !inclusive) {

@@ -58,7 +58,7 @@
 //!
 //! Progress under KV pressure — rules vLLM lacks, without which a worker
 //! with a tier can preempt and reload one request forever, or stop with work
-//! queued (see [`Worker::room`]): when a running request needs blocks,
+//! queued (see `Worker::room`): when a running request needs blocks,
 //! waiting requests holding loaded KV give theirs up (the last first, each
 //! counted as a preemption) before any running request is preempted; the
 //! only running request is not preempted for blocks that loads in flight
@@ -86,20 +86,19 @@ pub mod power;
 pub mod presets;
 mod scheduler;
 
-use accounting::StepLog;
+use accounting::{StepCounts, StepLog};
 pub use decode_run::DecodeGroup;
-use scheduler::Room;
+use scheduler::{Room, WaitingQueue};
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
-use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, LoadDone, PrefixCache, Tier};
-use crate::metrics::{PeakSeconds, StepRecord, StepRow};
+use crate::kvcache::{ConnectorOutput, KvConnector, PrefixCache};
+use crate::metrics::{PeakSeconds, StepRecord};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
 use power::PowerModel;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 
 /// How I/O slots are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,37 +258,21 @@ const FIRST_RUN: u64 = 8;
 #[derive(Debug)]
 pub struct Worker {
     id: WorkerId,
-    /// Waiting for the scheduler (vLLM's waiting queue), FIFO.
-    ready: VecDeque<RequestId>,
+    /// The waiting queue and its loads (the scheduler's own state).
+    waiting: WaitingQueue,
     /// Running requests still prefilling, in admission order.
     prefilling: Vec<RequestId>,
     decode: DecodeGroup,
-    io_in_use: u32,
-    /// Waiting requests that are loading KV or hold loaded KV.
-    kv_waiting: u32,
-    /// Loads in flight.
-    loading: u32,
     cache: PrefixCache,
     step: Option<Step>,
     version: Version,
     step_index: u64,
-    admit_counter: u64,
     chunks: Vec<(RequestId, PrefillChunk)>,
     perf_chunks: Vec<PrefillChunk>,
     busy: SimDuration,
     steps: u64,
-    preemptions: u64,
-    /// KV loads started and the tokens they bring (for the step log).
-    kv_loads: (u64, u64),
-    /// The new request whose load last could not start for lack of blocks
-    /// or an I/O slot, with the cache epoch, the I/O slots in use and the
-    /// KV-holding waiting requests then: until one of them changes it cannot
-    /// start, so it is not looked up again.
-    blocked: Option<(u32, u64, u32, u32)>,
-    /// After a pass between step ends that stopped before the end of the
-    /// queue: the cache epoch and I/O slots in use then. Until they change
-    /// (or a step ends), such a pass would find nothing new to load.
-    load_pass: Option<(u64, u32)>,
+    /// Preemptions and KV loads so far (for the step log and the workers table).
+    counts: StepCounts,
     /// Ends of the sub-steps of the run in flight that are still to come
     /// before the step's end, earliest first.
     run: VecDeque<SimTime>,
@@ -334,25 +317,18 @@ impl Worker {
         cache.record(cfg.publish_events, cfg.report_evictions, cfg.event_stride);
         Worker {
             id,
-            ready: VecDeque::new(),
+            waiting: WaitingQueue::default(),
             prefilling: Vec::new(),
             decode: DecodeGroup::new(cfg.block_size, cfg.sliding_window),
-            io_in_use: 0,
-            kv_waiting: 0,
-            loading: 0,
             cache,
             step: None,
             version: Version::default(),
             step_index: 0,
-            admit_counter: 0,
             chunks: Vec::new(),
             perf_chunks: Vec::new(),
             busy: SimDuration::ZERO,
             steps: 0,
-            preemptions: 0,
-            kv_loads: (0, 0),
-            blocked: None,
-            load_pass: None,
+            counts: StepCounts::default(),
             run: VecDeque::new(),
             run_limit: FIRST_RUN,
             in_planned_run: false,
@@ -375,7 +351,7 @@ impl Worker {
 
     /// Requests waiting (including those loading KV), not yet running.
     pub fn waiting(&self) -> usize {
-        self.ready.len()
+        self.waiting.queue.len()
     }
 
     /// Requests in the running batch.
@@ -415,21 +391,21 @@ impl Worker {
 
     /// Preemptions so far (running requests, and loaded ones that had to give their KV up).
     pub fn preemptions(&self) -> u64 {
-        self.preemptions
+        self.counts.preemptions
     }
 
     /// What the worker holds, if it holds any request: for a run that
     /// stopped with requests in the system ([`crate::RunError::Stalled`]).
     pub fn describe_held(&self) -> Option<String> {
-        if self.ready.is_empty() && self.running() == 0 {
+        if self.waiting.queue.is_empty() && self.running() == 0 {
             return None;
         }
         Some(format!(
             "worker {} holds {} waiting requests ({} of them holding KV, {} loading) and {} running, {} of {} KV blocks in use",
             self.id.0,
-            self.ready.len(),
-            self.kv_waiting,
-            self.loading,
+            self.waiting.queue.len(),
+            self.waiting.kv_waiting,
+            self.waiting.loading,
             self.running(),
             self.cache.used(),
             self.cache.total(),
@@ -438,7 +414,7 @@ impl Worker {
 
     /// Accepts a routed request into the waiting queue.
     pub fn enqueue(&mut self, id: RequestId) {
-        self.ready.push_back(id);
+        self.waiting.queue.push_back(id);
     }
 
     /// Something changed (a request arrived, a load finished, the worker
@@ -454,18 +430,18 @@ impl Worker {
         out: &mut ConnectorOutput,
     ) -> Option<(SimTime, u32)> {
         if self.step.is_none() {
-            self.load_pass = None;
+            self.waiting.load_pass = None;
             return self.plan_step(now, reqs, cfg, conn, out);
         }
         // A run of decode steps stops at the next step end when there is
         // something to admit there.
         self.materialize(now, true);
-        let next = if self.ready.is_empty() { None } else { self.cut() };
-        if !conn.has_tiers(self.id) || self.load_pass == Some((self.cache.epoch(), self.io_in_use)) {
+        let next = if self.waiting.queue.is_empty() { None } else { self.cut() };
+        if !conn.has_tiers(self.id) || self.waiting.load_pass == Some(self.slot_view()) {
             return next;
         }
         let stopped_early = self.schedule_waiting(now, Pass::LoadOnly, &mut 0, reqs, cfg, conn, out);
-        self.load_pass = stopped_early.then_some((self.cache.epoch(), self.io_in_use));
+        self.waiting.load_pass = stopped_early.then(|| self.slot_view());
         next
     }
 
@@ -746,10 +722,11 @@ impl Worker {
     ) {
         loop {
             self.schedule_waiting(now, Pass::Admit, budget, reqs, cfg, conn, out);
-            if !self.chunks.is_empty() || self.running() > 0 || self.loading > 0 || self.kv_waiting == 0 {
+            if !self.chunks.is_empty() || self.running() > 0 || self.waiting.loading > 0 || self.waiting.kv_waiting == 0
+            {
                 return;
             }
-            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
+            let last = self.waiting.queue.iter().rev().copied().find(|id| reqs[id.index()].seq.computed > 0);
             self.drop_loaded(now, last.expect("kv_waiting counts a loaded request"), reqs, cfg);
         }
     }
@@ -801,7 +778,8 @@ impl Worker {
             self.log_start(Self::row_of(self.id, &work, cfg));
         }
         debug_assert!(self.run.is_empty());
-        if self.chunks.is_empty() && self.ready.is_empty() && cfg.apc_ttl.0 == 0 && self.paused_since.is_none() {
+        if self.chunks.is_empty() && self.waiting.queue.is_empty() && cfg.apc_ttl.0 == 0 && self.paused_since.is_none()
+        {
             end = self.plan_run(end, decodes, context, window, cfg);
         }
         self.step = Some(Step { start: now, end, decodes });
@@ -819,7 +797,7 @@ mod tests {
     use super::*;
     use crate::ids::StageId;
     use crate::kvcache::connector::testing;
-    use crate::kvcache::{Content, content_id};
+    use crate::kvcache::{Content, Tier, content_id};
     use crate::storage::DeviceTimer;
     use crate::workload::{Label, NewRequest};
     use std::collections::BTreeMap;

@@ -2,8 +2,14 @@
 //! KV connector (lookups, loads and their I/O slots, admission), and
 //! preemption by recompute (see the module above for the rules).
 
-use super::*;
-use crate::request::SeqState;
+use super::{Pass, Scheduler, SlotMode, Worker, WorkerConfig};
+use crate::ids::RequestId;
+use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, LoadDone, Tier};
+use crate::request::{Request, RequestStatus, SeqState};
+use crate::time::SimTime;
+use crate::worker::perf::PrefillChunk;
+use std::cmp::Reverse;
+use std::collections::VecDeque;
 
 /// What [`Worker::room`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +24,58 @@ pub(super) enum Room {
     Short,
 }
 
+/// The scheduler's own state: vLLM's waiting queue, and the KV loads and
+/// I/O slots of the requests in it.
+#[derive(Debug, Default)]
+pub(super) struct WaitingQueue {
+    /// Waiting for the scheduler, FIFO.
+    pub(super) queue: VecDeque<RequestId>,
+    /// I/O slots held.
+    pub(super) io_in_use: u32,
+    /// Waiting requests that are loading KV or hold loaded KV.
+    pub(super) kv_waiting: u32,
+    /// Loads in flight.
+    pub(super) loading: u32,
+    /// Admissions so far (a running request's admission order).
+    pub(super) admit_counter: u64,
+    /// The new request whose load last could not start for lack of blocks
+    /// or an I/O slot, and what it saw: until that changes it cannot start,
+    /// so it is not looked up again.
+    pub(super) blocked: Option<BlockedLoad>,
+    /// After a pass between step ends that stopped before the end of the
+    /// queue: what it saw. Until that changes (or a step ends), such a pass
+    /// would find nothing new to load.
+    pub(super) load_pass: Option<SlotView>,
+}
+
+/// What decides whether a load can start, besides the request: the GPU
+/// prefix cache (its epoch changes whenever blocks are freed or cached)
+/// and the I/O slots in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SlotView {
+    /// [`PrefixCache::epoch`].
+    pub(super) cache_epoch: u64,
+    /// I/O slots in use.
+    pub(super) io_in_use: u32,
+}
+
+/// A new request whose load could not start, and what it saw then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BlockedLoad {
+    /// The request's serial number.
+    pub(super) serial: u32,
+    /// The cache and I/O slots then.
+    pub(super) view: SlotView,
+    /// Waiting requests holding KV then.
+    pub(super) kv_holders: u32,
+}
+
 impl Worker {
+    /// What the next load's chance depends on now (see [`SlotView`]).
+    pub(super) fn slot_view(&self) -> SlotView {
+        SlotView { cache_epoch: self.cache.epoch(), io_in_use: self.waiting.io_in_use }
+    }
+
     /// A request's KV load finished (`d`): its bytes read per tier and (for
     /// a tier load) its fetch time are the request's, the loaded blocks join
     /// the prefix cache (still held by the request, which stays in the
@@ -32,7 +89,7 @@ impl Worker {
             r.fetch_time.get_or_insert(now - d.started);
         }
         r.seq.status = RequestStatus::Loaded;
-        self.loading -= 1;
+        self.waiting.loading -= 1;
         self.register_blocks(id, now, reqs, cfg);
         if cfg.slot_mode == SlotMode::Pipelined {
             self.release_io_slot(id, reqs);
@@ -43,7 +100,7 @@ impl Worker {
         let seq = &mut reqs[id.index()].seq;
         if !seq.holds_io_slot {
             seq.holds_io_slot = true;
-            self.io_in_use += 1;
+            self.waiting.io_in_use += 1;
         }
     }
 
@@ -51,7 +108,7 @@ impl Worker {
         let seq = &mut reqs[id.index()].seq;
         if seq.holds_io_slot {
             seq.holds_io_slot = false;
-            self.io_in_use -= 1;
+            self.waiting.io_in_use -= 1;
         }
     }
 
@@ -81,15 +138,15 @@ impl Worker {
         // waiting queue in order).
         let mut promised = 0;
         // Requests holding KV not yet passed (they may go ahead of a blocked head).
-        let mut holders = self.kv_waiting;
+        let mut holders = self.waiting.kv_waiting;
         let mut pos = 0;
-        while pos < self.ready.len() {
+        while pos < self.waiting.queue.len() {
             // A new request can load only within the window, and be admitted only with room.
             let new_may_move = !blocked && (pos < window || (pass == Pass::Admit && self.has_room(*budget, cfg)));
             if !new_may_move && holders == 0 {
                 return true;
             }
-            let id = self.ready[pos];
+            let id = self.waiting.queue[pos];
             let (seq, seq_serial) = (reqs[id.index()].seq, reqs[id.index()].serial);
             if seq.status == RequestStatus::WaitingForRemoteKvs {
                 holders -= 1;
@@ -121,8 +178,8 @@ impl Worker {
                 pos += 1;
                 continue;
             }
-            let memo = (seq_serial, self.cache.epoch(), self.io_in_use, self.kv_waiting);
-            if self.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
+            let memo = BlockedLoad { serial: seq_serial, view: self.slot_view(), kv_holders: self.waiting.kv_waiting };
+            if self.waiting.blocked == Some(memo) && cfg.apc_ttl.0 == 0 {
                 blocked = true;
                 pos += 1;
                 continue;
@@ -135,13 +192,13 @@ impl Worker {
             if external.tokens > 0 {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.
-                if pos < window && self.kv_waiting < cfg.io_slots {
+                if pos < window && self.waiting.kv_waiting < cfg.io_slots {
                     if self.start_load(now, id, local, external, promised, reqs, cfg, conn, out, idle) {
                         promised += next_chunk_blocks(&reqs[id.index()].seq, cfg);
                         pos += 1;
                         continue;
                     }
-                    self.blocked = Some(memo);
+                    self.waiting.blocked = Some(memo);
                 }
             } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
                 if self.admit(now, pos, local, promised, budget, reqs, cfg, conn, idle) {
@@ -178,7 +235,7 @@ impl Worker {
         idle: bool,
     ) -> bool {
         let r = &mut reqs[id.index()];
-        if !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+        if !r.seq.holds_io_slot && self.waiting.io_in_use >= cfg.io_slots {
             return false;
         }
         let g = local as u64;
@@ -213,12 +270,12 @@ impl Worker {
         seq.hit = external.per_tier;
         seq.hit[Tier::Gpu.index()] = g * cfg.block_size;
         self.take_io_slot(id, reqs);
-        self.kv_waiting += 1;
-        self.loading += 1;
-        self.kv_loads.0 += 1;
-        self.kv_loads.1 += external.tokens;
+        self.waiting.kv_waiting += 1;
+        self.waiting.loading += 1;
+        self.counts.kv_loads += 1;
+        self.counts.kv_load_tokens += external.tokens;
         debug_assert!(
-            self.kv_waiting <= cfg.io_slots,
+            self.waiting.kv_waiting <= cfg.io_slots,
             "KV-holding waiting requests are within the first io_slots places"
         );
         true
@@ -242,9 +299,9 @@ impl Worker {
         conn: &mut KvConnector,
         idle: bool,
     ) -> bool {
-        let id = self.ready[pos];
+        let id = self.waiting.queue[pos];
         let r = &mut reqs[id.index()];
-        if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.io_in_use >= cfg.io_slots {
+        if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.waiting.io_in_use >= cfg.io_slots {
             return false;
         }
         let holding = r.seq.computed > 0;
@@ -274,17 +331,17 @@ impl Worker {
             r.seq.hit = [0; 4];
             r.seq.hit[Tier::Gpu.index()] = c;
         }
-        self.ready.remove(pos);
+        self.waiting.queue.remove(pos);
         self.cache.allocate(need, now, idle);
         if holding {
-            self.kv_waiting -= 1;
+            self.waiting.kv_waiting -= 1;
         } else if cfg.slot_mode == SlotMode::SingleStage {
             self.take_io_slot(id, reqs);
         }
         let r = &mut reqs[id.index()];
         r.seq.status = RequestStatus::Prefilling;
-        r.seq.admit_seq = self.admit_counter;
-        self.admit_counter += 1;
+        r.seq.admit_seq = self.waiting.admit_counter;
+        self.waiting.admit_counter += 1;
         if r.first_scheduled.is_none() {
             r.first_scheduled = Some(now);
             r.hit_tokens = r.seq.hit;
@@ -306,8 +363,8 @@ impl Worker {
         r.seq.hit = [0; 4];
         r.seq.status = RequestStatus::Waiting;
         r.preemptions += 1;
-        self.kv_waiting -= 1;
-        self.preemptions += 1;
+        self.waiting.kv_waiting -= 1;
+        self.counts.preemptions += 1;
     }
 
     /// Blocks for the running batch, as vLLM's `allocate_slots` for a
@@ -325,12 +382,18 @@ impl Worker {
             self.cache.allocate(need, now, false);
             return Room::Got;
         }
-        if self.kv_waiting > self.loading {
-            let last = self.ready.iter().rev().copied().find(|id| reqs[id.index()].seq.status == RequestStatus::Loaded);
+        if self.waiting.kv_waiting > self.waiting.loading {
+            let last = self
+                .waiting
+                .queue
+                .iter()
+                .rev()
+                .copied()
+                .find(|id| reqs[id.index()].seq.status == RequestStatus::Loaded);
             self.drop_loaded(now, last.expect("kv_waiting counts loaded requests"), reqs, cfg);
             return Room::Freed;
         }
-        if self.running() <= 1 && self.loading > 0 {
+        if self.running() <= 1 && self.waiting.loading > 0 {
             return Room::Wait;
         }
         Room::Short
@@ -338,7 +401,7 @@ impl Worker {
 
     /// Plans nothing until a load finishes ([`Room::Wait`]); decoders wait from now.
     pub(super) fn wait_for_loads(&mut self, now: SimTime) -> Option<(SimTime, u32)> {
-        debug_assert!(self.chunks.is_empty() && self.loading > 0);
+        debug_assert!(self.chunks.is_empty() && self.waiting.loading > 0);
         if !self.decode.is_empty() {
             self.paused_since.get_or_insert(now);
         }
@@ -420,8 +483,8 @@ impl Worker {
         r.seq.hit = [0; 4];
         r.seq.status = RequestStatus::Waiting;
         r.preemptions += 1;
-        self.preemptions += 1;
-        self.ready.push_front(id);
+        self.counts.preemptions += 1;
+        self.waiting.queue.push_front(id);
     }
 }
 

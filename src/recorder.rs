@@ -2,19 +2,19 @@
 //! cluster tells it what happened (`on_*`) and, at the end, hands it the
 //! components' final state to read ([`Recorder::finish`]); it never
 //! reaches back into the simulation. A new run-level metric is collected
-//! here and declared in its row type in this module's parent, nowhere else.
+//! here and declared in its row type in [`crate::metrics`], nowhere else.
 
-use super::steady::{Steady, SteadyState};
-use super::{
-    CostSummary, Gauges, InSystem, IntervalRow, Latencies, LatencyHistogram, LatencyMetric, PdSummary, PeakSeconds,
-    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierCost, TierSummary, TimeSeries,
-    WorkerRow,
-};
 use crate::config::Scenario;
 use crate::config::disagg::Role;
 use crate::engine::RunStats;
 use crate::ids::{StageId, WorkerId};
 use crate::kvcache::{KvConnector, LoadDone, Tier};
+use crate::metrics::steady::{Steady, SteadyState};
+use crate::metrics::{
+    CostSummary, Gauges, InSystem, IntervalRow, Latencies, LatencyHistogram, LatencyMetric, PdSummary, PeakSeconds,
+    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierCost, TierSummary, TimeSeries,
+    WorkerRow,
+};
 use crate::request::Request;
 use crate::router::Router;
 use crate::time::{SimDuration, SimTime};
