@@ -52,11 +52,14 @@ struct Number {
     /// Factor on the column (0.001: ms → s; -1 for a quoted fall).
     #[serde(default = "one")]
     scale: f64,
+    /// More columns the runs of this number must match (added to the claim's `point`).
+    #[serde(default)]
+    point: toml::Table,
     /// Instead of the value, its change in percent from the point with these axis values changed.
     #[serde(default)]
     change_from: Option<toml::Table>,
     /// Over the matching runs: `mean` (default), `min` or `max` of the points' means,
-    /// `run_min` or `run_max` over single runs, `sum` of the points' means.
+    /// `run_min` or `run_max` over single runs, `sum` of the points' means, `count` of the runs.
     #[serde(default)]
     agg: Option<String>,
 }
@@ -166,7 +169,13 @@ fn mean(v: impl IntoIterator<Item = f64>) -> f64 {
 
 /// The value of `n` over the runs at `point`.
 fn compute(runs: &Runs, point: &toml::Table, n: &Number) -> Result<f64, String> {
+    let mut point = point.clone();
+    point.extend(n.point.clone());
+    let point = &point;
     let points = runs.at(point);
+    if n.agg.as_deref() == Some("count") {
+        return Ok(points.values().map(Vec::len).sum::<usize>() as f64);
+    }
     if points.is_empty() {
         return Err(format!("no ok run at {point}"));
     }

@@ -503,12 +503,15 @@ fn steady_note(points: &std::collections::BTreeMap<u32, crate::sweep::runner::Po
     let mut out = String::new();
     let (n, at) = list(|t| t.unstable);
     if n > 0 {
-        let _ =
-            writeln!(out, "steady state: {n} run(s) UNSTABLE (points {at}): queue kept growing, load above capacity");
+        let _ = writeln!(
+            out,
+            "steady state: {} UNSTABLE (points {at}): queue kept growing, load above capacity",
+            count(n, "run")
+        );
     }
     let (n, at) = list(|t| t.too_short);
     if n > 0 {
-        let _ = writeln!(out, "steady state: {n} run(s) too short to judge (points {at}): run more requests");
+        let _ = writeln!(out, "steady state: {} too short to judge (points {at}): run more requests", count(n, "run"));
     }
     out.push_str(&rejected_note(points));
     out
