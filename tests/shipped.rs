@@ -19,6 +19,17 @@ pub fn cut_down_table(mut t: toml::Table) -> String {
     let sweep = t.entry("sweep").or_insert(toml::Value::Table(toml::Table::new())).as_table_mut().unwrap();
     sweep.insert("replicates".into(), toml::Value::Integer(1));
     sweep.insert("report".into(), toml::Value::Boolean(false));
+    // A grid over run lengths (the run-length and steady-state studies): as
+    // many short lengths, 150, 200, …
+    if let Some(grid) = t.get_mut("grid").and_then(|g| g.as_table_mut()) {
+        for (key, values) in grid.iter_mut() {
+            if let (true, Some(list)) = (key.ends_with(".total_requests"), values.as_array_mut()) {
+                for (i, v) in list.iter_mut().enumerate() {
+                    *v = toml::Value::Integer(150 + 50 * i as i64);
+                }
+            }
+        }
+    }
     let stages = t.get_mut("workload").and_then(|w| w.get_mut("stages")).and_then(|s| s.as_array_mut()).unwrap();
     for st in stages {
         let kind = st["type"].as_str().unwrap().to_string();

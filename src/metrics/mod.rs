@@ -868,6 +868,7 @@ impl RunSummary {
             ("warmup_s".into(), Real(self.steady.warmup_s)),
             ("warmup_requests".into(), Count(self.steady.warmup_requests)),
             ("steady_requests".into(), Count(self.steady.steady_requests)),
+            (col::REQUESTS_NEEDED.into(), Count(self.steady.requests_needed)),
         ]);
         for (name, stats) in [
             ("ttft", &self.steady.ttft_ms),

@@ -32,7 +32,9 @@
 //! 4–6 % of 2,000-request runs; [`TREND_T`] is the null distribution's 99th
 //! percentile, simulated.) A run is `unstable` when both rise (a
 //! queue that keeps growing: offered load above capacity); `too_short`
-//! when fewer than [`MIN_BATCHES`] batches of requests got a first token,
+//! when one rises without the other (still filling up: requests that stay
+//! long accumulate before a queue forms, or waits still climbing), when
+//! fewer than [`MIN_BATCHES`] batches of requests got a first token,
 //! d* falls in the second half, or the batch means after d* are still
 //! correlated ([`correlated`]: the run is shorter than a few of its own
 //! correlation times, as a queue near saturation is); else `stable`.
@@ -139,6 +141,12 @@ impl Batches {
         self.size *= 2;
     }
 
+    /// Arrivals up to the last with an observation.
+    fn arrivals(&self) -> u64 {
+        let last = self.count.iter().rposition(|&c| c > 0);
+        last.map_or(0, |j| j as u64 * self.size + self.size)
+    }
+
     /// The means of the batches with observations, and the arrival index each starts at.
     fn means(&self) -> (Vec<f64>, Vec<u64>) {
         let kept = (0..self.sum.len()).filter(|&j| self.count[j] > 0);
@@ -148,7 +156,21 @@ impl Batches {
 
 /// The MSER truncation point of batch means `z`: the number of leading
 /// batches to drop (`None` for fewer than 5 batches).
+///
+/// A constant tail has a statistic of 0, so MSER alone would cut
+/// everything before it: a queue whose waits are all zero from some point
+/// on (light load, a deterministic service: every TTFT the same) would be
+/// cut there, past the middle, and called too short. When the minimum is 0
+/// and past the middle, the cut is the minimum over the first half instead.
 pub fn mser(z: &[f64]) -> Option<usize> {
+    let d = mser_upto(z, z.len())?;
+    let tail = &z[d..];
+    let constant = tail.iter().all(|&x| x == tail[0]);
+    if constant && d > z.len() / 2 { mser_upto(z, z.len() / 2) } else { Some(d) }
+}
+
+/// [`mser`]'s minimum over cuts of at most `limit` batches.
+fn mser_upto(z: &[f64], limit: usize) -> Option<usize> {
     let k = z.len();
     if k < 5 {
         return None;
@@ -167,7 +189,7 @@ pub fn mser(z: &[f64]) -> Option<usize> {
             continue;
         }
         let stat = (s2 - s1 * s1 / n).max(0.0) / (n * n);
-        if stat <= best.0 {
+        if stat <= best.0 && i <= limit {
             best = (stat, i);
         }
     }
@@ -203,9 +225,15 @@ pub fn rises(z: &[f64]) -> bool {
 /// percentiles still depend on its length (the batch-means independence
 /// check, Law & Carson 1979; Fishman 1978).
 pub fn correlated(z: &[f64]) -> bool {
+    lag1(z).is_none_or(|r| r > 1.645 / (CORRELATION_GROUPS as f64).sqrt())
+}
+
+/// The lag-1 autocorrelation of the [`CORRELATION_GROUPS`] group means of
+/// `z` (`None` for fewer values than groups; 0 for a constant series).
+fn lag1(z: &[f64]) -> Option<f64> {
     let g = CORRELATION_GROUPS;
     if z.len() < g {
-        return true;
+        return None;
     }
     let y: Vec<f64> = (0..g)
         .map(|i| {
@@ -216,10 +244,10 @@ pub fn correlated(z: &[f64]) -> bool {
     let mean = y.iter().sum::<f64>() / g as f64;
     let var: f64 = y.iter().map(|v| (v - mean).powi(2)).sum();
     if var == 0.0 {
-        return false;
+        return Some(0.0);
     }
     let cov: f64 = y.windows(2).map(|w| (w[0] - mean) * (w[1] - mean)).sum();
-    cov / var > 1.645 / (g as f64).sqrt()
+    Some(cov / var)
 }
 
 /// The latencies of one segment of consecutive arrivals.
@@ -278,6 +306,10 @@ pub struct SteadySummary {
     pub e2e_ms: LatencyStats,
     /// Queue wait after the warm-up, ms.
     pub queue_wait_ms: LatencyStats,
+    /// For a `too_short` run, the run length (requests) its own warm-up
+    /// and correlation suggest would be long enough ([`requests_needed`]);
+    /// 0 otherwise.
+    pub requests_needed: u64,
 }
 
 impl Default for SteadySummary {
@@ -292,8 +324,46 @@ impl Default for SteadySummary {
             tpot_ms: none,
             e2e_ms: none,
             queue_wait_ms: none,
+            requests_needed: 0,
         }
     }
+}
+
+/// The run length a `too_short` run of `arrivals` requests suggests, from
+/// what made it too short (rounded up to 2 significant digits):
+///
+/// - (in [`SteadyState::finish`]) the number in system or the waits still
+///   rising over the second half, without both rising: 8 × the run;
+/// - fewer than [`MIN_BATCHES`] batches with a first token (`got`
+///   requests): as many more as give [`MIN_BATCHES`] × [`BATCH`];
+/// - MSER's cut past the middle, at request `cut`: 2.5 × `cut`, so that the
+///   cut falls in the first 40 %;
+/// - batch means still correlated, lag-1 autocorrelation `r` of the
+///   [`CORRELATION_GROUPS`] group means: groups `k` times longer, `k` the
+///   larger of ln(r₀)/ln(r) (correlation decaying geometrically, groups
+///   shorter than the correlation time) and r/r₀ (decaying as 1/length,
+///   groups longer than it), r₀ = 1.645/√[`CORRELATION_GROUPS`] the
+///   check's threshold; at least 2, at most 64.
+///
+/// An estimate from one run: the search takes the largest over a probe's runs.
+pub fn requests_needed(arrivals: u64, got: u64, cut: Option<u64>, lag1: Option<f64>) -> u64 {
+    let r0 = 1.645 / (CORRELATION_GROUPS as f64).sqrt();
+    let need = if got < MIN_BATCHES as u64 * BATCH {
+        arrivals as f64 * (MIN_BATCHES as u64 * BATCH) as f64 / got.max(1) as f64
+    } else if let Some(cut) = cut {
+        2.5 * cut as f64
+    } else {
+        let r = lag1.unwrap_or(1.0).clamp(r0, 0.999_999);
+        let k = (r0.ln() / r.ln()).max(r / r0).clamp(2.0, 64.0);
+        arrivals as f64 * k
+    };
+    round_up_2_digits(need.max(arrivals as f64 + 1.0))
+}
+
+/// `x` rounded up to two significant digits.
+fn round_up_2_digits(x: f64) -> u64 {
+    let unit = 10f64.powi((x.log10().floor() as i32 - 1).max(0));
+    ((x / unit).ceil() * unit) as u64
 }
 
 /// The per-arrival series of a run, bounded in memory.
@@ -367,13 +437,33 @@ impl SteadyState {
     /// The verdict and the steady latencies.
     pub fn finish(&self) -> SteadySummary {
         let (z, starts) = self.ttft.means();
-        let unstable = rises(&self.wait.means().0) && rises(&self.in_system.means().0);
-        if unstable {
+        let (wait_rises, filling) = (rises(&self.wait.means().0), rises(&self.in_system.means().0));
+        if wait_rises && filling {
             return SteadySummary { stability: Stability::Unstable, ..SteadySummary::default() };
+        }
+        let arrivals = self.ttft.arrivals();
+        let got = self.ttft.count.iter().map(|&c| u64::from(c)).sum();
+        if filling || wait_rises {
+            // Still filling up (requests that stay long — long outputs —
+            // accumulate before any queue forms), or waits still rising:
+            // no steady state yet, and no sign of one within the run. A fill
+            // still rising over the whole second half has a time constant
+            // of a quarter of the run or more; a run that ends it in its
+            // first tenth and then near capacity decorrelates needs about 8
+            // times the length (measured: 8 × 1,500 requests brought two
+            // capacity searches within 2 % of their 64,000-request answers,
+            // 4 × did not).
+            let requests_needed = round_up_2_digits(8.0 * arrivals as f64);
+            return SteadySummary { requests_needed, ..SteadySummary::default() };
         }
         let d = match mser(&z) {
             Some(d) if z.len() >= MIN_BATCHES && d <= z.len() / 2 && !correlated(&z[d..]) => d,
-            _ => return SteadySummary::default(),
+            found => {
+                let cut = found.filter(|&d| d > z.len() / 2).map(|d| starts[d]);
+                let lag = found.and_then(|d| lag1(&z[d..]));
+                let requests_needed = requests_needed(arrivals, got, cut, lag);
+                return SteadySummary { requests_needed, ..SteadySummary::default() };
+            }
         };
         let cut = starts[d];
         let first = cut.div_ceil(self.segment_size) as usize;
@@ -391,6 +481,7 @@ impl SteadyState {
             tpot_ms: stats(Steady::Tpot),
             e2e_ms: stats(Steady::E2e),
             queue_wait_ms: stats(Steady::QueueWait),
+            requests_needed: 0,
         }
     }
 }
@@ -398,6 +489,22 @@ impl SteadyState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_too_short_run_suggests_a_length_from_what_made_it_too_short() {
+        // 60 requests with a first token of 60 arrivals: 100 are needed.
+        assert_eq!(requests_needed(60, 60, None, None), 100);
+        // A warm-up cut at request 1,230 of 2,000: 2.5 × 1,230 = 3,075 → 3,100.
+        assert_eq!(requests_needed(2000, 2000, Some(1230), None), 3100);
+        // r = 0.9 at the group scale, r₀ = 1.645/√20 = 0.36783: geometric
+        // decay needs ln 0.36783 / ln 0.9 = 9.49 × longer groups (r/r₀ =
+        // 2.45): 2,000 × 9.49 = 18,980 → 19,000.
+        assert_eq!(requests_needed(2000, 2000, None, Some(0.9)), 19_000);
+        // r = 0.4, just over r₀: at least twice as long.
+        assert_eq!(requests_needed(1500, 1500, None, Some(0.4)), 3000);
+        // r → 1 (a queue wandering over the whole run): at most 64 × longer.
+        assert_eq!(requests_needed(1000, 1000, None, Some(1.0)), 64_000);
+    }
 
     #[test]
     fn mser_cuts_a_known_transient_exactly() {
@@ -420,6 +527,12 @@ mod tests {
         let flat: Vec<f64> = (0..100).map(|j| if j % 2 == 0 { 1.0 } else { -1.0 }).collect();
         assert_eq!(mser(&flat), Some(0));
         assert_eq!(mser(&[1.0; 4]), None);
+        // A constant tail from batch 70 of 100 (light load: every TTFT the
+        // same): not cut there, but where the first half's minimum is —
+        // here nothing, the first half being flat noise.
+        let spiky: Vec<f64> = (0..100).map(|j| if j < 70 && j % 2 == 0 { 2.0 } else { 1.0 }).collect();
+        assert!(mser_upto(&spiky, 100).unwrap() >= 69, "MSER alone cuts into the constant tail");
+        assert_eq!(mser(&spiky), Some(0));
     }
 
     #[test]

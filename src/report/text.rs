@@ -261,6 +261,19 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
             s.parameter
         );
     }
+    let short: Vec<String> = r
+        .points
+        .iter()
+        .filter(|(_, _, st)| st.status == Some(crate::sweep::search::Status::TooShort))
+        .map(|(id, _, st)| format!("point {id}: runs of ≈ {} requests", st.requests_needed(s)))
+        .collect();
+    if !short.is_empty() {
+        let _ = writeln!(
+            out,
+            "too short: a probe beyond the answer failed because most of its runs ended before a steady state, so the answer may still move with the run's length ({}: an estimate from those runs' warm-up and correlation — set the stage's total_requests; if runs that long are too short too, the search says so again)",
+            short.join("; ")
+        );
+    }
     let unstable: u32 = r.points.iter().map(|(_, _, st)| st.unstable()).sum();
     if unstable > 0 {
         let _ = writeln!(

@@ -312,6 +312,11 @@ pub enum Status {
     /// verdicts are not monotone in the parameter; the answer is the best
     /// value short of the first failure.
     NonMonotone,
+    /// The first failing value (or the good bound) failed because fewer
+    /// than half its runs reached a steady state: the runs are too short to
+    /// tell where the answer is. The answer, if any, is a passing value,
+    /// but a longer run may pass beyond it.
+    TooShort,
 }
 
 impl Status {
@@ -323,6 +328,7 @@ impl Status {
             Status::Infeasible => "infeasible",
             Status::ProbeLimit => "probe_limit",
             Status::NonMonotone => "non_monotone",
+            Status::TooShort => "too_short",
         }
     }
 }
@@ -350,6 +356,13 @@ pub struct Probe {
     pub unstable: u32,
     /// Of those, too short to tell whether they reached a steady state.
     pub too_short: u32,
+    /// Of those, stable (a pass needs at least half).
+    pub stable: u32,
+    /// It failed because fewer than half its runs were stable (and not
+    /// because its SLO metrics failed or its queue kept growing).
+    pub short: bool,
+    /// The largest run length its too-short runs suggest (0 if none).
+    pub requests_needed: u64,
 }
 
 impl Probe {
@@ -366,11 +379,15 @@ impl Probe {
             failed: 0,
             unstable: 0,
             too_short: 0,
+            stable: 0,
+            short: false,
+            requests_needed: 0,
         }
     }
 
     /// Adds runs' results and re-judges: a failed run, or a majority of
-    /// unstable ones, fails the probe; otherwise each constraint's 95 % interval decides, and an
+    /// unstable ones, fails the probe; otherwise each constraint's 95 %
+    /// interval decides, a pass needs at least half the runs `stable`, and an
     /// unclear verdict (or a single replicate, which has no interval) waits
     /// for more replicates until `max_replicates` are in (then it fails).
     pub fn add(&mut self, s: &SearchSpec, results: &[&RunResult]) {
@@ -382,8 +399,11 @@ impl Probe {
             };
             match o.summary.steady.stability {
                 crate::metrics::steady::Stability::Unstable => self.unstable += 1,
-                crate::metrics::steady::Stability::TooShort => self.too_short += 1,
-                crate::metrics::steady::Stability::Stable => {}
+                crate::metrics::steady::Stability::TooShort => {
+                    self.too_short += 1;
+                    self.requests_needed = self.requests_needed.max(o.summary.steady.requests_needed);
+                }
+                crate::metrics::steady::Stability::Stable => self.stable += 1,
             }
             let columns = o.summary.columns();
             for (c, samples) in s.slo.iter().zip(&mut self.samples) {
@@ -410,7 +430,15 @@ impl Probe {
         // answers spread over two grid steps; with 8, over one).
         // A failed run fails the probe; so does a majority of unstable runs
         // (one unstable run among stable ones is the trend test's false
-        // alarm rate at work, seen at ρ ≈ 0.8 with 1,500 requests).
+        // alarm rate at work). A pass needs steady evidence: at least half
+        // the runs `stable` — a short run near capacity ends before its
+        // queue builds up, and its tail latencies pass an SLO the steady
+        // state misses (measured: 1,500-request runs answered 27 % above
+        // 64,000-request ones, none of the runs at the answer stable). It is
+        // judged on all `max_replicates` runs, as a pass is (the verdicts of
+        // runs near capacity are noisy: two runs can both be too short where
+        // six of eight are stable), and a probe that fails it is `short`.
+        self.short = false;
         let verdict = if self.failed > 0 || 2 * self.unstable > self.runs {
             Verdict::Fail
         } else if self.runs < 2 && s.max_replicates >= 2 {
@@ -419,6 +447,9 @@ impl Probe {
             Verdict::Fail
         } else if verdicts.contains(&Verdict::Unclear) || self.runs < s.max_replicates {
             Verdict::Unclear
+        } else if 2 * self.stable < self.runs {
+            self.short = true;
+            Verdict::Fail
         } else {
             Verdict::Pass
         };
@@ -480,7 +511,7 @@ impl PointSearch {
         let Some(first) = self.probes.first() else { return Some(Next::Probe(good, "bound")) };
         let (pass, fail) = self.bracket(s);
         let Some(f) = pass.filter(|_| first.pass) else {
-            self.status = Some(Status::Infeasible);
+            self.status = Some(if first.short { Status::TooShort } else { Status::Infeasible });
             return None;
         };
         if self.probes.len() as u32 >= s.max_probes {
@@ -511,8 +542,26 @@ impl PointSearch {
         // above it, or an earlier answer a check below has undercut).
         let beyond = |v: f64| if s.maximize { v > u } else { v < u };
         let odd = self.probes.iter().any(|p| p.settled && p.pass && beyond(p.value));
-        self.status = Some(if odd { Status::NonMonotone } else { Status::Found });
+        let short = self.probes.iter().any(|p| p.settled && p.short && p.value == u);
+        self.status = Some(if short {
+            Status::TooShort
+        } else if odd {
+            Status::NonMonotone
+        } else {
+            Status::Found
+        });
         None
+    }
+
+    /// The run length the too-short runs at the first failing value (or,
+    /// with no answer, at the good bound) suggest: 0 unless the status is
+    /// [`Status::TooShort`].
+    pub fn requests_needed(&self, s: &SearchSpec) -> u64 {
+        if self.status != Some(Status::TooShort) {
+            return 0;
+        }
+        let at = self.bracket(s).1.or(self.probes.first().map(|p| p.value));
+        self.probes.iter().filter(|p| Some(p.value) == at).map(|p| p.requests_needed).max().unwrap_or(0)
     }
 
     /// The answer: the last passing value.
@@ -682,6 +731,7 @@ fn write_search_table(
         ("replicates_at_found".into(), ColType::U32),
         ("unstable_runs".into(), ColType::U32),
         ("too_short_runs".into(), ColType::U32),
+        (col::REQUESTS_NEEDED.into(), ColType::U64),
     ]);
     columns.extend(s.slo.iter().map(|c| (format!("{}_at_found", c.metric), ColType::F64)));
     let mut rows: Vec<Vec<Cell<'_>>> = Vec::new();
@@ -701,6 +751,10 @@ fn write_search_table(
         row.push(at.map_or(Cell::Null, |p| Cell::U32(p.runs)));
         row.push(Cell::U32(st.unstable()));
         row.push(Cell::U32(st.too_short()));
+        row.push(match st.requests_needed(s) {
+            0 => Cell::Null,
+            n => Cell::U64(n),
+        });
         for i in 0..s.slo.len() {
             row.push(at.map_or(Cell::Null, |p| Cell::F64(p.means[i])));
         }
@@ -821,6 +875,36 @@ mod tests {
     }
 
     #[test]
+    fn a_first_failure_for_lack_of_steady_runs_ends_too_short_with_a_run_length() {
+        let s = spec(true, false);
+        // Values up to 20 pass; above, the runs are too short (suggesting
+        // 9,000 requests) up to 30, and beyond they fail the SLO.
+        let mut st = PointSearch::default();
+        while let Some(Next::Probe(v, step)) = st.next(&s) {
+            let mut p = Probe::new(v, step, 0);
+            (p.pass, p.settled, p.runs) = (v <= 20.0, true, 1);
+            if v > 20.0 && v <= 30.0 {
+                (p.short, p.requests_needed) = (true, 9000);
+            }
+            st.probes.push(p);
+        }
+        assert_eq!(st.status, Some(Status::TooShort), "{:?}", st.probes);
+        assert!(st.answer(&s).unwrap() <= 20.0);
+        assert_eq!(st.requests_needed(&s), 9000);
+        // Failing the SLO there instead: found, and no run length to suggest.
+        let (st, _) = search(&s, 20.0);
+        assert_eq!((st.status, st.requests_needed(&s)), (Some(Status::Found), 0));
+        // Too short at the good bound: too short, not infeasible.
+        let mut st = PointSearch::default();
+        let Some(Next::Probe(v, step)) = st.next(&s) else { panic!() };
+        let mut p = Probe::new(v, step, 0);
+        (p.settled, p.runs, p.short, p.requests_needed) = (true, 1, true, 4000);
+        st.probes.push(p);
+        assert_eq!(st.next(&s), None);
+        assert_eq!((st.status, st.requests_needed(&s)), (Some(Status::TooShort), 4000));
+    }
+
+    #[test]
     fn an_unclear_verdict_doubles_its_replicates_up_to_the_cap_then_fails() {
         let s = SearchSpec {
             slo: vec![Constraint::parse("ttft_p99_ms <= 100").unwrap()],
@@ -854,15 +938,23 @@ mod tests {
         assert!(!q.settled);
         q.samples[0].extend([50.0, 51.0, 50.5, 50.0]);
         q.runs = 8;
+        q.stable = 8;
+        q.judge(&s);
+        assert!(q.settled && q.pass && !q.short);
+        // A pass needs steady evidence: half the runs stable passes, fewer fail as `short`.
+        (q.stable, q.too_short) = (4, 4);
         q.judge(&s);
         assert!(q.settled && q.pass);
+        (q.stable, q.too_short) = (3, 5);
+        q.judge(&s);
+        assert!(q.settled && !q.pass && q.short);
         // One unstable run among eight is a false alarm; five are a growing queue.
-        q.unstable = 1;
+        (q.stable, q.too_short, q.unstable) = (7, 0, 1);
         q.judge(&s);
         assert!(q.settled && q.pass);
-        q.unstable = 5;
+        (q.stable, q.unstable) = (3, 5);
         q.judge(&s);
-        assert!(q.settled && !q.pass);
+        assert!(q.settled && !q.pass && !q.short);
         let mut r = Probe::new(5.0, "bound", 1);
         r.samples[0].extend([300.0, 301.0]);
         r.runs = 2;
