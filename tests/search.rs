@@ -135,6 +135,31 @@ fn the_fewest_workers_meeting_a_wait_match_a_direct_sweep() {
     assert!(st.probes.len() <= 8, "{} probes", st.probes.len());
 }
 
+/// A worker-count answer in GPUs and dollars: with `tp = 2` and $3 per
+/// GPU-hour, N workers are 2N GPUs at $6N an hour (no tiers, no autoscaling),
+/// in search.parquet and on the terminal.
+#[test]
+fn a_search_over_workers_reports_gpus_and_dollars_per_hour() {
+    let dir = crate::temp_dir("search-gpus");
+    let text = mdc("[5.0]", true)
+        .replace("[worker.inference_params]", "[worker.hw]\ntp = 2\nusd_per_gpu_hour = 3.0\n[worker.inference_params]");
+    let r = search_in(&dir, &text, None, None);
+    let n = r.points[0].2.answer(&r.spec).expect("an answer");
+    let table = read(&dir.join("out/search.parquet"));
+    let col = |c: &str| opal::output::f64_column(&table, c).unwrap()[0].unwrap();
+    assert!((col("gpus_at_found") - 2.0 * n).abs() < 1e-9, "{} GPUs for {n} workers", col("gpus_at_found"));
+    assert!((col("usd_per_hour_at_found") - 6.0 * n).abs() < 1e-6, "${}/h", col("usd_per_hour_at_found"));
+    let o = crate::sweep::opal_sweep(&["spec.toml", "-o", "cli"], &dir);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row = text.lines().find(|l| l.trim_start().starts_with("0 ")).unwrap_or_else(|| panic!("{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(&cells[4..6], [format!("{}", 2.0 * n), format!("{:.2}", 6.0 * n)], "{text}");
+    assert!(text.contains("GPUs") && text.contains("$/h"), "{text}");
+    // Progress as it goes, a line per round off a terminal.
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("search round 1: probe 1 (bound): simulation.num_workers = 16"), "{err}");
+}
+
 #[test]
 fn a_search_gives_the_same_probes_and_answers_at_any_thread_count_and_shard_split() {
     let text = mdc("[4.0, 5.0, 6.0]", true);
@@ -442,7 +467,8 @@ fn an_infeasible_search_shows_what_its_bound_reached() {
     assert!(o.status.success(), "{stdout}");
     let row = stdout.lines().find(|l| l.contains("infeasible") && l.trim_start().starts_with('0')).expect("a row");
     // M/D/1 at λ = 0.2 of 1 s jobs: Wq = 0.2/(2 · 0.8) s = 125 ms, near enough in 2,000 requests.
-    let wait: f64 = row.split_whitespace().nth(4).unwrap().parse().unwrap_or_else(|_| panic!("{row}"));
+    // point, found, status, probes, GPUs, $/h, then the SLO metric.
+    let wait: f64 = row.split_whitespace().nth(6).unwrap().parse().unwrap_or_else(|_| panic!("{row}"));
     assert!((wait - 125.0).abs() < 25.0, "{row}");
     assert!(stdout.contains("even workload.stages.0.workload_params.request_rate = 0.2 misses the SLO"), "{stdout}");
 }

@@ -96,6 +96,8 @@ pub struct RunRow {
     pub metrics: BTreeMap<String, f64>,
     /// Its queue kept growing (`stability` = `unstable`; tables older than the column: false).
     pub unstable: bool,
+    /// It reached a steady state (`stability` = `stable`; tables older than the column: true).
+    pub stable: bool,
 }
 
 /// A grid point: its axis values and its successful runs.
@@ -465,8 +467,10 @@ impl SweepData {
             point.total_runs += 1;
             if status[i].as_deref() == Some("ok") {
                 let metrics = metric_cols.iter().filter_map(|(n, c)| c[i].map(|v| (n.clone(), v))).collect();
-                let unstable = stability.as_ref().is_some_and(|s| s[i].as_deref() == Some("unstable"));
-                point.runs.push(RunRow { run_id: run_ids[i], replicate: replicates[i], metrics, unstable });
+                let verdict = stability.as_ref().map(|s| s[i].as_deref());
+                let unstable = verdict.is_some_and(|v| v == Some("unstable"));
+                let stable = verdict.is_none_or(|v| v == Some("stable"));
+                point.runs.push(RunRow { run_id: run_ids[i], replicate: replicates[i], metrics, unstable, stable });
                 point_of_run.insert(run_ids[i], point_ids[i]);
             } else {
                 failed.push(FailedRun {

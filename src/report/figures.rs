@@ -929,16 +929,29 @@ fn percentiles(data: &SweepData) -> Result<Figure, String> {
 
 // ---------------------------------------------------------------- figure 4
 
+/// The points in the order figure 4 draws them: a search's probes by grid
+/// point and then by the searched value (the last axis), not in the order
+/// they were probed; a sweep's in grid order.
+fn bar_order(data: &SweepData) -> Vec<&Point> {
+    let mut points: Vec<&Point> = data.points.iter().collect();
+    if data.search.is_some()
+        && let Some(x) = data.axes.len().checked_sub(1)
+    {
+        let value = |p: &Point| data.axes[x].numbers.get(p.at[x]).copied().unwrap_or(f64::NAN);
+        points.sort_by(|a, b| a.at[..x].cmp(&b.at[..x]).then(value(a).total_cmp(&value(b))));
+    }
+    points
+}
+
 fn cache_bars(data: &SweepData) -> Result<Figure, String> {
     let mean = |p: &Point, col: &str| mean_ci(&p.samples(col)).map_or(0.0, |m| m.0);
-    let labels: Vec<String> = data.points.iter().map(|p| data.point_label(p)).collect();
-    let hits = data
-        .points
+    let points = bar_order(data);
+    let labels: Vec<String> = points.iter().map(|p| data.point_label(p)).collect();
+    let hits = points
         .iter()
         .map(|p| Tier::ALL.iter().map(|&t| (t, mean(p, &format!("hit_ratio_{}", t.short())))).collect())
         .collect();
-    let bytes = data
-        .points
+    let bytes = points
         .iter()
         .map(|p| {
             Tier::ALL[1..]
@@ -1286,9 +1299,10 @@ fn pareto_figure(data: &SweepData) -> Result<Figure, String> {
 
 /// A search: each SLO metric against the searched value (the last axis),
 /// one line per grid point through its probes (means over replicates), the
-/// SLO threshold dashed, and each grid point's answer — its best probe that
-/// met every constraint with 95 % confidence and whose runs all reached a
-/// steady state — marked.
+/// SLO threshold dashed (across the probed range, or around the one value
+/// probed), and each grid point's answer — its best probe that met every
+/// constraint with 95 % confidence, at least half of whose runs reached a
+/// steady state and at most half kept growing, as the search judges — marked.
 fn search_figure(data: &SweepData) -> Result<Figure, String> {
     const NOT_A_SEARCH: &str = "only for searches ([search] in the spec)";
     let Some(slo) = &data.search else { return Err(NOT_A_SEARCH.into()) };
@@ -1306,9 +1320,11 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
     let x_of = |p: &Point| data.axes[x_axis].numbers[p.at[x_axis]];
     let passes = |i: usize| {
         let p = &data.points[i];
+        let count = |f: fn(&crate::report::data::RunRow) -> bool| p.runs.iter().filter(|r| f(r)).count();
         !p.runs.is_empty()
             && p.runs.len() == p.total_runs
-            && !p.runs.iter().any(|r| r.unstable)
+            && 2 * count(|r| r.unstable) <= p.runs.len()
+            && 2 * count(|r| r.stable) >= p.runs.len()
             && slo.iter().all(|c| c.holds(&p.samples(&c.metric)))
     };
     let found: Vec<Option<usize>> = groups
@@ -1321,6 +1337,15 @@ fn search_figure(data: &SweepData) -> Result<Figure, String> {
         .collect();
     let xs: Vec<f64> = data.points.iter().map(x_of).collect();
     let (lo, hi) = xs.iter().fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    // Every probe at one value (a search that stopped at its bound): the
+    // threshold still needs a length to be seen, so the axis spans ±10 %.
+    let (lo, hi) = if hi > lo {
+        (lo, hi)
+    } else if lo > 0.0 {
+        (0.9 * lo, 1.1 * hi)
+    } else {
+        (lo - 1.0, hi + 1.0)
+    };
     let mut panels = Vec::new();
     let mut capped = false;
     for c in slo {
@@ -2075,9 +2100,30 @@ mod tests {
                 replicate: r as u32,
                 metrics: [(metric.to_string(), v)].into_iter().collect(),
                 unstable: false,
+                stable: true,
             })
             .collect();
         Point { id, at: vec![id as usize], runs, total_runs: values.len() }
+    }
+
+    #[test]
+    fn figure_4_draws_a_searchs_probes_by_value_not_in_probe_order() {
+        use super::super::data::Axis;
+        // Probed in the order 40, 10, 20 req/s (bracket, then bisection).
+        let rate = Axis {
+            path: "workload.stages.0.workload_params.request_rate".into(),
+            label: "request_rate".into(),
+            numeric: true,
+            values: vec!["40".into(), "10".into(), "20".into()],
+            numbers: vec![40.0, 10.0, 20.0],
+        };
+        let points = (0..3).map(|i| point_of(i, "hit_ratio_gpu", &[0.5])).collect();
+        let sweep = sweep_data(vec![rate], points);
+        let ids = |d: &SweepData| bar_order(d).iter().map(|p| p.id).collect::<Vec<_>>();
+        assert_eq!(ids(&sweep), [0, 1, 2], "a sweep keeps its grid order");
+        let slo = crate::stats::Constraint::parse("ttft_p99_ms <= 500").unwrap();
+        let search = SweepData { search: Some(vec![slo]), ..sweep };
+        assert_eq!(ids(&search), [1, 2, 0], "10, 20, 40 req/s");
     }
 
     #[test]
@@ -2111,6 +2157,23 @@ mod tests {
         let data = SweepData { search: data.search.clone(), ..sweep_data(vec![rate], near) };
         let Body::Lines(l) = &search_figure(&data).unwrap().body else { unreachable!() };
         assert_eq!(l.panels[0].y_range, None);
+        // Every probe at one value (the search stopped at its bound): the
+        // threshold is still drawn, across ±10 % of it.
+        let one = Axis { values: vec!["16".into()], numbers: vec![16.0], ..data.axes[0].clone() };
+        let data = SweepData {
+            search: data.search.clone(),
+            ..sweep_data(vec![one], vec![point_of(0, "ttft_p99_ms", &[100.0, 101.0])])
+        };
+        let Body::Lines(l) = &search_figure(&data).unwrap().body else { unreachable!() };
+        let threshold = l.panels[0].lines.iter().find(|l| l.stroke == Stroke::Dashed && l.color == BLACK).unwrap();
+        assert_eq!(threshold.points, [(14.4, 500.0), (17.6, 500.0)]);
+        // A probe whose runs are mostly too short is not an answer (as the search judges).
+        let mut short = point_of(0, "ttft_p99_ms", &[100.0, 101.0]);
+        short.runs[0].stable = false;
+        short.runs[1].stable = false;
+        let data = SweepData { search: data.search.clone(), ..sweep_data(vec![data.axes[0].clone()], vec![short]) };
+        let Body::Lines(l) = &search_figure(&data).unwrap().body else { unreachable!() };
+        assert!(!l.panels[0].lines.iter().any(|l| l.marker == Some(Marker::Cross)));
     }
 
     #[test]
@@ -2170,6 +2233,7 @@ mod tests {
             replicate: run_id,
             metrics: [("sim_time_s".to_string(), sim_time_s)].into_iter().collect(),
             unstable: false,
+            stable: true,
         };
         let point = Point { id: 0, at: Vec::new(), runs: vec![run(0, 6.0), run(1, 4.1)], total_runs: 2 };
         let series = [

@@ -209,7 +209,8 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     let what = if s.maximize { "largest" } else { "smallest" };
     let slo = s.slo.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
     let mut out = format!("{what} {} meeting {slo}:\n", s.parameter);
-    let _ = write!(out, "{:>6}  {:>12}  {:<12}{:>8}", "point", "found", "status", "probes");
+    let _ =
+        write!(out, "{:>6}  {:>12}  {:<12}{:>8}  {:>6}  {:>9}", "point", "found", "status", "probes", "GPUs", "$/h");
     for c in &s.slo {
         let _ = write!(out, "  {:>14}", c.metric);
     }
@@ -232,6 +233,15 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
             Some(v) => st.probes.iter().find(|p| p.pass && p.value == v),
             None => st.probes.first(),
         };
+        // What the answer costs: GPUs (tp × workers, every pool) and dollars per hour.
+        let (gpus, usd) = at.map_or((f64::NAN, f64::NAN), |p| (p.mean_gpus(), p.mean_usd_per_hour()));
+        let shown = |v: f64, f: &dyn Fn(f64) -> String| if v.is_finite() { f(v) } else { MISSING.to_string() };
+        let _ = write!(
+            out,
+            "  {:>6}  {:>9}",
+            shown(gpus, &|v| if (v - v.round()).abs() < 1e-9 { format!("{v:.0}") } else { format!("{v:.1}") }),
+            shown(usd, &|v| format!("{v:.2}"))
+        );
         for i in 0..s.slo.len() {
             let v = at.map_or(f64::NAN, |p| p.means[i]);
             let _ = write!(out, "  {:>14}", if v.is_nan() { MISSING.to_string() } else { format!("{v:.2}") });

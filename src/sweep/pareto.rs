@@ -454,6 +454,16 @@ pub fn run_pareto(
                 })
             })
             .collect();
+        let evaluated: usize = states.iter().map(|(_, st)| st.evaluated.len()).sum();
+        writer.round(
+            &format!(
+                "{} lattice points to evaluate ({} evaluated of {} in all)",
+                jobs.len(),
+                evaluated,
+                lattice as usize * states.len()
+            ),
+            runs.len(),
+        );
         let results = writer.execute(&runs, stop)?;
         for (j, &(i, l, _)) in jobs.iter().enumerate() {
             let mine: Vec<&RunResult> = results[j * reps as usize..(j + 1) * reps as usize].iter().collect();

@@ -639,6 +639,43 @@ pub struct SearchWriter {
     pool: rayon::ThreadPool,
     run_opts: (bool, bool),
     report: SweepReport,
+    progress: RoundProgress,
+}
+
+/// A search's progress: on a terminal, a bar over each round's runs whose
+/// message says what the round probes; otherwise a line per round.
+struct RoundProgress {
+    bar: Option<ProgressBar>,
+    enabled: bool,
+    rounds: u32,
+}
+
+impl RoundProgress {
+    fn new(enabled: bool) -> RoundProgress {
+        let bar = (enabled && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+            bar.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} runs of round {prefix}  {msg}  elapsed {elapsed}")
+                    .expect("valid progress template"),
+            );
+            bar
+        });
+        RoundProgress { bar, enabled, rounds: 0 }
+    }
+
+    fn round(&mut self, what: &str, runs: usize) {
+        self.rounds += 1;
+        match &self.bar {
+            Some(bar) => {
+                bar.set_length(runs as u64);
+                bar.set_position(0);
+                bar.set_prefix(self.rounds.to_string());
+                bar.set_message(what.to_string());
+            }
+            None if self.enabled => eprintln!("search round {}: {what} ({runs} runs)", self.rounds),
+            None => {}
+        }
+    }
 }
 
 impl SearchWriter {
@@ -707,7 +744,13 @@ impl SearchWriter {
             seq: 0,
             pool,
             report: SweepReport::default(),
+            progress: RoundProgress::new(opts.progress),
         })
+    }
+
+    /// Says what the next round probes (`what`) and how many runs it does.
+    pub fn round(&mut self, what: &str, runs: usize) {
+        self.progress.round(what, runs);
     }
 
     /// Runs `runs` in parallel (each with its axis values); results in the same order.
@@ -723,10 +766,17 @@ impl SearchWriter {
             stop: Some(stop),
             progress: None,
         };
+        let bar = self.progress.bar.as_ref();
         let results: Vec<RunResult> = self.pool.install(|| {
             runs.par_iter()
                 .with_max_len(1)
-                .map(|(run, axes)| RunResult { axes: axes.clone(), ..execute(*run, &opts, &self.layout, &self.tables) })
+                .map(|(run, axes)| {
+                    let r = RunResult { axes: axes.clone(), ..execute(*run, &opts, &self.layout, &self.tables) };
+                    if let Some(bar) = bar {
+                        bar.inc(1);
+                    }
+                    r
+                })
                 .collect()
         });
         for r in &results {
@@ -752,6 +802,9 @@ impl SearchWriter {
 
     /// Merges the parts into the tables (unless sharded: `merge` does that).
     pub fn finish(mut self) -> Result<SweepReport, SweepError> {
+        if let Some(bar) = &self.progress.bar {
+            bar.finish_and_clear();
+        }
         if !self.sharded {
             self.report.merged = Some(merge(&self.layout, &self.tables.tables)?);
         }

@@ -363,6 +363,13 @@ pub struct Probe {
     pub short: bool,
     /// The largest run length its too-short runs suggest (0 if none).
     pub requests_needed: u64,
+    /// GPUs of each successful run (GPU-hours over the run's hours: the
+    /// deployment's GPUs, `tp` × workers over every pool, averaged over the
+    /// run when autoscaling changes them).
+    pub gpus: Vec<f64>,
+    /// Dollars per hour of each successful run (GPUs and KV tiers at their
+    /// prices; empty without a GPU price).
+    pub usd_per_hour: Vec<f64>,
 }
 
 impl Probe {
@@ -382,7 +389,19 @@ impl Probe {
             stable: 0,
             short: false,
             requests_needed: 0,
+            gpus: Vec::new(),
+            usd_per_hour: Vec::new(),
         }
+    }
+
+    /// Mean GPUs of its runs (NaN if none succeeded).
+    pub fn mean_gpus(&self) -> f64 {
+        crate::stats::mean_ci(&self.gpus).map_or(f64::NAN, |m| m.0)
+    }
+
+    /// Mean dollars per hour of its runs (NaN without prices).
+    pub fn mean_usd_per_hour(&self) -> f64 {
+        crate::stats::mean_ci(&self.usd_per_hour).map_or(f64::NAN, |m| m.0)
     }
 
     /// Adds runs' results and re-judges: a failed run, or a majority of
@@ -404,6 +423,14 @@ impl Probe {
                     self.requests_needed = self.requests_needed.max(o.summary.steady.requests_needed);
                 }
                 crate::metrics::steady::Stability::Stable => self.stable += 1,
+            }
+            let hours = o.summary.sim_time_s / 3600.0;
+            self.gpus.push(o.summary.cost.gpu_hours / hours);
+            // Without a GPU price there is nothing to add up (and NaN would
+            // make equal probes unequal).
+            let usd = (o.summary.cost.usd + o.summary.tier_cost.usd) / hours;
+            if usd.is_finite() {
+                self.usd_per_hour.push(usd);
             }
             let columns = o.summary.columns();
             for (c, samples) in s.slo.iter().zip(&mut self.samples) {
@@ -580,6 +607,35 @@ impl PointSearch {
     }
 }
 
+/// What a round probes, for the progress line: with one grid point, the
+/// value, why, and the bracket so far; with several, how many are done.
+fn round_text(
+    s: &SearchSpec,
+    states: &[(usize, PointSearch)],
+    jobs: &[(usize, u32, f64, &'static str, u32, u32)],
+) -> String {
+    let probes: usize = states.iter().map(|(_, st)| st.probes.len()).sum();
+    if let [(_, st)] = states
+        && let [(_, k, v, step, from, _)] = jobs
+    {
+        let (pass, fail) = st.bracket(s);
+        let show = |x: Option<f64>| {
+            x.map_or("–".to_string(), |x| format!("{x:.4}").trim_end_matches('0').trim_end_matches('.').to_string())
+        };
+        let what =
+            if *from == 0 { format!("probe {} ({step})", k + 1) } else { format!("probe {} (more replicates)", k + 1) };
+        return format!(
+            "{what}: {} = {}; passes up to {}, fails from {}",
+            s.parameter,
+            show(Some(*v)),
+            show(pass),
+            show(fail)
+        );
+    }
+    let done = states.iter().filter(|(_, st)| st.status.is_some()).count();
+    format!("{} of {} points answered; {probes} probes so far", done, states.len())
+}
+
 /// The spec of one round: the grid replaced by one `[[zip]]` axis whose
 /// rows are the probes (each grid point's axis values and the probed value).
 fn round_spec(spec: &Spec, base: &SweepPlan, s: &SearchSpec, probes: &[(usize, f64)]) -> Spec {
@@ -694,6 +750,7 @@ pub fn run_search(
                 })
             })
             .collect();
+        writer.round(&round_text(s, &states, &jobs), runs.len());
         let results = writer.execute(&runs, stop)?;
         let mut at = 0;
         for &(i, k, .., count) in &jobs {
@@ -732,6 +789,8 @@ fn write_search_table(
         ("unstable_runs".into(), ColType::U32),
         ("too_short_runs".into(), ColType::U32),
         (col::REQUESTS_NEEDED.into(), ColType::U64),
+        ("gpus_at_found".into(), ColType::F64),
+        ("usd_per_hour_at_found".into(), ColType::F64),
     ]);
     columns.extend(s.slo.iter().map(|c| (format!("{}_at_found", c.metric), ColType::F64)));
     let mut rows: Vec<Vec<Cell<'_>>> = Vec::new();
@@ -755,6 +814,8 @@ fn write_search_table(
             0 => Cell::Null,
             n => Cell::U64(n),
         });
+        row.push(at.map_or(Cell::Null, |p| Cell::F64(p.mean_gpus())));
+        row.push(at.map(Probe::mean_usd_per_hour).filter(|v| v.is_finite()).map_or(Cell::Null, Cell::F64));
         for i in 0..s.slo.len() {
             row.push(at.map_or(Cell::Null, |p| Cell::F64(p.means[i])));
         }
