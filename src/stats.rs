@@ -76,6 +76,31 @@ impl Constraint {
     }
 }
 
+impl Constraint {
+    /// Whether the metric is a tail statistic (a 95th or higher percentile,
+    /// or a maximum): a few runs' tails are heavy-tailed and barely paired
+    /// by common random numbers, so they need more replicates than a mean.
+    pub fn is_tail(&self) -> bool {
+        ["_p95_", "_p99_", "_p999_", "_max_"].iter().any(|t| self.metric.contains(t))
+    }
+
+    /// The runs an unclear verdict would need for its 95 % interval to clear
+    /// the threshold, if the mean and spread of `samples` held: n × (half-width
+    /// / distance from the threshold)², rounded up (conservative: Student's
+    /// t shrinks too). `None` when the mean sits on the threshold or there
+    /// is no interval yet.
+    pub fn replicates_for(&self, samples: &[f64]) -> Option<u32> {
+        let n = samples.iter().filter(|v| v.is_finite()).count();
+        let (mean, half) = mean_ci(samples).filter(|_| n >= 2)?;
+        let distance = (mean - self.value).abs();
+        if distance == 0.0 {
+            return None;
+        }
+        let needed = (n as f64 * (half / distance).powi(2)).ceil();
+        Some(needed.min(f64::from(u32::MAX)) as u32)
+    }
+}
+
 impl std::fmt::Display for Constraint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {} {}", self.metric, if self.at_most { "<=" } else { ">=" }, self.value)
@@ -130,6 +155,19 @@ fn t975(df: usize) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tail_is_a_high_percentile_or_a_maximum_and_the_spread_says_how_many_runs() {
+        let c = |m: &str| Constraint::parse(&format!("{m} <= 100")).unwrap();
+        assert!(c("ttft_p99_ms").is_tail() && c("e2e_p95_ms").is_tail() && c("tpot_max_ms").is_tail());
+        assert!(c("ttft_p999_ms").is_tail() && c("ttft_steady_p99_ms").is_tail());
+        assert!(!c("ttft_p50_ms").is_tail() && !c("queue_wait_mean_ms").is_tail() && !c("ttft_p90_ms").is_tail());
+        // 80 and 90: mean 85, half-width 12.706 × 5 = 63.5, 15 from 100:
+        // 2 × (63.53/15)² = 35.9 → 36 runs.
+        assert_eq!(c("ttft_p99_ms").replicates_for(&[80.0, 90.0]), Some(36));
+        assert_eq!(c("ttft_p99_ms").replicates_for(&[100.0, 100.0]), None, "on the threshold");
+        assert_eq!(c("ttft_p99_ms").replicates_for(&[80.0]), None, "no interval");
+    }
 
     #[test]
     fn the_confidence_interval_is_the_student_t_one() {
