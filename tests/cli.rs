@@ -1,12 +1,9 @@
 //! The binary as a user runs it.
 
+use crate::sweep::opal_sweep;
 use crate::temp_dir;
 use std::path::Path;
 use std::process::{Command, Output};
-
-fn opal_sweep(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
-}
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()

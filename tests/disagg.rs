@@ -46,24 +46,25 @@ impl Llama8bH100 {
     }
 }
 
+/// `spec` with one prefill and one decode worker, every prompt prefilled
+/// remotely, and the `[disaggregation]` keys in `extra`.
+fn one_prefill_one_decode(spec: Spec, extra: toml::Table) -> Spec {
+    let mut pools = toml! {
+        max_local_prefill_length = 0
+        [prefill]
+        count = 1
+        [decode]
+        count = 1
+    };
+    pools.extend(extra);
+    spec.table("disaggregation", pools)
+}
+
 /// One 1,000-token request with 4 output tokens through one prefill and one
 /// decode worker whose link carries `link_GBps`.
 fn one_pd_request(link_gbps: f64) -> opal::RunOutput {
-    Spec::llama8b()
-        .set("worker.inference_params.model", "roofline")
-        .tiers(&[])
-        .table(
-            "disaggregation",
-            toml! {
-                max_local_prefill_length = 0
-                link_bandwidth_GBps = link_gbps
-                link_latency_usec = 20
-                [prefill]
-                count = 1
-                [decode]
-                count = 1
-            },
-        )
+    let spec = Spec::llama8b().set("worker.inference_params.model", "roofline").tiers(&[]);
+    one_prefill_one_decode(spec, toml! { link_bandwidth_GBps = link_gbps link_latency_usec = 20 })
         .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 4 })
         .run()
 }
@@ -330,20 +331,8 @@ fn through_the_shared_store_the_hand_over_waits_for_the_writes_and_the_decode_wo
     // One 1,000-token request, its prompt written to the DFS (100 GB/s,
     // 100 µs) as it is computed; kv_path = "store": nothing crosses the link.
     let run = |kv_path: &str| {
-        Spec::llama8b()
-            .set("worker.inference_params.model", "roofline")
-            .tiers(&["DistributedFS"])
-            .table(
-                "disaggregation",
-                toml! {
-                    max_local_prefill_length = 0
-                    kv_path = kv_path
-                    [prefill]
-                    count = 1
-                    [decode]
-                    count = 1
-                },
-            )
+        let spec = Spec::llama8b().set("worker.inference_params.model", "roofline").tiers(&["DistributedFS"]);
+        one_prefill_one_decode(spec, toml! { kv_path = kv_path })
             .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 1000 output_tokens = 4 })
             .run()
     };
@@ -369,19 +358,7 @@ fn through_the_shared_store_the_hand_over_waits_for_the_writes_and_the_decode_wo
 /// One 16,384-token prompt, 128 output tokens, Llama-3.1-8B on one prefill
 /// and one decode H100 (the default step model) behind a `link_gbps` link.
 fn one_long_pd_request(link_gbps: f64) -> RequestRecord {
-    let out = Spec::llama8b()
-        .tiers(&[])
-        .table(
-            "disaggregation",
-            toml! {
-                max_local_prefill_length = 0
-                link_bandwidth_GBps = link_gbps
-                [prefill]
-                count = 1
-                [decode]
-                count = 1
-            },
-        )
+    let out = one_prefill_one_decode(Spec::llama8b().tiers(&[]), toml! { link_bandwidth_GBps = link_gbps })
         .stage("UniformReqRate", toml! { total_requests = 1 prompt_size = 16384 output_tokens = 128 })
         .run();
     out.requests[0].clone()

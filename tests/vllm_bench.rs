@@ -2,9 +2,9 @@
 //! result format out (`vllm-result`) and the two held against each other
 //! (`compare`), on a result file written here from known numbers.
 
+use crate::sweep::opal_sweep;
 use arrow_array::Array;
 use std::path::Path;
-use std::process::Command;
 
 /// 200 successful requests and one failed one, as `vllm bench serve
 /// --save-result --save-detailed` writes them: request i has 100 + 10·(i mod 5)
@@ -65,10 +65,6 @@ result_file = "{}"
 "#,
         file.display()
     )
-}
-
-fn opal_sweep(args: &[&str], cwd: &Path) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_opal-sweep")).args(args).current_dir(cwd).output().expect("binary runs")
 }
 
 #[test]

@@ -895,13 +895,16 @@ pub struct MergeReport {
 
 /// Run `id` is copied from input `first`: its copies in the other inputs
 /// are dropped (counted in `dups`), and every input it held is queued at its
-/// next run.
+/// next run. With `kept` (the runs table, whose first copy is held whole),
+/// a later copy replaces a kept one that records an interrupted run (a
+/// resumed run replaces its interruption).
 fn finish_run(
     inputs: &mut [RunStream],
     heap: &mut BinaryHeap<Reverse<(u32, usize)>>,
     id: u32,
     first: usize,
     dups: &mut usize,
+    mut kept: Option<&mut Vec<RecordBatch>>,
 ) -> Result<(), OutputError> {
     if let Some(next) = inputs[first].peek()? {
         heap.push(Reverse((next, first)));
@@ -911,7 +914,13 @@ fn finish_run(
             break;
         }
         heap.pop();
-        inputs[i].take_run(id, None)?;
+        match kept.as_deref_mut() {
+            Some(kept) if interrupted(kept) => {
+                kept.clear();
+                inputs[i].take_run(id, Some(kept))?;
+            }
+            _ => inputs[i].take_run(id, None)?,
+        }
         *dups += 1;
         if let Some(next) = inputs[i].peek()? {
             heap.push(Reverse((next, i)));
@@ -988,7 +997,7 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                             }
                             None => {
                                 copying = None;
-                                finish_run(&mut inputs, &mut heap, id, i, &mut dups)?;
+                                finish_run(&mut inputs, &mut heap, id, i, &mut dups, None)?;
                                 continue;
                             }
                         }
@@ -1001,28 +1010,7 @@ pub fn merge(layout: &Layout, tables: &BTreeSet<TableKind>) -> Result<MergeRepor
                     }
                     let mut kept = Vec::new();
                     inputs[first].take_run(id, Some(&mut kept))?;
-                    if let Some(next) = inputs[first].peek()? {
-                        heap.push(Reverse((next, first)));
-                    }
-                    // The same run in other inputs: the first copy is kept,
-                    // unless it records an interrupted run and a later one
-                    // is complete (a resumed run replaces its interruption).
-                    while let Some(&Reverse((dup, i))) = heap.peek() {
-                        if dup != id {
-                            break;
-                        }
-                        heap.pop();
-                        if kind == TableKind::Runs && interrupted(&kept) {
-                            kept.clear();
-                            inputs[i].take_run(id, Some(&mut kept))?;
-                        } else {
-                            inputs[i].take_run(id, None)?;
-                        }
-                        dups += 1;
-                        if let Some(next) = inputs[i].peek()? {
-                            heap.push(Reverse((next, i)));
-                        }
-                    }
+                    finish_run(&mut inputs, &mut heap, id, first, &mut dups, Some(&mut kept))?;
                     rows += kept.iter().map(RecordBatch::num_rows).sum::<usize>();
                     slices.append(&mut kept);
                 }
