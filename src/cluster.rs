@@ -257,7 +257,13 @@ impl<'a> Cluster<'a> {
                 self.connector.hold(id);
             }
         }
-        self.recorder.on_routed(routed.worker, self.scenario.disagg.as_ref().map(|_| routed.decode.is_some()));
+        let (serial, waiting) = (r.serial, self.workers[routed.worker.index()].waiting());
+        self.recorder.on_routed(
+            serial,
+            routed.worker,
+            waiting,
+            self.scenario.disagg.as_ref().map(|_| routed.decode.is_some()),
+        );
         self.workers[routed.worker.index()].enqueue(id);
         routed.worker
     }

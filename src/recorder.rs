@@ -206,9 +206,11 @@ impl Recorder {
         self.in_system.change(now, 1);
     }
 
-    /// It was queued at `w`; with disaggregation, `remote` says whether a
+    /// Arrival number `serial` was queued at `w`, whose waiting queue held
+    /// `waiting` requests; with disaggregation, `remote` says whether a
     /// prefill worker takes its prompt.
-    pub fn on_routed(&mut self, w: WorkerId, remote: Option<bool>) {
+    pub fn on_routed(&mut self, serial: u32, w: WorkerId, waiting: usize, remote: Option<bool>) {
+        self.steady.on_queued(serial, w.index(), waiting);
         self.worker_stats[w.index()].routed += 1;
         match remote {
             Some(true) => self.pd_counts.0 += 1,

@@ -407,7 +407,7 @@ default_prefix_length = 0
 /// 64,000-request answer, or the status is `too_short` and the run length
 /// it suggests gives an answer within 3 % of it. Before: 152.9 req/s
 /// (`found`, +10 %) on the first scenario, 84.4 (`found`, +17 %) on the
-/// second; now 144.1 and 78.0, both `too_short`, suggesting 12,000 requests
+/// second; now 149.9 and 78.0, both `too_short`, suggesting 12,000 requests
 /// (141.3 and 70.6: +2.0 % and −2.0 %).
 fn a_short_run_search_never_overstates_and_says_found(name: &str, lengths: &str, long_run_answer: f64) {
     let dir = crate::temp_dir(name);
@@ -434,7 +434,7 @@ fn a_short_run_search_never_overstates_and_says_found(name: &str, lengths: &str,
 
 /// Prompts 200–600 and outputs 50–150 tokens (uniform): the README's
 /// scenario. Its 64,000-request answer, 138.4978 req/s (`found`), measured
-/// in release with `capacity_spec(64_000, ..)` (15 probes, 108 runs).
+/// in release with `capacity_spec(64_000, ..)` (15 probes, 114 runs).
 #[test]
 fn a_short_run_search_never_overstates_capacity_uniform_lengths() {
     let lengths = "prompt_size_min = 200\nprompt_size_max = 600\noutput_tokens_min = 50\noutput_tokens_max = 150";
@@ -445,7 +445,7 @@ fn a_short_run_search_never_overstates_capacity_uniform_lengths() {
 /// outputs mean 200 and std 200): long outputs fill the batch slowly, so a
 /// short run ends before its steady state. The 64,000-request answer,
 /// 72.0505 req/s (`found`), measured in release with `capacity_spec(64_000,
-/// ..)` (14 probes, 84 runs).
+/// ..)` (14 probes, 88 runs).
 #[test]
 fn a_short_run_search_never_overstates_capacity_lognormal_lengths() {
     let lengths = "prompt_size = { dist = \"lognormal\", mean = 600, std = 600, max = 8192 }\n\

@@ -87,7 +87,7 @@ pub mod col {
     pub const PREFIX_HIT_RATIO: &str = "prefix_hit_ratio";
     /// Runs: `stable`, `too_short` or `unstable`.
     pub const STABILITY: &str = "stability";
-    /// Runs: for a `too_short` run, the run length its warm-up and correlation suggest.
+    /// Runs: for a `too_short` run, the run length its warm-up and queue drains suggest.
     pub const REQUESTS_NEEDED: &str = "requests_needed";
     /// Runs: dollars per million output tokens.
     pub const USD_PER_M_OUTPUT_TOKENS: &str = "usd_per_m_output_tokens";

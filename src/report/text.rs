@@ -280,7 +280,7 @@ pub fn search_table(r: &crate::sweep::search::SearchReport) -> String {
     if !short.is_empty() {
         let _ = writeln!(
             out,
-            "too short: a probe beyond the answer failed because most of its runs ended before a steady state, so the answer may still move with the run's length ({}: an estimate from those runs' warm-up and correlation — set the stage's total_requests; if runs that long are too short too, the search says so again)",
+            "too short: a probe beyond the answer failed because most of its runs ended before a steady state, so the answer may still move with the run's length ({}: an estimate from those runs' warm-up and queue drains — set the stage's total_requests; if runs that long are too short too, the search says so again)",
             short.join("; ")
         );
     }
