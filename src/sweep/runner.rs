@@ -672,7 +672,9 @@ impl RoundProgress {
                 bar.set_prefix(self.rounds.to_string());
                 bar.set_message(what.to_string());
             }
-            None if self.enabled => eprintln!("search round {}: {what} ({runs} runs)", self.rounds),
+            None if self.enabled => {
+                eprintln!("search round {}: {what} ({runs} run{})", self.rounds, if runs == 1 { "" } else { "s" })
+            }
             None => {}
         }
     }
