@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 const RESULT_STRING_ALLOWED: &[&str] = &[
     // Parsers of data files: callers wrap the message into a ConfigError naming the key.
     "src/worker/perf/profile/aic.rs",
+    "src/worker/perf/profile/aic_rows.rs",
     "src/worker/perf/profile/vidur.rs",
     "src/worker/perf/table.rs",
     "src/worker/model/config.rs",

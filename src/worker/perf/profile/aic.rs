@@ -34,23 +34,53 @@
 //! count that did: the latency there, its fixed part counted once and the
 //! rest scaled by the work (here, not in aiconfigurator: see `priced_from`).
 
+pub use super::aic_rows::{ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE};
+use super::aic_rows::{AttnKey, Grouped, MAGIC, Points, sort_first_of_each};
 use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
-use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
-/// The table files, by aiconfigurator's names.
-pub const GEMM_FILE: &str = "gemm_perf.parquet";
-/// Prefill attention.
-pub const CTX_FILE: &str = "context_attention_perf.parquet";
-/// Decode attention.
-pub const GEN_FILE: &str = "generation_attention_perf.parquet";
-/// All-reduce.
-pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
+/// Rows as read from a user's table, or packed in the binary (the shipped
+/// tables, grouped at build time: a shape's rows are decoded when a lookup
+/// first needs them).
+#[derive(Clone, Debug)]
+enum Held<T> {
+    Owned(Vec<T>),
+    Packed(&'static [u8]),
+}
+
+impl Held<(f64, f64)> {
+    /// The (x, seconds) rows.
+    fn pairs(&self) -> Vec<(f64, f64)> {
+        match self {
+            Held::Owned(v) => v.clone(),
+            Held::Packed(b) => b.chunks_exact(16).map(|r| (f64_at(r, 0), f64_at(r, 8))).collect(),
+        }
+    }
+}
+
+impl Held<([i64; 3], f64)> {
+    /// The (coordinates, seconds) rows.
+    fn points(&self) -> Vec<([i64; 3], f64)> {
+        match self {
+            Held::Owned(v) => v.clone(),
+            Held::Packed(b) => b
+                .chunks_exact(20)
+                .map(|r| {
+                    let i = |at: usize| i64::from(i32::from_le_bytes(r[at..at + 4].try_into().expect("4 bytes")));
+                    ([i(0), i(4), i(8)], f64_at(r, 12))
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The f64 at byte `at` of `b`, little-endian.
+fn f64_at(b: &[u8], at: usize) -> f64 {
+    f64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
 
 /// One measured (n, k) of the GEMM table: latency (s) over m.
 #[derive(Clone, Debug)]
@@ -59,8 +89,36 @@ struct Site {
     k: u64,
     /// log₂ n and log₂ k (the distance between shapes).
     log_nk: (f64, f64),
-    /// (m, seconds), increasing m.
-    curve: Vec<(f64, f64)>,
+    /// The least and most m measured.
+    m_range: (f64, f64),
+    /// (m, seconds) as measured, in file order.
+    rows: Held<(f64, f64)>,
+    /// (m, seconds raised to the speed of light), increasing m, built on first use.
+    curve: OnceLock<Vec<(f64, f64)>>,
+}
+
+impl Site {
+    fn new(n: u64, k: u64, m_range: (f64, f64), rows: Held<(f64, f64)>) -> Site {
+        Site { n, k, log_nk: ((n as f64).log2(), (k as f64).log2()), m_range, rows, curve: OnceLock::new() }
+    }
+
+    /// Its curve: every point raised to at least its speed of light, by
+    /// increasing m, the first of repeated measurements standing.
+    fn curve(&self, peaks: &Peaks, precision: Precision) -> &[(f64, f64)] {
+        self.curve.get_or_init(|| {
+            let mut c: Vec<(f64, f64)> = self
+                .rows
+                .pairs()
+                .into_iter()
+                .map(|(m, secs)| {
+                    let (compute, memory) = peaks.gemm_sol(&Gemm { m, n: self.n, k: self.k, precision });
+                    (m, secs.max(compute.max(memory)))
+                })
+                .collect();
+            sort_first_of_each(&mut c);
+            c
+        })
+    }
 }
 
 /// The GEMMs of one precision.
@@ -72,8 +130,12 @@ struct GemmTable {
     index: nohash_hasher::IntMap<u64, usize>,
 }
 
-/// The attention of one (KV dtype code, KV heads, head dim, window).
-type AttnKey = (u8, i64, i64, i64);
+impl GemmTable {
+    fn push(&mut self, site: Site) {
+        self.index.insert(shape_key(site.n, site.k), self.sites.len());
+        self.sites.push(site);
+    }
+}
 
 /// A GEMM shape as one integer for an identity-hashed map: `(n, k)`
 /// packed (tables hold n and k below 2³²; a larger query shape is in none
@@ -84,40 +146,75 @@ fn shape_key(n: u64, k: u64) -> u64 {
     packed.wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
-/// Measured attention points: (grid coordinates, seconds), in file order.
-type Points = Vec<([i64; 3], f64)>;
-
-/// The measured points of one attention key, in file order, and their grid once built.
-#[derive(Debug, Default)]
+/// The measured points of one attention key and their grid once built.
+#[derive(Clone, Debug)]
 struct AttnPoints {
-    points: Points,
-    grid: Mutex<Option<Arc<Grid>>>,
-}
-
-impl Clone for AttnPoints {
-    fn clone(&self) -> Self {
-        AttnPoints { points: self.points.clone(), grid: Mutex::new(None) }
-    }
+    /// The least and most query heads measured.
+    heads: (i64, i64),
+    /// (coordinates, seconds) as measured, in file order.
+    rows: Held<([i64; 3], f64)>,
+    grid: OnceLock<Arc<Grid>>,
 }
 
 impl AttnPoints {
-    /// The least and most query heads measured.
-    fn heads_range(&self) -> (i64, i64) {
-        let heads = self.points.iter().map(|p| p.0[0]);
-        (heads.clone().min().unwrap_or(i64::MAX), heads.max().unwrap_or(i64::MIN))
+    fn new(points: Held<([i64; 3], f64)>, heads: (i64, i64)) -> AttnPoints {
+        AttnPoints { heads, rows: points, grid: OnceLock::new() }
     }
 
-    /// The grid of the points, built on first use (a model needs one or two keys of many).
-    fn grid(&self) -> Arc<Grid> {
-        let mut g = self.grid.lock().expect("a grid lock is never poisoned");
-        g.get_or_insert_with(|| {
-            let mut root = Node::default();
-            for (path, v) in &self.points {
-                root.insert(path, *v);
-            }
-            Arc::new(Grid::new(root))
-        })
-        .clone()
+    /// The least and most query heads measured.
+    fn heads_range(&self) -> (i64, i64) {
+        self.heads
+    }
+
+    /// The grid of the points of `key`, built on first use (a model needs
+    /// one or two keys of many): decode points raised to at least their
+    /// speed of light on `peaks`.
+    fn grid(&self, key: &AttnKey, decode: bool, peaks: &Peaks) -> Arc<Grid> {
+        self.grid
+            .get_or_init(|| {
+                let mut root = Node::default();
+                let kv_bytes = if key.0 == 2 { 1.0 } else { 2.0 };
+                for (path, secs) in self.rows.points() {
+                    let v = if decode {
+                        let q = [path[0] as f64, path[1] as f64, path[2] as f64];
+                        secs.max(gen_sol(peaks, key.1 as f64, key.2 as f64, kv_bytes, &q))
+                    } else {
+                        secs
+                    };
+                    root.insert(&path, v);
+                }
+                Arc::new(Grid::new(root))
+            })
+            .clone()
+    }
+}
+
+/// A cursor over packed tables.
+struct Reader {
+    b: &'static [u8],
+    at: usize,
+}
+
+impl Reader {
+    fn take(&mut self, n: usize) -> Result<&'static [u8], String> {
+        let out = self.b.get(self.at..self.at + n).ok_or("packed tables cut short")?;
+        self.at += n;
+        Ok(out)
+    }
+    fn u8(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn i64(&mut self) -> Result<i64, String> {
+        Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    fn f64(&mut self) -> Result<f64, String> {
+        Ok(f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
 }
 
@@ -135,138 +232,6 @@ pub struct AicTables {
     decode: HashMap<AttnKey, AttnPoints>,
     /// All-reduce: GPUs → (elements, seconds), increasing elements.
     allreduce: Vec<(u32, Vec<(f64, f64)>)>,
-}
-
-/// The columns of a Parquet table, by name (only those asked for are decoded).
-struct Columns {
-    batches: Vec<RecordBatch>,
-}
-
-impl Columns {
-    /// Reads the columns `wanted` of the table (those it lacks are skipped).
-    fn read(bytes: bytes::Bytes, what: &str, wanted: &[&str]) -> Result<Columns, String> {
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
-        let fields = builder.parquet_schema().root_schema().get_fields();
-        let roots: Vec<usize> =
-            fields.iter().enumerate().filter(|(_, f)| wanted.contains(&f.name())).map(|(i, _)| i).collect();
-        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
-        let reader = builder
-            .with_projection(mask)
-            .with_batch_size(65536)
-            .build()
-            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
-        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("{what}: {e}"))?;
-        Ok(Columns { batches })
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.batches.first().is_some_and(|b| b.schema().column_with_name(name).is_some())
-    }
-
-    fn column<'a>(b: &'a RecordBatch, name: &str, what: &str) -> Result<&'a dyn Array, String> {
-        b.column_by_name(name).map(|c| c.as_ref()).ok_or_else(|| format!("{what}: no column `{name}`"))
-    }
-
-    fn ints(&self, name: &str, what: &str) -> Result<Vec<i64>, String> {
-        let mut out = Vec::new();
-        for b in &self.batches {
-            let c = Self::column(b, name, what)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not int64"))?;
-            match c.nulls() {
-                None => out.extend_from_slice(c.values()),
-                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(i64::MIN))),
-            }
-        }
-        Ok(out)
-    }
-
-    fn floats(&self, name: &str, what: &str) -> Result<Vec<f64>, String> {
-        let mut out = Vec::new();
-        for b in &self.batches {
-            let c = Self::column(b, name, what)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<Float64Array>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not float64"))?;
-            match c.nulls() {
-                None => out.extend_from_slice(c.values()),
-                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(f64::NAN))),
-            }
-        }
-        Ok(out)
-    }
-
-    /// A string column as `code(value)` per row (no string is copied).
-    fn codes(&self, name: &str, what: &str, code: impl Fn(&str) -> u8) -> Result<Vec<u8>, String> {
-        let mut out = Vec::new();
-        for b in &self.batches {
-            let c = Self::column(b, name, what)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not a string column"))?;
-            out.extend((0..c.len()).map(|i| code(c.value(i))));
-        }
-        Ok(out)
-    }
-}
-
-/// A dtype name as a code: 1 BF16/FP16, 2 FP8, 0 anything else.
-fn dtype_code(name: &str) -> u8 {
-    match name {
-        "bfloat16" | "float16" => 1,
-        "fp8" => 2,
-        _ => 0,
-    }
-}
-
-/// 1 for an eager-mode kernel source or backend (skipped), else 0.
-fn eager_code(name: &str) -> u8 {
-    u8::from(name.ends_with("_eager"))
-}
-
-/// The longest latency a table row may give one operator, ms (a minute:
-/// no kernel of a forward pass takes that long; a larger one is a unit or
-/// a typing mistake, which would otherwise surface as a run in the far future).
-const MAX_LATENCY_MS: f64 = 60_000.0;
-
-/// Checks a shape column's value of row `row`: a positive count (`min` 1),
-/// or at least 0 (`min` 0). Missing (null) values are refused too.
-fn shape(v: i64, min: i64, column: &str, what: &str, row: usize) -> Result<i64, String> {
-    if v == i64::MIN {
-        return Err(format!("{what}: row {}: `{column}` is missing (null); every row needs one", row + 1));
-    }
-    if v < min {
-        return Err(format!("{what}: row {}: `{column}` is {v}, not a size (at least {min})", row + 1));
-    }
-    Ok(v)
-}
-
-/// Latency in ms as a table gives it → seconds, refusing what no measurement is.
-fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
-    if ms.is_finite() && ms > MAX_LATENCY_MS {
-        return Err(format!(
-            "{what}: row {}: `latency` is {ms:.3e} ms, more than the {MAX_LATENCY_MS} ms one operator could take (the column is milliseconds)",
-            row + 1
-        ));
-    }
-    if ms.is_finite() && ms > 0.0 {
-        Ok(ms / 1e3)
-    } else {
-        Err(format!("{what}: row {}: latency {ms} is not a positive number of milliseconds", row + 1))
-    }
-}
-
-/// Sorts a curve's points by x and keeps, of points measured at the same x,
-/// the one the file gives first (the sort is stable): a row repeating a
-/// measured x is ignored, the first measurement standing.
-fn sort_first_of_each(curve: &mut Vec<(f64, f64)>) {
-    curve.sort_by(|a, b| a.0.total_cmp(&b.0));
-    curve.dedup_by(|later, first| later.0 == first.0);
 }
 
 /// The dtype code of a KV cache of `bytes` per element.
@@ -292,19 +257,21 @@ struct AttnSource {
 /// the KV-head count nearest `kv_heads` (the larger on a tie); else its own.
 fn attn_source(
     tables: &HashMap<AttnKey, AttnPoints>,
+    (decode, peaks): (bool, &Peaks),
     dtype: u8,
     heads: u64,
     kv_heads: u64,
     head_dim: u64,
 ) -> Option<AttnSource> {
     let nk = if heads == kv_heads { 0 } else { kv_heads as i64 };
-    let own = tables.get(&(dtype, nk, head_dim as i64, 0));
+    let own_key = (dtype, nk, head_dim as i64, 0);
+    let own = tables.get(&own_key);
     let covers = |p: &AttnPoints| {
         let (lo, hi) = p.heads_range();
         (lo..=hi).contains(&(heads as i64))
     };
     if let Some(p) = own.filter(|p| covers(p)) {
-        return Some(AttnSource { grid: p.grid(), nk, covered: true });
+        return Some(AttnSource { grid: p.grid(&own_key, decode, peaks), nk, covered: true });
     }
     let kv_of = |k: &AttnKey| if k.1 == 0 { heads as i64 } else { k.1 };
     let other = tables
@@ -312,8 +279,8 @@ fn attn_source(
         .filter(|(k, p)| k.0 == dtype && k.2 == head_dim as i64 && k.3 == 0 && covers(p))
         .min_by_key(|(k, _)| ((kv_of(k) - kv_heads as i64).abs(), std::cmp::Reverse(kv_of(k))));
     match other {
-        Some((k, p)) => Some(AttnSource { grid: p.grid(), nk: k.1, covered: true }),
-        None => own.map(|p| AttnSource { grid: p.grid(), nk, covered: false }),
+        Some((k, p)) => Some(AttnSource { grid: p.grid(k, decode, peaks), nk: k.1, covered: true }),
+        None => own.map(|p| AttnSource { grid: p.grid(&own_key, decode, peaks), nk, covered: false }),
     }
 }
 
@@ -370,7 +337,80 @@ impl AicTables {
     /// table that is absent is priced analytically. `peaks` are the GPU's
     /// (the speed of light the lookups hold utilisation against).
     pub fn from_files(name: String, peaks: Peaks, files: &[(&str, bytes::Bytes)]) -> Result<AicTables, String> {
-        let mut t = AicTables {
+        let g = Grouped::read(files)?;
+        let mut t = AicTables::empty(name, peaks);
+        for s in g.gemm {
+            let m_range = s.rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.0), b.max(r.0)));
+            t.gemm_table(s.dtype).push(Site::new(s.n, s.k, m_range, Held::Owned(s.rows)));
+        }
+        let keyed = |keys: Vec<(AttnKey, Points)>| {
+            keys.into_iter()
+                .map(|(k, points)| {
+                    let heads = points.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0[0]), b.max(p.0[0])));
+                    (k, AttnPoints::new(Held::Owned(points), heads))
+                })
+                .collect()
+        };
+        t.ctx = keyed(g.ctx);
+        t.decode = keyed(g.decode);
+        t.allreduce = g.allreduce;
+        Ok(t)
+    }
+
+    /// The tables [`super::aic_rows::pack`] packed (the shipped tables,
+    /// grouped at build time); a shape's rows are decoded on first use.
+    pub fn from_packed(name: String, peaks: Peaks, bytes: &'static [u8]) -> Result<AicTables, String> {
+        let mut r = Reader { b: bytes, at: 0 };
+        if r.take(MAGIC.len())? != MAGIC {
+            return Err(format!("{name}: not packed tables"));
+        }
+        let mut t = AicTables::empty(name, peaks);
+        let shapes = r.u32()? as usize;
+        let mut gemm = Vec::with_capacity(shapes);
+        for _ in 0..shapes {
+            let (dtype, n, k, lo, hi, first, rows) =
+                (r.u8()?, r.u64()?, r.u64()?, r.f64()?, r.f64()?, r.u32()?, r.u32()?);
+            gemm.push((dtype, n, k, (lo, hi), first as usize, rows as usize));
+        }
+        let mut attn = [Vec::new(), Vec::new()];
+        for keys in &mut attn {
+            for _ in 0..r.u32()? {
+                let (dtype, nk, head_dim, window) = (r.u8()?, r.i64()?, r.i64()?, r.i64()?);
+                let (lo, hi, first, rows) = (r.i64()?, r.i64()?, r.u32()?, r.u32()?);
+                keys.push(((dtype, nk, head_dim, window), (lo, hi), first as usize, rows as usize));
+            }
+        }
+        let mut curves = Vec::new();
+        for _ in 0..r.u32()? {
+            let (gpus, first, rows) = (r.u32()?, r.u32()?, r.u32()?);
+            curves.push((gpus, first as usize, rows as usize));
+        }
+        let gemm_at = r.at;
+        let gemm_rows: usize = gemm.iter().map(|s| s.5).sum();
+        let attn_at = gemm_at + 16 * gemm_rows;
+        let attn_rows: usize = attn.iter().flatten().map(|k| k.3).sum();
+        let ar_at = attn_at + 20 * attn_rows;
+        let cut = format!("{}: packed tables cut short", t.name);
+        let slice = |at: usize, len: usize| bytes.get(at..at + len).ok_or_else(|| cut.clone());
+        for (dtype, n, k, m_range, first, rows) in gemm {
+            let rows = Held::Packed(slice(gemm_at + 16 * first, 16 * rows)?);
+            t.gemm_table(dtype).push(Site::new(n, k, m_range, rows));
+        }
+        let [ctx, decode] = attn;
+        for (keys, table) in [(ctx, &mut t.ctx), (decode, &mut t.decode)] {
+            for (key, heads, first, rows) in keys {
+                table.insert(key, AttnPoints::new(Held::Packed(slice(attn_at + 20 * first, 20 * rows)?), heads));
+            }
+        }
+        for (gpus, first, rows) in curves {
+            t.allreduce.push((gpus, Held::<(f64, f64)>::Packed(slice(ar_at + 16 * first, 16 * rows)?).pairs()));
+        }
+        Ok(t)
+    }
+
+    /// No tables yet.
+    fn empty(name: String, peaks: Peaks) -> AicTables {
+        AicTables {
             name,
             peaks,
             gemm_bf16: GemmTable::default(),
@@ -378,46 +418,12 @@ impl AicTables {
             ctx: HashMap::new(),
             decode: HashMap::new(),
             allreduce: Vec::new(),
-        };
-        for (file, bytes) in files {
-            match *file {
-                GEMM_FILE => {
-                    t.load_gemm(&Columns::read(bytes.clone(), file, &["gemm_dtype", "m", "n", "k", "latency"])?, file)?
-                }
-                CTX_FILE | GEN_FILE => {
-                    let wanted = [
-                        "batch_size",
-                        "isl",
-                        "step",
-                        "num_heads",
-                        "num_key_value_heads",
-                        "head_dim",
-                        "kv_cache_dtype",
-                        "attn_dtype",
-                        "window_size",
-                        "latency",
-                    ];
-                    let cols = Columns::read(bytes.clone(), file, &wanted)?;
-                    let decode = *file == GEN_FILE;
-                    let points = t.load_attention(&cols, file, decode)?;
-                    if decode {
-                        t.decode = points;
-                    } else {
-                        t.ctx = points;
-                    }
-                }
-                ALLREDUCE_FILE => t.load_allreduce(
-                    &Columns::read(
-                        bytes.clone(),
-                        file,
-                        &["num_gpus", "message_size", "latency", "kernel_source", "backend"],
-                    )?,
-                    file,
-                )?,
-                _ => {}
-            }
         }
-        Ok(t)
+    }
+
+    /// The GEMM table of dtype code `dtype` (2: FP8; else BF16).
+    fn gemm_table(&mut self, dtype: u8) -> &mut GemmTable {
+        if dtype == 2 { &mut self.gemm_fp8 } else { &mut self.gemm_bf16 }
     }
 
     /// Reads the tables of a directory (any of the four files; at least one).
@@ -446,141 +452,6 @@ impl AicTables {
         self.name.clone()
     }
 
-    fn load_gemm(&mut self, c: &Columns, what: &str) -> Result<(), String> {
-        let (dtype, m, n, k, lat) = (
-            c.codes("gemm_dtype", what, dtype_code)?,
-            c.ints("m", what)?,
-            c.ints("n", what)?,
-            c.ints("k", what)?,
-            c.floats("latency", what)?,
-        );
-        let mut last: Option<(Precision, u64, u64, usize)> = None;
-        for i in 0..m.len() {
-            let precision = match dtype[i] {
-                1 => Precision::Bf16,
-                2 => Precision::Fp8,
-                _ => continue,
-            };
-            if m[i] < 1 || !(1..=i64::from(u32::MAX)).contains(&n[i]) || !(1..=i64::from(u32::MAX)).contains(&k[i]) {
-                return Err(format!("{what}: row {}: m, n and k must be at least 1 (n and k below 2³²)", i + 1));
-            }
-            let secs = seconds(lat[i], what, i)?;
-            let (n, k) = (n[i] as u64, k[i] as u64);
-            let g = Gemm { m: m[i] as f64, n, k, precision };
-            let (compute, memory) = self.peaks.gemm_sol(&g);
-            let table = if precision == Precision::Fp8 { &mut self.gemm_fp8 } else { &mut self.gemm_bf16 };
-            // Rows of one shape come together: look the index up only when it changes.
-            let at = match last {
-                Some((p, nn, kk, at)) if p == precision && nn == n && kk == k => at,
-                _ => *table.index.entry(shape_key(n, k)).or_insert_with(|| {
-                    table.sites.push(Site { n, k, log_nk: ((n as f64).log2(), (k as f64).log2()), curve: Vec::new() });
-                    table.sites.len() - 1
-                }),
-            };
-            last = Some((precision, n, k, at));
-            table.sites[at].curve.push((g.m, secs.max(compute.max(memory))));
-        }
-        for t in [&mut self.gemm_bf16, &mut self.gemm_fp8] {
-            for s in &mut t.sites {
-                sort_first_of_each(&mut s.curve);
-            }
-        }
-        Ok(())
-    }
-
-    fn load_attention(&self, c: &Columns, what: &str, decode: bool) -> Result<HashMap<AttnKey, AttnPoints>, String> {
-        let (batch, isl, heads, kv_heads, head_dim, kv, lat) = (
-            c.ints("batch_size", what)?,
-            c.ints("isl", what)?,
-            c.ints("num_heads", what)?,
-            c.ints("num_key_value_heads", what)?,
-            c.ints("head_dim", what)?,
-            c.codes("kv_cache_dtype", what, dtype_code)?,
-            c.floats("latency", what)?,
-        );
-        let step = if decode { c.ints("step", what)? } else { vec![0; batch.len()] };
-        let window = if c.has("window_size") { c.ints("window_size", what)? } else { vec![0; batch.len()] };
-        let attn = if !decode && c.has("attn_dtype") { Some(c.codes("attn_dtype", what, dtype_code)?) } else { None };
-        // Points by key, in file order (rows of one key come together: the
-        // key is looked up only when it changes).
-        let mut keys: Vec<(AttnKey, Points)> = Vec::new();
-        let mut index: std::collections::BTreeMap<AttnKey, usize> = Default::default();
-        let mut last: Option<(AttnKey, usize)> = None;
-        for i in 0..batch.len() {
-            if attn.as_ref().is_some_and(|a| a[i] != 1) || kv[i] == 0 {
-                continue;
-            }
-            for (v, min, col) in [
-                (batch[i], 1, "batch_size"),
-                (isl[i], 1, "isl"),
-                (heads[i], 1, "num_heads"),
-                (kv_heads[i], 1, "num_key_value_heads"),
-                (head_dim[i], 1, "head_dim"),
-                (step[i], 0, "step"),
-                (window[i], 0, "window_size"),
-            ] {
-                shape(v, min, col, what, i)?;
-            }
-            let secs = seconds(lat[i], what, i)?;
-            let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
-            let key = (kv[i], nk, head_dim[i], window[i]);
-            let at = match last {
-                Some((k, at)) if k == key => at,
-                _ => *index.entry(key).or_insert_with(|| {
-                    keys.push((key, Vec::new()));
-                    keys.len() - 1
-                }),
-            };
-            last = Some((key, at));
-            let points = &mut keys[at].1;
-            if decode {
-                let s = isl[i] + step[i];
-                let q = [heads[i] as f64, batch[i] as f64, s as f64];
-                let kv_bytes = if kv[i] == 2 { 1.0 } else { 2.0 };
-                let sol = gen_sol(&self.peaks, nk as f64, head_dim[i] as f64, kv_bytes, &q);
-                points.push(([heads[i], batch[i], s], secs.max(sol)));
-            } else {
-                points.push(([heads[i], isl[i], batch[i]], secs));
-            }
-        }
-        Ok(keys.into_iter().map(|(k, points)| (k, AttnPoints { points, grid: Mutex::new(None) })).collect())
-    }
-
-    fn load_allreduce(&mut self, c: &Columns, what: &str) -> Result<(), String> {
-        let (gpus, size, lat, kernel) = (
-            c.ints("num_gpus", what)?,
-            c.ints("message_size", what)?,
-            c.floats("latency", what)?,
-            c.codes("kernel_source", what, eager_code)?,
-        );
-        let backend = if c.has("backend") { c.codes("backend", what, eager_code)? } else { vec![0; gpus.len()] };
-        let mut curves: Vec<(u32, Vec<(f64, f64)>)> = Vec::new();
-        for i in 0..gpus.len() {
-            if kernel[i] == 1 || backend[i] == 1 {
-                continue;
-            }
-            let secs = seconds(lat[i], what, i)?;
-            shape(size[i], 1, "message_size", what, i)?;
-            let g = shape(gpus[i], 1, "num_gpus", what, i)?;
-            let g =
-                u32::try_from(g).map_err(|_| format!("{what}: row {}: `num_gpus` is {g}, not a GPU count", i + 1))?;
-            let at = match curves.iter().position(|c| c.0 == g) {
-                Some(at) => at,
-                None => {
-                    curves.push((g, Vec::new()));
-                    curves.len() - 1
-                }
-            };
-            curves[at].1.push((size[i] as f64, secs));
-        }
-        for c in &mut curves {
-            sort_first_of_each(&mut c.1);
-        }
-        curves.sort_by_key(|c| c.0);
-        self.allreduce = curves;
-        Ok(())
-    }
-
     /// A GEMM's latency from the table of its precision (`None`: no table for it).
     pub fn gemm(&self, g: &Gemm) -> Option<f64> {
         let table = match g.precision {
@@ -604,8 +475,7 @@ impl AicTables {
             let (dn, dk) = (s.log_nk.0 - here.0, s.log_nk.1 - here.1);
             (dn * dn + dk * dk).sqrt()
         };
-        let covers =
-            |s: &Site| s.curve.first().is_some_and(|f| f.0 <= g.m) && s.curve.last().is_some_and(|l| l.0 >= g.m);
+        let covers = |s: &Site| s.m_range.0 <= g.m && s.m_range.1 >= g.m;
         // The four nearest sites (ties to the earlier), among those covering m if any do.
         let nearest = |keep: &dyn Fn(&Site) -> bool| {
             let mut best: Vec<(f64, usize)> = Vec::with_capacity(5);
@@ -643,7 +513,7 @@ impl AicTables {
             let (c, b) = self.peaks.gemm_sol(&Gemm { m: x, n: s.n, k: s.k, precision });
             c.max(b)
         };
-        let c = &s.curve;
+        let c = s.curve(&self.peaks, precision);
         if let Some(&(_, v)) = c.iter().find(|p| p.0 == m) {
             return v;
         }
@@ -670,7 +540,7 @@ impl AicTables {
         if a.mla.is_some() {
             return None;
         }
-        let src = attn_source(&self.ctx, kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
+        let src = attn_source(&self.ctx, (false, &self.peaks), kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
         if src.grid.is_empty() {
             return None;
         }
@@ -686,7 +556,8 @@ impl AicTables {
         if a.mla.is_some() {
             return None;
         }
-        let src = attn_source(&self.decode, kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
+        let src =
+            attn_source(&self.decode, (true, &self.peaks), kv_dtype(a.kv_bytes), a.heads, a.kv_heads, a.head_dim)?;
         if src.grid.is_empty() {
             return None;
         }
@@ -779,9 +650,53 @@ mod tests {
         assert!(secs > lo.min(hi) * 0.8 && secs < lo.max(hi) * 1.25, "{secs} vs {lo}, {hi}");
     }
 
+    /// The Parquet files of a shipped system.
+    fn shipped_files(system: &str) -> Vec<(&'static str, bytes::Bytes)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/aiconfigurator").join(system);
+        [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE]
+            .into_iter()
+            .map(|name| (name, bytes::Bytes::from(std::fs::read(dir.join(name)).unwrap())))
+            .collect()
+    }
+
+    #[test]
+    fn packed_tables_hold_exactly_the_rows_the_parquet_files_give() {
+        let (_, peaks) = h100();
+        for system in ["h100_sxm", "a100_sxm"] {
+            let files = shipped_files(system);
+            let read = AicTables::from_files(system.into(), peaks, &files).unwrap();
+            let bytes: &'static [u8] =
+                Box::leak(super::super::aic_rows::pack(&Grouped::read(&files).unwrap()).into_boxed_slice());
+            let packed = AicTables::from_packed(system.into(), peaks, bytes).unwrap();
+            for (a, b, precision) in [
+                (&read.gemm_bf16, &packed.gemm_bf16, Precision::Bf16),
+                (&read.gemm_fp8, &packed.gemm_fp8, Precision::Fp8),
+            ] {
+                assert_eq!(a.sites.len(), b.sites.len());
+                for (x, y) in a.sites.iter().zip(&b.sites) {
+                    assert_eq!((x.n, x.k, x.m_range), (y.n, y.k, y.m_range));
+                    assert_eq!(x.curve(&peaks, precision), y.curve(&peaks, precision), "{system} {} {}", x.n, x.k);
+                }
+            }
+            for (a, b) in [(&read.ctx, &packed.ctx), (&read.decode, &packed.decode)] {
+                assert_eq!(a.len(), b.len());
+                for (key, x) in a {
+                    let y = &b[key];
+                    assert_eq!((x.heads, x.rows.points()), (y.heads, y.rows.points()), "{system} {key:?}");
+                }
+            }
+            assert_eq!(read.allreduce, packed.allreduce);
+        }
+        // What the binary holds is what packing them gives.
+        let files = shipped_files("h100_sxm");
+        let h100 = include_bytes!(concat!(env!("OUT_DIR"), "/aic-h100_sxm.bin"));
+        assert!(super::super::aic_rows::pack(&Grouped::read(&files).unwrap()) == h100);
+        assert!(AicTables::from_packed("cut".into(), peaks, &h100[..h100.len() - 1]).is_err());
+    }
+
     #[test]
     fn a_repeated_measurement_is_ignored_and_rows_may_come_in_any_order() {
-        use arrow_array::{ArrayRef, Float64Array, Int64Array, StringArray};
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
         // Sizes out of order, 2048 measured twice (the first, 0.02 ms, stands),
         // one eager row (skipped).
         let batch = RecordBatch::try_from_iter([
@@ -802,7 +717,7 @@ mod tests {
 
     #[test]
     fn a_32_kv_head_decode_is_priced_from_8_kv_head_rows_by_its_kv_bytes_with_the_fixed_cost_once() {
-        use arrow_array::{ArrayRef, Float64Array, Int64Array, StringArray};
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
         // Decode attention measured only for 32 query heads over 8 KV heads
         // (head dim 128, bf16), batch 1: 12.5 µs at 2 keys, 29.5 µs at 4,096
         // (A100's rows for Llama-3's shape).

@@ -18,6 +18,7 @@
 //! memory- and communication-bound time separately.
 
 pub mod aic;
+pub mod aic_rows;
 pub mod analytic;
 mod grid;
 pub mod shipped;

@@ -1,10 +1,11 @@
 //! The measured operator tables shipped in the binary: aiconfigurator's vLLM
 //! tables for the GPU presets that have them (`profiles/aiconfigurator/`,
-//! whose README names the source, version, license and extraction). Read
-//! once per process, on first use.
+//! whose README names the source, version, license and extraction), read
+//! and grouped by shape at build time (`build.rs`); a shape's rows are
+//! decoded when a lookup first needs them.
 
 use super::Peaks;
-use super::aic::{ALLREDUCE_FILE, AicTables, CTX_FILE, GEMM_FILE, GEN_FILE};
+use super::aic::AicTables;
 use std::sync::{Arc, OnceLock};
 
 /// One GPU's shipped tables.
@@ -15,7 +16,8 @@ struct Shipped {
     system: &'static str,
     /// The vLLM version they were measured under.
     vllm: &'static str,
-    files: [(&'static str, &'static [u8]); 4],
+    /// The tables, packed (`aic_rows::pack`).
+    packed: &'static [u8],
 }
 
 macro_rules! shipped {
@@ -24,36 +26,7 @@ macro_rules! shipped {
             gpu: $gpu,
             system: $system,
             vllm: $vllm,
-            files: [
-                (
-                    GEMM_FILE,
-                    include_bytes!(concat!("../../../../profiles/aiconfigurator/", $system, "/gemm_perf.parquet")),
-                ),
-                (
-                    CTX_FILE,
-                    include_bytes!(concat!(
-                        "../../../../profiles/aiconfigurator/",
-                        $system,
-                        "/context_attention_perf.parquet"
-                    )),
-                ),
-                (
-                    GEN_FILE,
-                    include_bytes!(concat!(
-                        "../../../../profiles/aiconfigurator/",
-                        $system,
-                        "/generation_attention_perf.parquet"
-                    )),
-                ),
-                (
-                    ALLREDUCE_FILE,
-                    include_bytes!(concat!(
-                        "../../../../profiles/aiconfigurator/",
-                        $system,
-                        "/custom_allreduce_perf.parquet"
-                    )),
-                ),
-            ],
+            packed: include_bytes!(concat!(env!("OUT_DIR"), "/aic-", $system, ".bin")),
         }
     };
 }
@@ -79,11 +52,9 @@ pub fn tables(gpu: &str, peaks: Peaks) -> Option<Arc<AicTables>> {
     Some(
         PARSED[i]
             .get_or_init(|| {
-                let files: Vec<(&str, bytes::Bytes)> =
-                    s.files.iter().map(|&(name, data)| (name, bytes::Bytes::from_static(data))).collect();
                 let name = format!("aiconfigurator {} vLLM {} tables", s.system, s.vllm);
                 Arc::new(
-                    AicTables::from_files(name, peaks, &files)
+                    AicTables::from_packed(name, peaks, s.packed)
                         .unwrap_or_else(|e| panic!("the shipped tables of {gpu} do not read: {e}")),
                 )
             })

@@ -1,0 +1,420 @@
+//! The rows of aiconfigurator's tables: read from Parquet, checked, and
+//! grouped by what a lookup asks for (a GEMM shape, an attention key, an
+//! all-reduce GPU count) — and packed, so that the shipped tables are
+//! read once at build time and the binary holds them grouped.
+//!
+//! The build script includes this file as a module of its own
+//! (`build.rs`: it decodes the shipped Parquet tables and writes
+//! [`pack`]'s bytes to `$OUT_DIR`), and the crate reads a user's tables
+//! with the same functions, so both take the same rows. It uses nothing of
+//! the crate.
+
+use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use parquet::arrow::ProjectionMask;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+/// The table files, by aiconfigurator's names.
+pub const GEMM_FILE: &str = "gemm_perf.parquet";
+/// Prefill attention.
+pub const CTX_FILE: &str = "context_attention_perf.parquet";
+/// Decode attention.
+pub const GEN_FILE: &str = "generation_attention_perf.parquet";
+/// All-reduce.
+pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
+
+/// The attention of one (KV dtype code, KV heads — 0 for multi-head
+/// attention —, head dim, window).
+pub type AttnKey = (u8, i64, i64, i64);
+
+/// One measured (precision, n, k) of the GEMM table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmSite {
+    /// 1 BF16/FP16, 2 FP8.
+    pub dtype: u8,
+    /// Output columns.
+    pub n: u64,
+    /// Inner dimension.
+    pub k: u64,
+    /// (m, seconds), in file order.
+    pub rows: Vec<(f64, f64)>,
+}
+
+/// Measured attention points: (coordinates, seconds), in file order —
+/// prefill `[heads, sequence, batch]`, decode `[heads, batch, keys]` (keys
+/// = `isl + step`).
+pub type Points = Vec<([i64; 3], f64)>;
+
+/// All-reduce curves: GPUs → (elements, seconds), increasing elements; by GPUs.
+pub type Curves = Vec<(u32, Vec<(f64, f64)>)>;
+
+/// The tables of one GPU, grouped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Grouped {
+    /// GEMM shapes in the order the file first names them.
+    pub gemm: Vec<GemmSite>,
+    /// Prefill attention by key, in the order the file first names them.
+    pub ctx: Vec<(AttnKey, Points)>,
+    /// Decode attention by key.
+    pub decode: Vec<(AttnKey, Points)>,
+    /// All-reduce curves.
+    pub allreduce: Curves,
+}
+
+impl Grouped {
+    /// Reads the tables present among `files` (name → Parquet bytes).
+    pub fn read(files: &[(&str, bytes::Bytes)]) -> Result<Grouped, String> {
+        let mut g = Grouped::default();
+        for (file, bytes) in files {
+            match *file {
+                GEMM_FILE => {
+                    g.gemm = gemm_sites(
+                        &Columns::read(bytes.clone(), file, &["gemm_dtype", "m", "n", "k", "latency"])?,
+                        file,
+                    )?
+                }
+                CTX_FILE | GEN_FILE => {
+                    let wanted = [
+                        "batch_size",
+                        "isl",
+                        "step",
+                        "num_heads",
+                        "num_key_value_heads",
+                        "head_dim",
+                        "kv_cache_dtype",
+                        "attn_dtype",
+                        "window_size",
+                        "latency",
+                    ];
+                    let cols = Columns::read(bytes.clone(), file, &wanted)?;
+                    let decode = *file == GEN_FILE;
+                    let keys = attention_keys(&cols, file, decode)?;
+                    if decode {
+                        g.decode = keys;
+                    } else {
+                        g.ctx = keys;
+                    }
+                }
+                ALLREDUCE_FILE => {
+                    let wanted = ["num_gpus", "message_size", "latency", "kernel_source", "backend"];
+                    g.allreduce = allreduce_curves(&Columns::read(bytes.clone(), file, &wanted)?, file)?
+                }
+                _ => {}
+            }
+        }
+        Ok(g)
+    }
+}
+
+/// The columns of a Parquet table, by name (only those asked for are decoded).
+pub struct Columns {
+    batches: Vec<RecordBatch>,
+}
+
+impl Columns {
+    /// Reads the columns `wanted` of the table (those it lacks are skipped).
+    pub fn read(bytes: bytes::Bytes, what: &str, wanted: &[&str]) -> Result<Columns, String> {
+        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
+        let fields = builder.parquet_schema().root_schema().get_fields();
+        let roots: Vec<usize> =
+            fields.iter().enumerate().filter(|(_, f)| wanted.contains(&f.name())).map(|(i, _)| i).collect();
+        let mask = ProjectionMask::roots(builder.parquet_schema(), roots);
+        let reader = builder
+            .with_projection(mask)
+            .with_batch_size(65536)
+            .build()
+            .map_err(|e| format!("{what}: not a readable Parquet file: {e}"))?;
+        let batches = reader.collect::<Result<Vec<_>, _>>().map_err(|e| format!("{what}: {e}"))?;
+        Ok(Columns { batches })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.batches.first().is_some_and(|b| b.schema().column_with_name(name).is_some())
+    }
+
+    fn column<'a>(b: &'a RecordBatch, name: &str, what: &str) -> Result<&'a dyn Array, String> {
+        b.column_by_name(name).map(|c| c.as_ref()).ok_or_else(|| format!("{what}: no column `{name}`"))
+    }
+
+    fn ints(&self, name: &str, what: &str) -> Result<Vec<i64>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not int64"))?;
+            match c.nulls() {
+                None => out.extend_from_slice(c.values()),
+                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(i64::MIN))),
+            }
+        }
+        Ok(out)
+    }
+
+    fn floats(&self, name: &str, what: &str) -> Result<Vec<f64>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not float64"))?;
+            match c.nulls() {
+                None => out.extend_from_slice(c.values()),
+                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(f64::NAN))),
+            }
+        }
+        Ok(out)
+    }
+
+    /// A string column as `code(value)` per row (no string is copied).
+    fn codes(&self, name: &str, what: &str, code: impl Fn(&str) -> u8) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        for b in &self.batches {
+            let c = Self::column(b, name, what)?;
+            let c = c
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not a string column"))?;
+            out.extend((0..c.len()).map(|i| code(c.value(i))));
+        }
+        Ok(out)
+    }
+}
+
+/// A dtype name as a code: 1 BF16/FP16, 2 FP8, 0 anything else.
+fn dtype_code(name: &str) -> u8 {
+    match name {
+        "bfloat16" | "float16" => 1,
+        "fp8" => 2,
+        _ => 0,
+    }
+}
+
+/// 1 for an eager-mode kernel source or backend (skipped), else 0.
+fn eager_code(name: &str) -> u8 {
+    u8::from(name.ends_with("_eager"))
+}
+
+/// The longest latency a table row may give one operator, ms (a minute:
+/// no kernel of a forward pass takes that long; a larger one is a unit or
+/// a typing mistake, which would otherwise surface as a run in the far future).
+const MAX_LATENCY_MS: f64 = 60_000.0;
+
+/// Checks a shape column's value of row `row`: a positive count (`min` 1),
+/// or at least 0 (`min` 0). Missing (null) values are refused too.
+fn shape(v: i64, min: i64, column: &str, what: &str, row: usize) -> Result<i64, String> {
+    if v == i64::MIN {
+        return Err(format!("{what}: row {}: `{column}` is missing (null); every row needs one", row + 1));
+    }
+    if v < min {
+        return Err(format!("{what}: row {}: `{column}` is {v}, not a size (at least {min})", row + 1));
+    }
+    Ok(v)
+}
+
+/// Latency in ms as a table gives it → seconds, refusing what no measurement is.
+fn seconds(ms: f64, what: &str, row: usize) -> Result<f64, String> {
+    if ms.is_finite() && ms > MAX_LATENCY_MS {
+        return Err(format!(
+            "{what}: row {}: `latency` is {ms:.3e} ms, more than the {MAX_LATENCY_MS} ms one operator could take (the column is milliseconds)",
+            row + 1
+        ));
+    }
+    if ms.is_finite() && ms > 0.0 {
+        Ok(ms / 1e3)
+    } else {
+        Err(format!("{what}: row {}: latency {ms} is not a positive number of milliseconds", row + 1))
+    }
+}
+
+/// Sorts a curve's points by x and keeps, of points measured at the same x,
+/// the one the file gives first (the sort is stable): a row repeating a
+/// measured x is ignored, the first measurement standing.
+pub fn sort_first_of_each(curve: &mut Vec<(f64, f64)>) {
+    curve.sort_by(|a, b| a.0.total_cmp(&b.0));
+    curve.dedup_by(|later, first| later.0 == first.0);
+}
+
+/// The BF16 and FP8 GEMM rows by shape (rows of other dtypes skipped).
+fn gemm_sites(c: &Columns, what: &str) -> Result<Vec<GemmSite>, String> {
+    let (dtype, m, n, k, lat) = (
+        c.codes("gemm_dtype", what, dtype_code)?,
+        c.ints("m", what)?,
+        c.ints("n", what)?,
+        c.ints("k", what)?,
+        c.floats("latency", what)?,
+    );
+    let mut sites: Vec<GemmSite> = Vec::new();
+    let mut index: std::collections::HashMap<(u8, u64, u64), usize> = Default::default();
+    for i in 0..m.len() {
+        if dtype[i] == 0 {
+            continue;
+        }
+        if m[i] < 1 || !(1..=i64::from(u32::MAX)).contains(&n[i]) || !(1..=i64::from(u32::MAX)).contains(&k[i]) {
+            return Err(format!("{what}: row {}: m, n and k must be at least 1 (n and k below 2³²)", i + 1));
+        }
+        let secs = seconds(lat[i], what, i)?;
+        let key = (dtype[i], n[i] as u64, k[i] as u64);
+        let at = *index.entry(key).or_insert_with(|| {
+            sites.push(GemmSite { dtype: key.0, n: key.1, k: key.2, rows: Vec::new() });
+            sites.len() - 1
+        });
+        sites[at].rows.push((m[i] as f64, secs));
+    }
+    Ok(sites)
+}
+
+/// The attention rows by key (rows of other attention dtypes, and of an
+/// unknown KV dtype, skipped).
+fn attention_keys(c: &Columns, what: &str, decode: bool) -> Result<Vec<(AttnKey, Points)>, String> {
+    let (batch, isl, heads, kv_heads, head_dim, kv, lat) = (
+        c.ints("batch_size", what)?,
+        c.ints("isl", what)?,
+        c.ints("num_heads", what)?,
+        c.ints("num_key_value_heads", what)?,
+        c.ints("head_dim", what)?,
+        c.codes("kv_cache_dtype", what, dtype_code)?,
+        c.floats("latency", what)?,
+    );
+    let step = if decode { c.ints("step", what)? } else { vec![0; batch.len()] };
+    let window = if c.has("window_size") { c.ints("window_size", what)? } else { vec![0; batch.len()] };
+    let attn = if !decode && c.has("attn_dtype") { Some(c.codes("attn_dtype", what, dtype_code)?) } else { None };
+    let mut keys: Vec<(AttnKey, Points)> = Vec::new();
+    let mut index: std::collections::HashMap<AttnKey, usize> = Default::default();
+    for i in 0..batch.len() {
+        if attn.as_ref().is_some_and(|a| a[i] != 1) || kv[i] == 0 {
+            continue;
+        }
+        for (v, min, col) in [
+            (batch[i], 1, "batch_size"),
+            (isl[i], 1, "isl"),
+            (heads[i], 1, "num_heads"),
+            (kv_heads[i], 1, "num_key_value_heads"),
+            (head_dim[i], 1, "head_dim"),
+            (step[i], 0, "step"),
+            (window[i], 0, "window_size"),
+        ] {
+            shape(v, min, col, what, i)?;
+        }
+        let secs = seconds(lat[i], what, i)?;
+        let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
+        let key = (kv[i], nk, head_dim[i], window[i]);
+        let at = *index.entry(key).or_insert_with(|| {
+            keys.push((key, Vec::new()));
+            keys.len() - 1
+        });
+        let q = if decode { [heads[i], batch[i], isl[i] + step[i]] } else { [heads[i], isl[i], batch[i]] };
+        keys[at].1.push((q, secs));
+    }
+    Ok(keys)
+}
+
+/// The all-reduce curves by GPU count (CUDA-graph rows; eager ones skipped).
+fn allreduce_curves(c: &Columns, what: &str) -> Result<Curves, String> {
+    let (gpus, size, lat, kernel) = (
+        c.ints("num_gpus", what)?,
+        c.ints("message_size", what)?,
+        c.floats("latency", what)?,
+        c.codes("kernel_source", what, eager_code)?,
+    );
+    let backend = if c.has("backend") { c.codes("backend", what, eager_code)? } else { vec![0; gpus.len()] };
+    let mut curves: Curves = Vec::new();
+    for i in 0..gpus.len() {
+        if kernel[i] == 1 || backend[i] == 1 {
+            continue;
+        }
+        let secs = seconds(lat[i], what, i)?;
+        shape(size[i], 1, "message_size", what, i)?;
+        let g = shape(gpus[i], 1, "num_gpus", what, i)?;
+        let g = u32::try_from(g).map_err(|_| format!("{what}: row {}: `num_gpus` is {g}, not a GPU count", i + 1))?;
+        let at = match curves.iter().position(|c| c.0 == g) {
+            Some(at) => at,
+            None => {
+                curves.push((g, Vec::new()));
+                curves.len() - 1
+            }
+        };
+        curves[at].1.push((size[i] as f64, secs));
+    }
+    for c in &mut curves {
+        sort_first_of_each(&mut c.1);
+    }
+    curves.sort_by_key(|c| c.0);
+    Ok(curves)
+}
+
+/// The first bytes of packed tables.
+pub const MAGIC: &[u8; 8] = b"OPALAIC1";
+
+/// Packs `g`: a header of every GEMM shape, attention key and all-reduce
+/// curve with where its rows lie, then the rows, little-endian — so that
+/// a reader finds a shape's rows without decoding the others'.
+///
+/// ```text
+/// MAGIC
+/// u32 shapes; per shape: u8 dtype, u64 n, u64 k, f64 least m, f64 most m, u32 first row, u32 rows
+/// 2 × (u32 keys; per key: u8 dtype, i64 KV heads, i64 head dim, i64 window,
+///      i64 least heads, i64 most heads, u32 first row, u32 rows)        — prefill, then decode
+/// u32 curves; per curve: u32 GPUs, u32 first row, u32 rows
+/// GEMM rows (f64 m, f64 s); prefill rows, then decode rows (3 × i32, f64 s); all-reduce rows (f64, f64 s)
+/// ```
+pub fn pack(g: &Grouped) -> Vec<u8> {
+    let mut head = MAGIC.to_vec();
+    let (mut gemm_rows, mut attn_rows, mut ar_rows) = (Vec::new(), Vec::new(), Vec::new());
+    let u32_of = |n: usize| u32::try_from(n).expect("fewer than 2³² rows").to_le_bytes();
+    head.extend(u32_of(g.gemm.len()));
+    let mut row = 0;
+    for s in &g.gemm {
+        let (lo, hi) = s.rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.0), b.max(r.0)));
+        head.push(s.dtype);
+        head.extend(s.n.to_le_bytes());
+        head.extend(s.k.to_le_bytes());
+        head.extend(lo.to_le_bytes());
+        head.extend(hi.to_le_bytes());
+        head.extend(u32_of(row));
+        head.extend(u32_of(s.rows.len()));
+        row += s.rows.len();
+        for &(m, secs) in &s.rows {
+            gemm_rows.extend(m.to_le_bytes());
+            gemm_rows.extend(secs.to_le_bytes());
+        }
+    }
+    let mut row = 0;
+    for keys in [&g.ctx, &g.decode] {
+        head.extend(u32_of(keys.len()));
+        for (key, points) in keys {
+            let (lo, hi) = points.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0[0]), b.max(p.0[0])));
+            head.push(key.0);
+            for v in [key.1, key.2, key.3, lo, hi] {
+                head.extend(v.to_le_bytes());
+            }
+            head.extend(u32_of(row));
+            head.extend(u32_of(points.len()));
+            row += points.len();
+            for (q, secs) in points {
+                for v in q {
+                    attn_rows.extend(i32::try_from(*v).expect("a table size below 2³¹").to_le_bytes());
+                }
+                attn_rows.extend(secs.to_le_bytes());
+            }
+        }
+    }
+    head.extend(u32_of(g.allreduce.len()));
+    let mut row = 0;
+    for (gpus, curve) in &g.allreduce {
+        head.extend(gpus.to_le_bytes());
+        head.extend(u32_of(row));
+        head.extend(u32_of(curve.len()));
+        row += curve.len();
+        for &(x, secs) in curve {
+            ar_rows.extend(x.to_le_bytes());
+            ar_rows.extend(secs.to_le_bytes());
+        }
+    }
+    head.extend(gemm_rows);
+    head.extend(attn_rows);
+    head.extend(ar_rows);
+    head
+}
