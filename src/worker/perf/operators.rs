@@ -48,7 +48,7 @@ use super::StepWork;
 use super::profile::{AttnShape, Bound, Elementwise, Gemm, Precision, Priced, Profile, Role};
 use crate::worker::model::{Attention, ModelArch, attention_pairs, expected_experts};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The constants a stack's measurements fit (`worker.inference_params`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -242,24 +242,49 @@ impl Curve {
     }
 }
 
+/// A price of (batch, keys), computed when a grid point is first needed.
+type Price2 = Arc<dyn Fn(f64, f64) -> f64 + Send + Sync>;
+
 /// A function of (batch, keys), bilinear between grid points and beyond.
-#[derive(Clone, Debug, PartialEq)]
+/// Each grid point is priced when a lookup first needs it (a run uses few
+/// of them; pricing all 748 took 30 M instructions, two fifths of a
+/// one-request run) and kept: the same point always has the same price.
+#[derive(Clone)]
 struct Grid2 {
     batches: Axis,
     keys: Axis,
     /// Row-major: `secs[i * keys + j]`.
-    secs: Vec<f64>,
+    secs: Arc<[OnceLock<f64>]>,
+    price: Price2,
+}
+
+impl std::fmt::Debug for Grid2 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grid2").field("batches", &self.batches).field("keys", &self.keys).finish_non_exhaustive()
+    }
+}
+
+/// Two grids are equal when they price every point alike.
+impl PartialEq for Grid2 {
+    fn eq(&self, o: &Grid2) -> bool {
+        self.batches == o.batches
+            && self.keys == o.keys
+            && (0..self.secs.len()).all(|c| self.point(c).to_bits() == o.point(c).to_bits())
+    }
 }
 
 impl Grid2 {
-    fn build(batches: Axis, keys: Axis, f: impl Fn(f64, f64) -> f64) -> Grid2 {
-        let mut secs = Vec::with_capacity(batches.knots().len() * keys.knots().len());
-        for &b in batches.knots() {
-            for &s in keys.knots() {
-                secs.push(f(b, s));
-            }
-        }
-        Grid2 { batches, keys, secs }
+    fn new(batches: Axis, keys: Axis, price: Price2) -> Grid2 {
+        let secs = (0..batches.knots().len() * keys.knots().len()).map(|_| OnceLock::new()).collect();
+        Grid2 { batches, keys, secs, price }
+    }
+
+    /// Grid point number `c` (row-major).
+    fn point(&self, c: usize) -> f64 {
+        *self.secs[c].get_or_init(|| {
+            let n = self.keys.knots().len();
+            (self.price)(self.batches.knots()[c / n], self.keys.knots()[c % n])
+        })
     }
 
     fn at(&self, batch: f64, keys: f64) -> f64 {
@@ -270,7 +295,7 @@ impl Grid2 {
     fn at_row(&self, (i0, wi): (usize, f64), keys: f64) -> f64 {
         let (j0, wj) = self.keys.locate(keys);
         let n = self.keys.knots().len();
-        let v = |i: usize, j: usize| self.secs[i * n + j];
+        let v = |i: usize, j: usize| self.point(i * n + j);
         let row = |i: usize| v(i, j0) + (v(i, j0 + 1) - v(i, j0)) * wj;
         (row(i0) + (row(i0 + 1) - row(i0)) * wi).max(0.0)
     }
@@ -481,7 +506,9 @@ impl OperatorCurves {
         // Decode attention is linear in batch and keys beyond the tables
         // (2,048 sequences, 131,072 keys): the grid stops there (two knots
         // per octave) and extrapolates.
-        let decode = Grid2::build(Axis::new(1, 11), Axis::new(1, 17), |b, s| profile.gen_attention(&shape, b, s).secs);
+        let (p, sh) = (profile.clone(), shape);
+        let decode =
+            Grid2::new(Axis::new(1, 11), Axis::new(1, 17), Arc::new(move |b, s| p.gen_attention(&sh, b, s).secs));
         let (window, windowed) = model.window.unwrap_or((u64::MAX, 0));
         let decode_fixed = Curve {
             axis: m_axis.clone(),
