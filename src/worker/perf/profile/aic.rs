@@ -40,7 +40,7 @@ use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Rows as read from a user's table, or packed in the binary (the shipped
 /// tables, grouped at build time: a shape's rows are decoded when a lookup
@@ -128,9 +128,44 @@ struct GemmTable {
     sites: Vec<Site>,
     /// Site by `shape_key(n, k)`.
     index: nohash_hasher::IntMap<u64, usize>,
+    /// Per unmeasured shape (`shape_key`), every site by distance from it
+    /// (stable: ties keep the file's order), ranked on first use — a model's
+    /// few shapes are priced at every m of its curves (the search over all
+    /// sites at each took 12 M instructions of a one-request run).
+    ranked: Arc<Mutex<nohash_hasher::IntMap<u64, Ranked>>>,
 }
 
+/// Sites (distance, index), nearest first.
+type Ranked = Arc<[(f64, usize)]>;
+
 impl GemmTable {
+    /// Every site with its distance from shape (n, k) in (log₂ n, log₂ k), nearest first.
+    fn by_distance(&self, n: u64, k: u64) -> Ranked {
+        let key = shape_key(n, k);
+        if let Some(r) = self.ranked.lock().expect("never poisoned").get(&key) {
+            return r.clone();
+        }
+        let here = ((n as f64).log2(), (k as f64).log2());
+        let mut all: Vec<(f64, usize)> = self
+            .sites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let (dn, dk) = (s.log_nk.0 - here.0, s.log_nk.1 - here.1);
+                ((dn * dn + dk * dk).sqrt(), i)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let all: Ranked = all.into();
+        let mut ranked = self.ranked.lock().expect("never poisoned");
+        // Bounded: a sweep over ever new shapes starts over.
+        if ranked.len() >= 1024 {
+            ranked.clear();
+        }
+        ranked.insert(key, all.clone());
+        all
+    }
+
     fn push(&mut self, site: Site) {
         self.index.insert(shape_key(site.n, site.k), self.sites.len());
         self.sites.push(site);
@@ -469,29 +504,14 @@ impl AicTables {
         if let Some(&i) = table.index.get(&shape_key(g.n, g.k)) {
             return Some(self.site_latency(&table.sites[i], g.m, g.precision));
         }
-        // Borrow the utilisation of the nearest measured shapes.
-        let here = ((g.n as f64).log2(), (g.k as f64).log2());
-        let dist = |s: &Site| {
-            let (dn, dk) = (s.log_nk.0 - here.0, s.log_nk.1 - here.1);
-            (dn * dn + dk * dk).sqrt()
-        };
+        // Borrow the utilisation of the nearest measured shapes: the four
+        // nearest sites (ties to the earlier), among those covering m if any do.
+        let by_distance = table.by_distance(g.n, g.k);
         let covers = |s: &Site| s.m_range.0 <= g.m && s.m_range.1 >= g.m;
-        // The four nearest sites (ties to the earlier), among those covering m if any do.
-        let nearest = |keep: &dyn Fn(&Site) -> bool| {
-            let mut best: Vec<(f64, usize)> = Vec::with_capacity(5);
-            for (i, s) in table.sites.iter().enumerate().filter(|(_, s)| keep(s)) {
-                let d = dist(s);
-                if best.len() < 4 || d < best[3].0 {
-                    let at = best.partition_point(|x| x.0 <= d);
-                    best.insert(at, (d, i));
-                    best.truncate(4);
-                }
-            }
-            best
-        };
-        let mut ranked = nearest(&covers);
+        let mut ranked: Vec<(f64, usize)> =
+            by_distance.iter().filter(|&&(_, i)| covers(&table.sites[i])).take(4).copied().collect();
         if ranked.is_empty() {
-            ranked = nearest(&|_| true);
+            ranked = by_distance.iter().take(4).copied().collect();
         }
         // Within two octaves where any is (aiconfigurator refuses a shape with none that close).
         const MAX_OCTAVES: f64 = 2.0;
