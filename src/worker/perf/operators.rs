@@ -48,7 +48,8 @@ use super::StepWork;
 use super::profile::{AttnShape, Bound, Elementwise, Gemm, Precision, Priced, Profile, Role};
 use crate::worker::model::{Attention, ModelArch, attention_pairs, expected_experts};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The constants a stack's measurements fit (`worker.inference_params`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -253,10 +254,13 @@ type Price2 = Arc<dyn Fn(f64, f64) -> f64 + Send + Sync>;
 struct Grid2 {
     batches: Axis,
     keys: Axis,
-    /// Row-major: `secs[i * keys + j]`.
-    secs: Arc<[OnceLock<f64>]>,
+    /// Row-major: `secs[i * keys + j]`, as f64 bits ([`UNPRICED`] until priced).
+    secs: Arc<[AtomicU64]>,
     price: Price2,
 }
+
+/// The bits of a grid point not priced yet (a NaN no price is).
+const UNPRICED: u64 = u64::MAX;
 
 impl std::fmt::Debug for Grid2 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -275,16 +279,27 @@ impl PartialEq for Grid2 {
 
 impl Grid2 {
     fn new(batches: Axis, keys: Axis, price: Price2) -> Grid2 {
-        let secs = (0..batches.knots().len() * keys.knots().len()).map(|_| OnceLock::new()).collect();
+        let secs = (0..batches.knots().len() * keys.knots().len()).map(|_| AtomicU64::new(UNPRICED)).collect();
         Grid2 { batches, keys, secs, price }
     }
 
-    /// Grid point number `c` (row-major).
+    /// Grid point number `c` (row-major). A point priced twice at once (two
+    /// threads) gets the same price twice: a plain load is enough.
+    #[inline]
     fn point(&self, c: usize) -> f64 {
-        *self.secs[c].get_or_init(|| {
-            let n = self.keys.knots().len();
-            (self.price)(self.batches.knots()[c / n], self.keys.knots()[c % n])
-        })
+        match self.secs[c].load(Ordering::Relaxed) {
+            UNPRICED => self.price_point(c),
+            bits => f64::from_bits(bits),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn price_point(&self, c: usize) -> f64 {
+        let n = self.keys.knots().len();
+        let v = (self.price)(self.batches.knots()[c / n], self.keys.knots()[c % n]);
+        self.secs[c].store(v.to_bits(), Ordering::Relaxed);
+        v
     }
 
     fn at(&self, batch: f64, keys: f64) -> f64 {
@@ -295,9 +310,12 @@ impl Grid2 {
     fn at_row(&self, (i0, wi): (usize, f64), keys: f64) -> f64 {
         let (j0, wj) = self.keys.locate(keys);
         let n = self.keys.knots().len();
-        let v = |i: usize, j: usize| self.point(i * n + j);
-        let row = |i: usize| v(i, j0) + (v(i, j0 + 1) - v(i, j0)) * wj;
-        (row(i0) + (row(i0 + 1) - row(i0)) * wi).max(0.0)
+        let row = |i: usize| {
+            let (a, b) = (self.point(i * n + j0), self.point(i * n + j0 + 1));
+            a + (b - a) * wj
+        };
+        let (r0, r1) = (row(i0), row(i0 + 1));
+        (r0 + (r1 - r0) * wi).max(0.0)
     }
 }
 
