@@ -27,6 +27,8 @@
 //!   12 req/s per worker) on 1, 4 and 16 workers, 100k requests; the Python
 //!   Opal does 105–145 requests per CPU second on it, the target is 2,000×
 //!   its best (290k);
+//! - `one-request`: `benches/reference.toml` with one request, as a process:
+//!   the fixed cost of any run (targets: 40M instructions, 20 MiB);
 //! - `opal-1k`: that example at 1,000 requests as a researcher runs it — the
 //!   `opal-sweep` binary in a process of its own, spec import, tables and
 //!   manifest written included — in CPU milliseconds per run (the target:
@@ -95,20 +97,47 @@ const ROWS: &[Row] = &[
 ];
 
 /// A row measured as `opal-sweep` processes (spec import, tables and
-/// manifest included), in CPU milliseconds per run.
+/// manifest included), in CPU milliseconds per run, and with `valgrind`
+/// in instructions for the whole process.
 struct ProcessRow {
     name: &'static str,
     /// Requests a run simulates.
     requests: u64,
-    /// Target, CPU ms per run.
-    target_ms: f64,
+    /// Target, CPU ms per run, if the row has one.
+    target_ms: Option<f64>,
+    /// Target, instructions of the whole process (the performance issue's, round four).
+    target_instructions: f64,
+    /// Target, peak resident memory of the process, MiB.
+    target_rss_mib: Option<f64>,
     /// Writes the row's spec into the directory and returns its path.
     spec: fn(&Path) -> std::path::PathBuf,
 }
 
 const PROCESS_ROWS: &[ProcessRow] = &[
-    ProcessRow { name: "opal-1k", requests: 1000, target_ms: 5.0, spec: opal_1k },
-    ProcessRow { name: "vidur-2k", requests: 2000, target_ms: VIDUR_CPU_MS / 500.0, spec: vidur_2k },
+    ProcessRow {
+        name: "one-request",
+        requests: 1,
+        target_ms: None,
+        target_instructions: 40e6,
+        target_rss_mib: Some(20.0),
+        spec: one_request,
+    },
+    ProcessRow {
+        name: "opal-1k",
+        requests: 1000,
+        target_ms: Some(5.0),
+        target_instructions: 50e6,
+        target_rss_mib: None,
+        spec: opal_1k,
+    },
+    ProcessRow {
+        name: "vidur-2k",
+        requests: 2000,
+        target_ms: Some(VIDUR_CPU_MS / 500.0),
+        target_instructions: 80e6,
+        target_rss_mib: None,
+        spec: vidur_2k,
+    },
 ];
 
 /// Vidur's CPU time on the `vidur-2k` run (see [`vidur_2k`]): user +
@@ -225,22 +254,45 @@ fn process_row(row: &ProcessRow, exe: &Path, valgrind: bool) {
     };
     const RUNS: usize = 50;
     let before = common::children_cpu_seconds().unwrap_or(f64::NAN);
+    let mut rss: f64 = 0.0;
     for i in 0..RUNS {
-        let status = run(i).status().expect("run opal-sweep");
-        assert!(status.success(), "opal-sweep failed on row {}", row.name);
+        let (ok, peak) = common::run_with_peak_rss(&mut run(i));
+        assert!(ok, "opal-sweep failed on row {}", row.name);
+        rss = rss.max(peak);
     }
     let ms = (common::children_cpu_seconds().unwrap_or(f64::NAN) - before) * 1e3 / RUNS as f64;
-    let instr = valgrind.then(|| cachegrind(run(RUNS)).expect("cachegrind ran") as f64 / row.requests as f64);
+    let instr = valgrind.then(|| cachegrind(run(RUNS)).expect("cachegrind ran") as f64);
     std::fs::remove_dir_all(&dir).ok();
-    let verdict = if ms <= row.target_ms { "met" } else { "NOT met" };
+    let met = |yes: bool| if yes { "met" } else { "NOT met" };
+    let mut verdict: Vec<String> = row.target_ms.iter().map(|&t| format!("≤ {t} ms {}", met(ms <= t))).collect();
+    if let Some(i) = instr {
+        let t = row.target_instructions;
+        verdict.push(format!("≤ {:.0}M instr {}", t / 1e6, met(i <= t)));
+    }
+    if let Some(t) = row.target_rss_mib {
+        verdict.push(format!("≤ {t} MiB {}", met(rss <= t)));
+    }
+    let verdict = verdict.join("; ");
     println!(
-        "{:<13} {:>10} {:>31.1} ms CPU per run (process, tables included) {:>10}  ≤ {} ms {verdict}",
+        "{:<13} {:>10} {:>12.1} ms CPU per run, {:>6.1} MiB, {:>8} instr (process, tables included) {:>10}  {verdict}",
         row.name,
         row.requests,
         ms,
-        instr.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3)),
-        row.target_ms
+        rss,
+        instr.map_or("–".to_string(), |i| format!("{:.1}M", i / 1e6)),
+        instr.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3 / row.requests as f64)),
     );
+}
+
+/// The `one-request` row's spec: `benches/reference.toml` with one request
+/// (the fixed cost of any `opal-sweep` process).
+fn one_request(dir: &Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(manifest("benches/reference.toml")).expect("the reference spec");
+    let one = text.replace("total_requests = 100000", "total_requests = 1");
+    assert_ne!(one, text, "the reference's request count is where the row expects it");
+    let spec = dir.join("one-request.toml");
+    std::fs::write(&spec, one).expect("write the spec");
+    spec
 }
 
 /// The `opal-1k` row's spec: `examples/opal/exponential-12rps.json` cut to

@@ -41,3 +41,21 @@ pub fn cpu_timed<T>(f: impl FnOnce() -> T) -> (T, f64) {
     let out = f();
     (out, cpu_seconds().unwrap_or(f64::NAN) - before)
 }
+
+/// Runs `cmd` to its end: whether it succeeded, and its peak resident set
+/// size in MiB (`ru_maxrss` of `wait4`, the child's own: `/proc` holds no
+/// peak for a child that has exited).
+#[allow(dead_code)] // not every benchmark runs children
+pub fn run_with_peak_rss(cmd: &mut std::process::Command) -> (bool, f64) {
+    let child = cmd.spawn().expect("start the child");
+    let pid = child.id() as libc::pid_t;
+    let mut status = 0;
+    // SAFETY: `rusage` is plain data that wait4 fills; `pid` is our child,
+    // not yet waited for (the `Child` handle is dropped without waiting).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4 on the child");
+    drop(child);
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (ok, usage.ru_maxrss as f64 / 1024.0)
+}
