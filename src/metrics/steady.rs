@@ -350,7 +350,7 @@ impl Default for SteadySummary {
 ///   rising over the second half, without both rising: 8 × the run;
 /// - fewer than [`MIN_BATCHES`] batches with a first token (`got`
 ///   requests): as many more as give [`MIN_BATCHES`] × [`BATCH`];
-/// - MSER's cut past the middle, at request `cut`: 2.5 × `cut`, so that the
+/// - the warm-up cut ([`warmup_cut`]) past the middle, at request `cut`: 2.5 × `cut`, so that the
 ///   cut falls in the first 40 %;
 /// - fewer than [`REGENERATIONS`] queue drains in the second half (`drains`
 ///   of them): a run `k` = [`REGENERATIONS`] / `drains` times longer (drains

@@ -35,7 +35,7 @@
 //! rest scaled by the work (here, not in aiconfigurator: see `priced_from`).
 
 pub use super::aic_rows::{ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE};
-use super::aic_rows::{AttnKey, Grouped, MAGIC, Points, sort_first_of_each};
+use super::aic_rows::{AttnKey, Grouped, MAGIC, Points, heads_range, sort_first_of_each};
 use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
 use std::collections::HashMap;
@@ -249,7 +249,7 @@ impl Reader {
         Ok(i64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     fn f64(&mut self) -> Result<f64, String> {
-        Ok(f64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+        Ok(f64_at(self.take(8)?, 0))
     }
 }
 
@@ -375,13 +375,13 @@ impl AicTables {
         let g = Grouped::read(files)?;
         let mut t = AicTables::empty(name, peaks);
         for s in g.gemm {
-            let m_range = s.rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.0), b.max(r.0)));
+            let m_range = s.m_range();
             t.gemm_table(s.dtype).push(Site::new(s.n, s.k, m_range, Held::Owned(s.rows)));
         }
         let keyed = |keys: Vec<(AttnKey, Points)>| {
             keys.into_iter()
                 .map(|(k, points)| {
-                    let heads = points.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0[0]), b.max(p.0[0])));
+                    let heads = heads_range(&points);
                     (k, AttnPoints::new(Held::Owned(points), heads))
                 })
                 .collect()

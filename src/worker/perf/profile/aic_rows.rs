@@ -39,6 +39,18 @@ pub struct GemmSite {
     pub rows: Vec<(f64, f64)>,
 }
 
+impl GemmSite {
+    /// The least and most m measured.
+    pub fn m_range(&self) -> (f64, f64) {
+        self.rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.0), b.max(r.0)))
+    }
+}
+
+/// The least and most query heads among attention `points`.
+pub fn heads_range(points: &Points) -> (i64, i64) {
+    points.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0[0]), b.max(p.0[0])))
+}
+
 /// Measured attention points: (coordinates, seconds), in file order —
 /// prefill `[heads, sequence, batch]`, decode `[heads, batch, keys]` (keys
 /// = `isl + step`).
@@ -367,7 +379,7 @@ pub fn pack(g: &Grouped) -> Vec<u8> {
     head.extend(u32_of(g.gemm.len()));
     let mut row = 0;
     for s in &g.gemm {
-        let (lo, hi) = s.rows.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), r| (a.min(r.0), b.max(r.0)));
+        let (lo, hi) = s.m_range();
         head.push(s.dtype);
         head.extend(s.n.to_le_bytes());
         head.extend(s.k.to_le_bytes());
@@ -385,7 +397,7 @@ pub fn pack(g: &Grouped) -> Vec<u8> {
     for keys in [&g.ctx, &g.decode] {
         head.extend(u32_of(keys.len()));
         for (key, points) in keys {
-            let (lo, hi) = points.iter().fold((i64::MAX, i64::MIN), |(a, b), p| (a.min(p.0[0]), b.max(p.0[0])));
+            let (lo, hi) = heads_range(points);
             head.push(key.0);
             for v in [key.1, key.2, key.3, lo, hi] {
                 head.extend(v.to_le_bytes());
