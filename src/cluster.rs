@@ -19,7 +19,7 @@ use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::saving::{AfterSave, SaveRules};
 use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
-use crate::metrics::{RowSink, StepRecord, StepRow};
+use crate::metrics::{RowSink, StepRow, StepSpan};
 use crate::recorder::{Recorder, RunEnd, gauges};
 use crate::request::Arena;
 use crate::rng::SeedTree;
@@ -83,7 +83,7 @@ struct Scratch {
     kicks: Vec<WorkerId>,
     outcome: StepOutcome,
     /// The decode steps materialised from runs.
-    substeps: Vec<StepRecord>,
+    substeps: Vec<StepSpan>,
     /// Effects of connector calls not yet applied, and a spare buffer.
     conn_out: ConnectorOutput,
     conn_spare: ConnectorOutput,
@@ -334,7 +334,7 @@ impl<'a> Cluster<'a> {
     fn materialize_all(&mut self, until: SimTime, inclusive: bool) {
         for i in 0..self.workers.len() {
             if self.workers[i].in_run() {
-                self.workers[i].materialize(until, inclusive);
+                self.workers[i].materialize(until, inclusive, self.scenario.worker_config(i));
                 self.record_substeps(WorkerId(i as u32));
             }
         }

@@ -12,7 +12,7 @@ use crate::kvcache::{KvConnector, LoadDone, Tier};
 use crate::metrics::steady::{Steady, SteadyState};
 use crate::metrics::{
     CostSummary, Gauges, InSystem, IntervalRow, Latencies, LatencyHistogram, LatencyMetric, PdSummary, PeakSeconds,
-    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRecord, StepRow, TierCost, TierSummary, TimeSeries,
+    RequestRecord, RunSummary, Sc25Row, StageRow, StageTally, StepRow, StepSpan, TierCost, TierSummary, TimeSeries,
     WorkerRow,
 };
 use crate::request::Request;
@@ -227,9 +227,12 @@ impl Recorder {
 
     /// Decode steps a worker materialised from a run: busy time, tokens and
     /// inter-token gaps, as their own step ends would.
-    pub fn on_substeps(&mut self, subs: &[StepRecord]) {
-        self.series.on_steps(subs);
-        self.latencies.get_mut(LatencyMetric::Itl).record_each(subs.iter().map(|s| (s.duration, s.decodes)));
+    pub fn on_substeps(&mut self, spans: &[StepSpan]) {
+        self.series.on_steps(spans);
+        let itl = self.latencies.get_mut(LatencyMetric::Itl);
+        for s in spans {
+            itl.record_ramp(&s.ramp, s.k0, s.k1, s.duration, s.decodes);
+        }
     }
 
     /// A step ended at `now`.

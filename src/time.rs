@@ -124,6 +124,162 @@ impl AddAssign for SimDuration {
     }
 }
 
+/// The durations of consecutive steps whose time is affine in their index
+/// (a decode run's sub-steps, whose context grows by the same number of
+/// tokens each step): step `k` of `0..len` takes
+/// `first + ⌊(last − first)·k / (len − 1)⌋` ns — `first` and `last` at the
+/// ends, the straight line between them rounded down in between. Sums,
+/// and how many steps fit in a time, take O(log) (a floor sum), whatever
+/// the number of steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ramp {
+    /// The first step's duration, ns.
+    pub first: u64,
+    /// The last step's duration, ns.
+    pub last: u64,
+    /// Steps.
+    pub len: u64,
+}
+
+impl Ramp {
+    /// `len` steps of the same duration.
+    pub fn flat(d: u64, len: u64) -> Ramp {
+        Ramp { first: d, last: d, len }
+    }
+
+    fn span(&self) -> u128 {
+        u128::from(self.len.max(2) - 1)
+    }
+
+    /// Step `k`'s duration, ns.
+    pub fn at(&self, k: u64) -> u64 {
+        let (m, k) = (self.span(), u128::from(k));
+        if self.last >= self.first {
+            self.first + (u128::from(self.last - self.first) * k / m) as u64
+        } else {
+            self.first - (u128::from(self.first - self.last) * k).div_ceil(m) as u64
+        }
+    }
+
+    /// Σ of the durations of steps `0..n`, ns.
+    pub fn prefix(&self, n: u64) -> u128 {
+        let m = self.span() as u64;
+        let base = u128::from(self.first) * u128::from(n);
+        if self.last >= self.first {
+            base + u128::from(floor_sum(n, m, self.last - self.first, 0))
+        } else {
+            // ⌊−a·k/m⌋ = −⌊(a·k + m − 1)/m⌋
+            base - u128::from(floor_sum(n, m, self.first - self.last, m - 1))
+        }
+    }
+
+    /// Σ of the durations of steps `k0..k1`, ns.
+    pub fn sum(&self, k0: u64, k1: u64) -> SimDuration {
+        SimDuration((self.prefix(k1) - self.prefix(k0)) as u64)
+    }
+
+    /// The most steps from `k0` on (ending at most at `k1`) that take at
+    /// most `budget` together: the largest `k` in `k0..=k1` with
+    /// `sum(k0, k) ≤ budget`.
+    pub fn fit(&self, k0: u64, k1: u64, budget: SimDuration) -> u64 {
+        self.fit_from(k0, self.prefix(k0), k1, budget).0
+    }
+
+    /// [`Self::fit`] given `prefix(k0)`; also returns `prefix(k)`. Solves
+    /// the sum's quadratic for a first guess (the rounding makes it at most
+    /// a step off), then steps to the exact answer.
+    pub fn fit_from(&self, k0: u64, at_k0: u128, k1: u64, budget: SimDuration) -> (u64, u128) {
+        let goal = at_k0 + u128::from(budget.0);
+        let guess = if self.last >= self.first {
+            // Σ_{k<n} (first + a·k) = first·n + a·n(n − 1)/2 with a = Δ/m, ≈ goal.
+            let (a, f, g) = ((self.last - self.first) as f64 / self.span() as f64, self.first as f64, goal as f64);
+            let n = if a == 0.0 {
+                g / f.max(1.0)
+            } else {
+                let b = f - a / 2.0;
+                (-b + (b * b + 2.0 * a * g).sqrt()) / a
+            };
+            if n.is_finite() { (n.max(0.0) as u64).clamp(k0, k1) } else { k1 }
+        } else {
+            k0 + (k1 - k0) / 2
+        };
+        let (mut k, mut at) = (guess, self.prefix(guess));
+        if at > goal {
+            while at > goal {
+                k -= 1;
+                at = self.prefix(k);
+            }
+        } else {
+            while k < k1 {
+                let next = self.prefix(k + 1);
+                if next > goal {
+                    break;
+                }
+                (k, at) = (k + 1, next);
+            }
+        }
+        (k, at)
+    }
+
+    /// The largest `k` in `k0..k1` whose duration is at most `d`, where the
+    /// durations of `k0..k1` do not decrease and step `k0`'s is at most `d`.
+    pub fn last_at_most(&self, k0: u64, k1: u64, d: u64) -> u64 {
+        debug_assert!(self.last >= self.first && self.at(k0) <= d);
+        if self.last == self.first {
+            return k1 - 1;
+        }
+        // first + ⌊a·k/m⌋ ≤ d  ⇔  a·k < (d − first + 1)·m
+        let (a, m) = (u128::from(self.last - self.first), self.span());
+        let k = ((u128::from(d - self.first) + 1) * m).div_ceil(a) - 1;
+        (k.min(u128::from(k1 - 1))) as u64
+    }
+}
+
+/// Σ_{i < n} ⌊(a·i + b) / m⌋ for `b < m` (the AtCoder Library's
+/// `floor_sum_unsigned`, a Euclid-like recursion in O(log m)), in 64-bit
+/// arithmetic while the terms allow (a ramp's sums are at most `n·a`), else in 128.
+fn floor_sum(n: u64, m: u64, a: u64, b: u64) -> u64 {
+    if u128::from(n) * u128::from(a.max(m)) < 1 << 62 {
+        floor_sum_in::<u64>(n, m, a, b)
+    } else {
+        floor_sum_in::<u128>(n.into(), m.into(), a.into(), b.into()) as u64
+    }
+}
+
+fn floor_sum_in<T>(mut n: T, mut m: T, mut a: T, mut b: T) -> T
+where
+    T: Copy
+        + PartialOrd
+        + From<u8>
+        + std::ops::Add<Output = T>
+        + std::ops::Sub<Output = T>
+        + std::ops::Mul<Output = T>
+        + std::ops::Div<Output = T>
+        + std::ops::Rem<Output = T>,
+{
+    let (zero, one, two) = (T::from(0), T::from(1), T::from(2));
+    let mut sum = zero;
+    loop {
+        if n == zero {
+            return sum;
+        }
+        if a >= m {
+            sum = sum + n * (n - one) / two * (a / m);
+            a = a % m;
+        }
+        if b >= m {
+            sum = sum + n * (b / m);
+            b = b % m;
+        }
+        let y = a * n + b;
+        if y < m {
+            return sum;
+        }
+        (n, b) = (y / m, y % m);
+        std::mem::swap(&mut m, &mut a);
+    }
+}
+
 impl fmt::Display for SimTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:.9}s", self.as_secs_f64())
@@ -168,5 +324,38 @@ mod tests {
         assert_eq!(SimDuration(1).as_micros_ceil(), 1);
         assert_eq!(SimDuration(1_000).as_micros_ceil(), 1);
         assert_eq!(SimDuration(1_001).as_micros_ceil(), 2);
+    }
+    #[test]
+    fn a_ramps_sums_and_fits_are_those_of_its_steps_one_by_one() {
+        for (first, last, len) in
+            [(5, 5, 1), (7, 9, 2), (1_000, 1_337, 50), (900, 200, 37), (3, 10_000, 7), (50, 49, 400)]
+        {
+            let r = Ramp { first, last, len };
+            let d: Vec<u64> = (0..len).map(|k| r.at(k)).collect();
+            assert_eq!((d[0], d[len as usize - 1]), (first, last));
+            for (k, &dk) in d.iter().enumerate() {
+                // The straight line, rounded down.
+                let exact = first as f64 + (last as f64 - first as f64) * k as f64 / (len.max(2) - 1) as f64;
+                assert_eq!(dk, exact.floor() as u64, "{r:?} step {k}");
+            }
+            for k0 in 0..len {
+                for k1 in k0..=len {
+                    let sum: u64 = d[k0 as usize..k1 as usize].iter().sum();
+                    assert_eq!(r.sum(k0, k1), SimDuration(sum));
+                    let fit = r.fit(k0, len, SimDuration(sum));
+                    // The most steps from k0 within that sum: k1, and any zero-length ones after it (none here).
+                    assert_eq!(fit, k1, "{r:?} {k0}..{k1}");
+                    if sum > 0 {
+                        assert_eq!(r.fit(k0, len, SimDuration(sum - 1)), k1 - 1);
+                    }
+                }
+                if last >= first {
+                    for x in d[k0 as usize]..d[len as usize - 1] + 2 {
+                        let want = (k0..len).filter(|&k| d[k as usize] <= x).max().unwrap();
+                        assert_eq!(r.last_at_most(k0, len, x), want, "{r:?} from {k0} at most {x}");
+                    }
+                }
+            }
+        }
     }
 }

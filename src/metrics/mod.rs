@@ -24,9 +24,9 @@ pub trait RowSink {
 
 /// Why a [`RowSink`] could not take rows (the writer's own error).
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
-pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepRecord, TimeSeries};
+pub use series::{Gauges, IntervalRow, MAX_INTERVALS, MIN_INTERVAL_SECS, PeakSeconds, StepSpan, TimeSeries};
 
-use crate::time::{SimDuration, SimTime};
+use crate::time::{Ramp, SimDuration, SimTime};
 use hdrhistogram::Histogram;
 use rows::col;
 use serde::Serialize;
@@ -113,6 +113,33 @@ impl LatencyHistogram {
         }
         if let Some((v, c)) = pending {
             self.record_hist(v, c);
+        }
+    }
+
+    /// Records steps `k0..k1` of `ramp`, each `n` times, as [`Self::record_n`]
+    /// would one by one: the steps whose durations one histogram bucket
+    /// holds go into it at once, found by arithmetic on a rising ramp, so
+    /// the work grows with the buckets the ramp crosses, not its steps.
+    /// `duration` is theirs in all (`ramp.sum(k0, k1)`).
+    pub fn record_ramp(&mut self, ramp: &Ramp, k0: u64, k1: u64, duration: SimDuration, n: u64) {
+        if n == 0 || k0 >= k1 {
+            return;
+        }
+        if ramp.last < ramp.first {
+            return self.record_each((k0..k1).map(|k| (SimDuration(ramp.at(k)), n)));
+        }
+        self.sum_ns += u128::from(duration.0) * u128::from(n);
+        self.count += (k1 - k0) * n;
+        self.min_ns = self.min_ns.min(ramp.at(k0));
+        self.max_ns = self.max_ns.max(ramp.at(k1 - 1));
+        let mut k = k0;
+        while k < k1 {
+            let us = SimDuration(ramp.at(k)).as_micros_ceil();
+            // Durations up to the bucket's top (whole µs, rounded up) share it.
+            let top_ns = self.hist.highest_equivalent(us).saturating_mul(1_000);
+            let kk = if ramp.at(k1 - 1) <= top_ns { k1 } else { ramp.last_at_most(k, k1, top_ns) + 1 };
+            self.record_hist(us, n * (kk - k));
+            k = kk;
         }
     }
 
@@ -996,6 +1023,25 @@ mod tests {
         assert_eq!(at_once.histogram(), one_by_one.histogram());
         assert_eq!(at_once.stats(), one_by_one.stats());
         assert_eq!(at_once.count(), 1603);
+    }
+
+    #[test]
+    fn recording_a_ramp_equals_recording_its_steps_one_by_one() {
+        // Rising across bucket edges (3 significant digits of µs), flat, falling, and 1-step ramps.
+        for (first, last, len) in
+            [(9_990_000, 10_050_000, 201), (2_047_100, 2_049_900, 1_000), (5, 5, 9), (80_000, 60_001, 40), (777, 1, 1)]
+        {
+            let r = Ramp { first, last, len };
+            for (k0, k1) in [(0, len), (len / 3, len), (0, 1)] {
+                let mut at_once = LatencyHistogram::default();
+                at_once.record_ramp(&r, k0, k1, r.sum(k0, k1), 8);
+                let mut one_by_one = LatencyHistogram::default();
+                (k0..k1).for_each(|k| one_by_one.record_n(SimDuration(r.at(k)), 8));
+                assert_eq!(at_once.histogram(), one_by_one.histogram(), "{r:?} {k0}..{k1}");
+                assert_eq!(at_once.stats(), one_by_one.stats());
+                assert_eq!(at_once.count(), 8 * (k1 - k0));
+            }
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@
 //! usage) are sampled at the end of each interval. TTFT percentiles are over
 //! the requests whose first token came out in the interval.
 
-use crate::time::{SimDuration, SimTime};
+use crate::time::{Ramp, SimDuration, SimTime};
 use serde::Serialize;
 
 /// One interval of the time series.
@@ -95,17 +95,46 @@ impl std::ops::AddAssign for PeakSeconds {
     }
 }
 
-/// A step of one worker, as the time series counts it.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct StepRecord {
-    /// When it ended.
-    pub end: SimTime,
-    /// How long it took.
+/// Consecutive steps of one worker, back to back, as the time series and
+/// the inter-token histogram count them: the steps `k0..k1` of a [`Ramp`]
+/// (a decode run's sub-steps, whose duration and work grow linearly),
+/// each generating `decodes` tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepSpan {
+    /// When step `k0` started.
+    pub start: SimTime,
+    /// The durations.
+    pub ramp: Ramp,
+    /// The first step (of the ramp's).
+    pub k0: u64,
+    /// One past the last.
+    pub k1: u64,
+    /// Their total duration (`ramp.sum(k0, k1)`).
     pub duration: SimDuration,
-    /// Tokens it generated.
+    /// Tokens each step generated.
     pub decodes: u64,
-    /// What it asked of the GPU.
-    pub peak: PeakSeconds,
+    /// What step `k0` asked of the GPU, and what each later one asks more.
+    pub peak: (PeakSeconds, PeakSeconds),
+}
+
+impl StepSpan {
+    /// Steps.
+    pub fn steps(&self) -> u64 {
+        self.k1 - self.k0
+    }
+
+    /// When the last step ended.
+    pub fn end(&self) -> SimTime {
+        self.start + self.duration
+    }
+
+    /// What steps `k0 + from .. k0 + to` asked of the GPU in all.
+    pub fn peak_of(&self, from: u64, to: u64) -> PeakSeconds {
+        let (p, dp) = self.peak;
+        // Σ_{i = from}^{to − 1} (p + i·dp)
+        let (n, i) = ((to - from) as f64, (from + to - 1) as f64 * (to - from) as f64 / 2.0);
+        PeakSeconds { compute: n * p.compute + i * dp.compute, memory: n * p.memory + i * dp.memory }
+    }
 }
 
 /// Builds the time series as the run advances.
@@ -246,31 +275,32 @@ impl TimeSeries {
     }
 
     /// Steps of one worker, in order, as [`Self::on_busy`], [`Self::on_tokens`]
-    /// and [`Self::on_peak`] would take them one by one: back-to-back steps
-    /// are one busy span, and the tokens and work of steps ending in one
-    /// interval are added up first.
-    pub fn on_steps(&mut self, steps: &[StepRecord]) {
-        let Some(first) = steps.first() else { return };
-        // The busy span so far: empty, where the first step starts.
-        let (mut start, mut end) = (first.end - first.duration, first.end - first.duration);
-        let (mut interval, mut tokens, mut peak) = (self.index(first.end), 0, PeakSeconds::default());
-        for s in steps {
-            if s.end - s.duration != end {
-                self.on_busy(start, end);
-                start = s.end - s.duration;
+    /// and [`Self::on_peak`] would take them one by one: each span is one
+    /// busy span, and the steps ending in one interval are found by the
+    /// ramp's sums and added up at once.
+    pub fn on_steps(&mut self, spans: &[StepSpan]) {
+        for s in spans {
+            let end = s.end();
+            self.on_busy(s.start, end);
+            let i = self.index(end);
+            if self.index(s.start + SimDuration(s.ramp.at(s.k0))) == i {
+                // All in one interval (as a worker brought up to each boundary hands them over).
+                self.row(i).generated_tokens += s.decodes * s.steps();
+                self.peak[i] += s.peak_of(0, s.steps());
+                continue;
             }
-            end = s.end;
-            if self.index(s.end) != interval {
-                self.row(interval).generated_tokens += tokens;
-                self.peak[interval] += peak;
-                (interval, tokens, peak) = (self.index(s.end), 0, PeakSeconds::default());
+            let (mut k, mut t) = (s.k0, s.start);
+            while k < s.k1 {
+                let i = self.index(t + SimDuration(s.ramp.at(k)));
+                // The steps that end before the interval's boundary.
+                let boundary = SimTime((i as u64 + 1) * self.width.0);
+                let kk = s.ramp.fit(k, s.k1, SimDuration(boundary.0 - 1 - t.0));
+                self.row(i).generated_tokens += s.decodes * (kk - k);
+                self.peak[i] += s.peak_of(k - s.k0, kk - s.k0);
+                t += s.ramp.sum(k, kk);
+                k = kk;
             }
-            tokens += s.decodes;
-            peak += s.peak;
         }
-        self.on_busy(start, end);
-        self.row(interval).generated_tokens += tokens;
-        self.peak[interval] += peak;
     }
 
     /// A worker was busy over [start, end) (reported once the span is over).
@@ -313,39 +343,58 @@ mod tests {
     }
 
     #[test]
-    fn steps_at_once_count_as_steps_one_by_one() {
-        // Back-to-back steps across a boundary, a gap, then one more step.
+    fn spans_of_steps_count_as_steps_one_by_one() {
+        // A ramp of 40 ms → 60 ms steps across a boundary, a gap, then one more step.
         let ms = |x: u64| SimTime(x * 1_000_000);
-        let step = |end, d, decodes, compute| StepRecord {
-            end,
-            duration: SimDuration(d),
-            decodes,
-            peak: PeakSeconds { compute, memory: 2.0 * compute },
-        };
-        let steps = [
-            step(ms(900), 200_000_000, 3, 0.1),
-            step(ms(1_050), 150_000_000, 4, 0.05),
-            step(ms(1_100), 50_000_000, 4, 0.02),
-            step(ms(1_800), 100_000_000, 2, 0.03),
+        let p = |c: f64| PeakSeconds { compute: c, memory: 2.0 * c };
+        let spans = [
+            StepSpan {
+                start: ms(700),
+                ramp: Ramp { first: 40_000_000, last: 60_000_000, len: 11 },
+                k0: 2,
+                k1: 11,
+                duration: SimDuration(468_000_000),
+                decodes: 3,
+                peak: (p(0.01), p(0.001)),
+            },
+            StepSpan {
+                start: ms(1_700),
+                ramp: Ramp::flat(100_000_000, 1),
+                k0: 0,
+                k1: 1,
+                duration: SimDuration(100_000_000),
+                decodes: 2,
+                peak: (p(0.03), p(0.0)),
+            },
         ];
         let g = Gauges { active_workers: 1, ..Gauges::default() };
         let mut at_once = TimeSeries::new(SimDuration::from_secs(1));
-        at_once.on_steps(&steps);
+        at_once.on_steps(&spans);
         let mut one_by_one = TimeSeries::new(SimDuration::from_secs(1));
-        for s in &steps {
-            one_by_one.on_busy(s.end - s.duration, s.end);
-            one_by_one.on_tokens(s.end, 0, s.decodes);
-            one_by_one.on_peak(s.end, s.peak);
+        for s in &spans {
+            let mut t = s.start;
+            for k in s.k0..s.k1 {
+                let end = t + SimDuration(s.ramp.at(k));
+                one_by_one.on_busy(t, end);
+                one_by_one.on_tokens(end, 0, s.decodes);
+                one_by_one.on_peak(end, s.peak_of(k - s.k0, k - s.k0 + 1));
+                t = end;
+            }
         }
         let (a, b) = (at_once.finish(ms(2_000), g), one_by_one.finish(ms(2_000), g));
-        assert_eq!(format!("{a:?}"), format!("{b:?}"), "equal rows (NaN percentiles included)");
-        // By hand: busy 0.7–0.9 and 0.9–1.0 s, then 1.0–1.1 and 1.7–1.8 s; 3 tokens, then 10.
-        assert_eq!((a[0].gpu_busy_fraction, a[0].generated_tokens), (0.3, 3));
-        assert!((a[1].gpu_busy_fraction - 0.2).abs() < 1e-12);
-        assert_eq!(a[1].generated_tokens, 10);
-        // Work by the interval the step ended in: 0.1 s of peak compute in 1 s of one worker.
-        assert!((a[0].gpu_compute_fraction - 0.1).abs() < 1e-12 && (a[0].gpu_hbm_fraction - 0.2).abs() < 1e-12);
-        assert!((a[1].gpu_compute_fraction - 0.1).abs() < 1e-12);
+        assert_eq!(a.len(), 2);
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!((x.generated_tokens, x.gpu_busy_fraction), (y.generated_tokens, y.gpu_busy_fraction));
+            assert!((x.gpu_compute_fraction - y.gpu_compute_fraction).abs() < 1e-12);
+        }
+        // By hand: steps of 44, 46, …, 60 ms from 0.7 s end at 0.744, 0.790, 0.838, 0.888, 0.940,
+        // 0.994 (6 in the first second: 18 tokens), then 1.050, 1.108, 1.168 s (9 tokens) and
+        // 1.8 s (2 tokens); busy 0.3 s, then 0.468 s.
+        assert_eq!((a[0].generated_tokens, a[1].generated_tokens), (18, 11));
+        assert!((a[0].gpu_busy_fraction - 0.3).abs() < 1e-12 && (a[1].gpu_busy_fraction - 0.268).abs() < 1e-12);
+        // Peak compute: steps k = 2..8 ask 0.01 + 0.001·(0..6) → 0.075 s; then 0.016 + 0.017 + 0.018 and 0.03 s.
+        assert!((a[0].gpu_compute_fraction - 0.075).abs() < 1e-12, "{}", a[0].gpu_compute_fraction);
+        assert!((a[1].gpu_compute_fraction - 0.081).abs() < 1e-12);
     }
 
     #[test]

@@ -6,7 +6,6 @@ use crate::ids::WorkerId;
 use crate::metrics::{PeakSeconds, StepRow};
 use crate::time::{SimDuration, SimTime};
 use crate::worker::perf::{StepModel, StepWork};
-use std::collections::VecDeque;
 
 /// What a worker's scheduler has done so far that its steps' rows count.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -29,8 +28,6 @@ pub(super) struct StepLog {
     pub(super) counted: StepCounts,
     /// The step (or sub-step) in flight; its start and duration are set when it ends.
     pub(super) current: Option<StepRow>,
-    /// The later sub-steps of the run in flight.
-    pub(super) pending: VecDeque<StepRow>,
 }
 
 impl Worker {
@@ -109,12 +106,10 @@ impl Worker {
             row.kv_load_tokens = now.kv_load_tokens - then.kv_load_tokens;
             log.counted = now;
             log.current = Some(row);
-            log.pending.clear();
         }
     }
 
-    /// The step in flight ended at `end` after `duration`: its row is done,
-    /// and the run's next sub-step (if any) is in flight.
+    /// The step in flight ended at `end` after `duration`: its row is done.
     pub(super) fn log_end(&mut self, end: SimTime, duration: SimDuration) {
         if let Some(log) = &mut self.log
             && let Some(mut row) = log.current.take()
@@ -122,7 +117,6 @@ impl Worker {
             row.start_s = (end - duration).as_secs_f64();
             row.duration_s = duration.as_secs_f64();
             log.rows.push(row);
-            log.current = log.pending.pop_front();
         }
     }
 }

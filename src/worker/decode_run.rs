@@ -1,25 +1,52 @@
 //! The decode-run fast path: while only decodes run and nothing else can
-//! change, a worker plans a run of up to [`MAX_RUN`] decode steps as one
-//! event and materialises its sub-steps only when their state is read
-//! (their time, busy span and inter-token gaps are recorded as their own
-//! step ends would be). [`DecodeGroup`] advances the decoding sequences
-//! arithmetically from the worker's step counter, so a decode step costs
-//! O(1) plus O(log n) per completion.
+//! change, a worker plans a run of decode steps (until a member finishes)
+//! as one event. Within the run the step time is affine in the batch's
+//! context between the attention grid's knots, so the run is priced as a
+//! few [`Piece`]s — the sub-steps at each piece's ends priced exactly, those
+//! between on the straight line (within 1 ns of their own price) — and its
+//! sub-steps are brought about in bulk when their state is read: their
+//! time, busy span, tokens, energy and inter-token gaps are sums over a
+//! [`crate::time::Ramp`], whatever the number of sub-steps. [`DecodeGroup`]
+//! advances the decoding sequences arithmetically from the worker's step
+//! counter, so a decode step costs O(1) plus O(log n) per completion.
 
-use super::{FIRST_RUN, Worker, WorkerConfig};
+use super::{Worker, WorkerConfig};
 use crate::ids::RequestId;
-use crate::metrics::{PeakSeconds, StepRecord};
+use crate::metrics::{PeakSeconds, StepSpan};
 use crate::request::{Request, RequestStatus};
-use crate::time::SimTime;
-use crate::worker::perf::StepWork;
+use crate::time::{Ramp, SimDuration, SimTime};
+use crate::worker::perf::{Piece, RunGrowth, StepWork};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+
+/// A run of decode sub-steps in flight: sub-step 0 is the step as first
+/// planned, sub-step `last` ends the step.
+#[derive(Debug, Default)]
+pub(super) struct Run {
+    /// The sub-steps' durations, in order.
+    pieces: Vec<Piece>,
+    /// The piece holding the sub-step in flight.
+    at: usize,
+    /// The sub-step in flight.
+    next: u64,
+    /// The last sub-step.
+    last: u64,
+    /// The current piece's durations summed up to the sub-step in flight.
+    done: u128,
+    /// How the sub-steps' contexts grow (for their step rows).
+    growth: RunGrowth,
+    /// Sub-step `j` asks `peak.0 + j × peak.1` of the GPU (decode work grows
+    /// linearly with the context).
+    peak: (PeakSeconds, PeakSeconds),
+    /// Scratch for the pieces' breaks.
+    breaks: Vec<u64>,
+}
 
 impl Worker {
     /// Brings a run of decode steps up to `until`: the sub-steps that ended
     /// by then (at `until` too if `inclusive`) happen — their tokens, their
-    /// blocks for the next sub-step — as separate steps would have. Their
-    /// `(end, duration, decodes)` wait in [`Self::take_substeps`].
+    /// blocks for the next sub-step — as separate steps would have, in one
+    /// go. Their spans wait in [`Self::take_substeps`].
     ///
     /// A run is planned only when nothing but decoding can happen until its
     /// end — the waiting queue is empty, no member finishes or crosses the
@@ -28,65 +55,124 @@ impl Worker {
     /// would be told about) — so doing its sub-steps late, when someone
     /// looks, changes nothing: callers materialise before they read the
     /// worker's state, and a new request cuts the run (`cut`).
-    pub fn materialize(&mut self, until: SimTime, inclusive: bool) {
-        while let Some(&t) = self.run.front() {
-            if t > until || (t == until && !inclusive) {
+    pub fn materialize(&mut self, until: SimTime, inclusive: bool, cfg: &WorkerConfig) {
+        while self.run.next < self.run.last {
+            let start = self.step.as_ref().expect("a run is a step in flight").start;
+            let piece = self.run.pieces[self.run.at];
+            let k = self.run.next - piece.first;
+            // The last sub-step ends the step: `finish_step` does it.
+            let to = piece.ramp.len.min(self.run.last - piece.first);
+            let Some(budget) = until.0.checked_sub(start.0 + u64::from(!inclusive)) else { break };
+            if budget < piece.ramp.at(k) {
+                break; // the sub-step in flight ends later
+            }
+            // Σ durations up to `to`: the piece's total, less the run's last sub-step in its last piece.
+            let upto = match piece.ramp.len - to {
+                0 => u128::from(piece.total.0),
+                1 => u128::from(piece.total.0 - piece.ramp.at(to)),
+                _ => piece.ramp.prefix(to),
+            };
+            let (kk, done) = if upto - self.run.done <= u128::from(budget) {
+                (to, upto)
+            } else {
+                piece.ramp.fit_from(k, self.run.done, to, SimDuration(budget))
+            };
+            if kk == k {
                 break;
             }
-            self.run.pop_front();
-            let step = self.step.as_mut().expect("a run is a step in flight");
-            let d = t - step.start;
-            step.start = t;
-            self.busy += d;
-            self.steps += 1;
-            self.substeps.push(StepRecord { end: t, duration: d, decodes: step.decodes, peak: self.step_peak });
-            self.log_end(t, d);
-            self.peak_total += self.step_peak;
-            self.step_j += self.power.step_joules(d.as_secs_f64(), self.step_peak);
-            self.run_sub += 1.0;
-            let (p0, dp) = self.run_peak;
-            self.step_peak = PeakSeconds {
-                compute: p0.compute + self.run_sub * dp.compute,
-                memory: p0.memory + self.run_sub * dp.memory,
-            };
-            self.decode.advance();
-            self.step_index += 1;
-            let need = self.decode.blocks_needed(self.step_index);
-            debug_assert!(self.cache.can_allocate(need, t, false), "a run's blocks were counted when it was planned");
-            self.cache.allocate(need, t, false);
+            let duration = SimDuration((done - self.run.done) as u64);
+            self.do_substeps(start, piece.ramp, k, kk, duration, cfg);
+            self.run.done = done;
+            if kk == piece.ramp.len {
+                self.run.at += 1;
+                self.run.done = 0;
+            }
         }
+    }
+
+    /// Sub-steps `k..kk` of the run's current piece (of durations `ramp`) happen.
+    fn do_substeps(&mut self, start: SimTime, ramp: Ramp, k: u64, kk: u64, duration: SimDuration, cfg: &WorkerConfig) {
+        let (n, j) = (kk - k, self.run.next);
+        let decodes = self.step.as_ref().expect("a run is a step in flight").decodes;
+        let (p0, dp) = self.run.peak;
+        let at = |j: u64| PeakSeconds {
+            compute: p0.compute + j as f64 * dp.compute,
+            memory: p0.memory + j as f64 * dp.memory,
+        };
+        let span = StepSpan { start, ramp, k0: k, k1: kk, duration, decodes, peak: (at(j), dp) };
+        let end = span.end();
+        self.busy += end - start;
+        self.steps += n;
+        self.peak_total += span.peak_of(0, n);
+        self.step_j += self.power.span_joules(&span);
+        if self.log.is_some() {
+            let mut t = start;
+            for i in 0..n {
+                let d = SimDuration(ramp.at(k + i));
+                t += d;
+                self.log_end(t, d);
+                if j + i < self.run.last {
+                    let (c, w) = self.run.growth.at(j + i + 1);
+                    let work = StepWork {
+                        prefill: &[],
+                        decodes,
+                        decode_context_tokens: c,
+                        decode_window_tokens: w,
+                        samples: decodes,
+                    };
+                    let row = Self::row_of(self.id, &work, cfg);
+                    self.log.as_mut().expect("checked above").current = Some(row);
+                }
+            }
+        }
+        self.substeps.push(span);
+        self.decode.advance_by(n);
+        let need = self.decode.blocks_over(self.step_index + 1, n);
+        self.step_index += n;
+        debug_assert!(self.cache.can_allocate(need, end, false), "a run's blocks were counted when it was planned");
+        self.cache.allocate(need, end, false);
+        self.run.next += n;
+        self.step_peak = at(self.run.next);
+        self.step.as_mut().expect("a run is a step in flight").start = end;
     }
 
     /// Whether a run of decode steps is in flight with sub-steps to come.
     pub fn in_run(&self) -> bool {
-        !self.run.is_empty()
+        self.run.next < self.run.last
     }
 
-    /// Moves the sub-steps materialised so far to `out`.
-    pub fn take_substeps(&mut self, out: &mut Vec<StepRecord>) {
+    /// Moves the spans of sub-steps materialised so far to `out`.
+    pub fn take_substeps(&mut self, out: &mut Vec<StepSpan>) {
         out.append(&mut self.substeps);
     }
 
     /// Ends the run in flight at the end of its current sub-step (after
     /// [`Self::materialize`]); returns the new end and stamp.
     pub(super) fn cut(&mut self) -> Option<(SimTime, u32)> {
-        let end = self.run.pop_front()?;
-        self.run.clear();
-        if let Some(log) = &mut self.log {
-            // The sub-step in flight is the run's last now.
-            log.pending.clear();
+        if !self.in_run() {
+            return None;
         }
-        self.run_limit = FIRST_RUN;
-        self.in_planned_run = false;
-        self.step.as_mut().expect("a run is a step in flight").end = end;
-        Some((end, self.version.bump()))
+        let piece = self.run.pieces[self.run.at];
+        let step = self.step.as_mut().expect("a run is a step in flight");
+        step.end = step.start + SimDuration(piece.ramp.at(self.run.next - piece.first));
+        self.run.last = self.run.next;
+        Some((step.end, self.version.bump()))
     }
 
-    /// Extends a decode-only step ending at `first_end` into a run of
-    /// sub-steps (see [`Self::materialize`]); returns the run's end.
+    /// The run ended with its step.
+    pub(super) fn end_run(&mut self) {
+        debug_assert!(!self.in_run(), "every sub-step of a run ends before the run");
+        self.run.pieces.clear();
+        (self.run.at, self.run.next, self.run.last, self.run.done) = (0, 0, 0, 0);
+    }
+
+    /// Plans a decode-only step of `decodes` sequences holding `context`
+    /// tokens (`window` windowed) from `now` as a run of sub-steps (see
+    /// [`Self::materialize`]), as long as nothing else can happen; returns
+    /// the run's end. Sub-step 0 is the step itself, priced exactly.
     pub(super) fn plan_run(
         &mut self,
-        first_end: SimTime,
+        now: SimTime,
         decodes: u64,
         context: u64,
         window: u64,
@@ -95,48 +181,46 @@ impl Worker {
         let s = self.step_index;
         // The last sub-step may see members finish or cross the window; none before.
         let last = self.decode.next_finish().min(self.decode.next_cross().saturating_sub(1)).max(s);
-        let steps = (last - s).saturating_add(1).min(self.run_limit);
         // Blocks for the later sub-steps, without preemption; evictions only
         // where nobody is told about them.
         let mut allowance = self.cache.free();
         if !(cfg.publish_events || cfg.report_evictions) {
             allowance += self.cache.evictable();
         }
-        let below = self.decode.below();
-        let next = StepWork {
-            prefill: &[],
-            decodes,
-            decode_context_tokens: context + decodes,
-            decode_window_tokens: window + below,
-            samples: decodes,
-        };
-        let p1 = cfg.usage.peak_seconds(&next);
-        let p0 = self.step_peak;
-        self.run_peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
-        self.run_sub = 0.0;
-        let mut end = first_end;
+        let n = self.decode.steps_within(s + 1, last - s, allowance);
+        let run = &mut self.run;
+        run.pieces.clear();
+        (run.at, run.next, run.last, run.done) = (0, 0, n, 0);
+        run.growth = RunGrowth { context, window, decodes, below: self.decode.below() };
         let price = cfg.perf.decode_run(decodes);
-        for j in 1..steps {
-            let need = self.decode.blocks_needed(s + j);
-            if need > allowance {
-                break;
-            }
-            allowance -= need;
-            self.run.push_back(end);
-            let work = StepWork {
+        price.pieces(&run.growth, 0, n, &mut run.breaks, &mut run.pieces);
+        if n > 0 {
+            let (c1, w1) = run.growth.at(1);
+            let next = StepWork {
                 prefill: &[],
                 decodes,
-                decode_context_tokens: context + j * decodes,
-                decode_window_tokens: window + j * below,
+                decode_context_tokens: c1,
+                decode_window_tokens: w1,
                 samples: decodes,
             };
-            end += price.step_time(work.decode_context_tokens, work.decode_window_tokens);
-            if let Some(log) = &mut self.log {
-                log.pending.push_back(Self::row_of(self.id, &work, cfg));
+            let (p0, p1) = (self.step_peak, cfg.usage.peak_seconds(&next));
+            run.peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
+        }
+        if cfg!(debug_assertions) {
+            for p in &run.pieces {
+                for k in 0..p.ramp.len {
+                    let (c, w) = run.growth.at(p.first + k);
+                    let (own, said) = (price.step_time(c, w).0, p.ramp.at(k));
+                    let exact = k == 0 || k + 1 == p.ramp.len;
+                    debug_assert!(
+                        if exact { own == said } else { own.abs_diff(said) <= 1 },
+                        "sub-step {} priced {own} ns, its piece says {said}",
+                        p.first + k
+                    );
+                }
             }
         }
-        self.in_planned_run = !self.run.is_empty();
-        end
+        now + run.pieces.iter().fold(SimDuration::ZERO, |a, p| a + p.total)
     }
 }
 
@@ -160,6 +244,8 @@ pub struct DecodeGroup {
     /// Σ computed tokens of the members before the next step.
     context: u64,
     residue: Vec<u32>,
+    /// `cumulative[k]` = Σ `residue[..k]` (so blocks over a range of steps are two reads).
+    cumulative: Vec<u64>,
     finish: BinaryHeap<Reverse<(u64, u64, RequestId, u32)>>,
     /// The sliding window (`u64::MAX`: none, and nothing below is kept).
     window: u64,
@@ -184,6 +270,7 @@ impl DecodeGroup {
             members: Vec::new(),
             context: 0,
             residue: vec![0; block_size as usize],
+            cumulative: vec![0; block_size as usize + 1],
             finish: BinaryHeap::new(),
             window: window.unwrap_or(u64::MAX),
             below: 0,
@@ -292,6 +379,7 @@ impl DecodeGroup {
         self.context += computed;
         let res = self.residue_of(join, computed);
         self.residue[res] += 1;
+        self.cumulative[res + 1..].iter_mut().for_each(|c| *c += 1);
     }
 
     /// Removes `id` before step `s`; returns its (computed, generated) tokens then.
@@ -308,6 +396,7 @@ impl DecodeGroup {
         let generated = d.generated_at_join + (s - d.join_step);
         let res = self.residue_of(d.join_step, d.computed_at_join);
         self.residue[res] -= 1;
+        self.cumulative[res + 1..].iter_mut().for_each(|c| *c -= 1);
         self.context -= computed;
         let pos = d.pos as usize;
         self.members.swap_remove(pos);
@@ -320,8 +409,49 @@ impl DecodeGroup {
 
     /// Every member produced one token (end of a step).
     pub(super) fn advance(&mut self) {
-        self.context += self.members.len() as u64;
-        self.below_context += self.below;
+        self.advance_by(1);
+    }
+
+    /// Every member produced `n` tokens (`n` steps).
+    pub(super) fn advance_by(&mut self, n: u64) {
+        self.context += n * self.members.len() as u64;
+        self.below_context += n * self.below;
+    }
+
+    /// New blocks the members need to run steps `from .. from + n`.
+    pub fn blocks_over(&self, from: u64, n: u64) -> u64 {
+        // Each member needs one block per `block_size` steps: its residue's.
+        let bs = self.block_size;
+        // The partial cycle: residues `from % bs ..` for `n % bs` steps, wrapping round.
+        let (start, r) = ((from % bs) as usize, (n % bs) as usize);
+        let c = &self.cumulative;
+        let partial = if start + r <= bs as usize {
+            c[start + r] - c[start]
+        } else {
+            c[bs as usize] - c[start] + c[start + r - bs as usize]
+        };
+        n / bs * self.members.len() as u64 + partial
+    }
+
+    /// The most steps from `from` on (at most `max`) whose new blocks
+    /// come to at most `allowance`.
+    pub fn steps_within(&self, from: u64, max: u64, allowance: u64) -> u64 {
+        let (bs, per_cycle) = (self.block_size, self.members.len() as u64);
+        if per_cycle == 0 {
+            return max;
+        }
+        // Whole cycles of `block_size` steps, then step by step (fewer than a cycle).
+        let cycles = (allowance / per_cycle).min(max / bs);
+        let (mut n, mut left) = (cycles * bs, allowance - cycles * per_cycle);
+        while n < max {
+            let need = self.blocks_needed(from + n);
+            if need > left {
+                break;
+            }
+            left -= need;
+            n += 1;
+        }
+        n
     }
 
     /// After [`Self::advance`] for step `s`: the next member that finished in

@@ -93,12 +93,11 @@ use scheduler::{Room, WaitingQueue};
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
 use crate::kvcache::{ConnectorOutput, KvConnector, PrefixCache};
-use crate::metrics::{PeakSeconds, StepRecord};
+use crate::metrics::{PeakSeconds, StepSpan};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
 use power::PowerModel;
-use std::collections::VecDeque;
 
 /// How I/O slots are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,14 +245,6 @@ struct Step {
     decodes: u64,
 }
 
-/// Most sub-steps in one run.
-const MAX_RUN: u64 = 256;
-/// Sub-steps planned for a run after a run was cut short (or at first); the
-/// limit doubles with every run that ends as planned, up to [`MAX_RUN`], so
-/// the step times computed for sub-steps a new arrival cancels stay within
-/// about those done, while a long quiet decode phase still takes few events.
-const FIRST_RUN: u64 = 8;
-
 /// One vLLM-like engine instance.
 #[derive(Debug)]
 pub struct Worker {
@@ -273,21 +264,12 @@ pub struct Worker {
     steps: u64,
     /// Preemptions and KV loads so far (for the step log and the workers table).
     counts: StepCounts,
-    /// Ends of the sub-steps of the run in flight that are still to come
-    /// before the step's end, earliest first.
-    run: VecDeque<SimTime>,
-    /// Sub-steps the next run may plan (see [`FIRST_RUN`]).
-    run_limit: u64,
-    /// Whether the step in flight is a run of several sub-steps.
-    in_planned_run: bool,
-    /// Sub-steps materialised since the caller last took them: `(end, duration, decodes)`.
-    substeps: Vec<StepRecord>,
+    /// The run of decode sub-steps in flight, if the step is one.
+    run: decode_run::Run,
+    /// Spans of sub-steps materialised since the caller last took them.
+    substeps: Vec<StepSpan>,
     /// What the step (or sub-step) in flight asks of the GPU.
     step_peak: PeakSeconds,
-    /// A run's sub-step `j` asks `run_peak.0 + j × run_peak.1` (decode work
-    /// grows linearly with the context); `run_sub` is the one in flight.
-    run_peak: (PeakSeconds, PeakSeconds),
-    run_sub: f64,
     /// What the steps done so far asked of the GPU.
     peak_total: PeakSeconds,
     /// Joules per GPU of the steps done so far ([`PowerModel::step_joules`]).
@@ -329,13 +311,9 @@ impl Worker {
             busy: SimDuration::ZERO,
             steps: 0,
             counts: StepCounts::default(),
-            run: VecDeque::new(),
-            run_limit: FIRST_RUN,
-            in_planned_run: false,
+            run: decode_run::Run::default(),
             substeps: Vec::new(),
             step_peak: PeakSeconds::default(),
-            run_peak: (PeakSeconds::default(), PeakSeconds::default()),
-            run_sub: 0.0,
             peak_total: PeakSeconds::default(),
             step_j: 0.0,
             power: cfg.power,
@@ -435,7 +413,7 @@ impl Worker {
         }
         // A run of decode steps stops at the next step end when there is
         // something to admit there.
-        self.materialize(now, true);
+        self.materialize(now, true, cfg);
         let next = if self.waiting.queue.is_empty() { None } else { self.cut() };
         if !conn.has_tiers(self.id) || self.waiting.load_pass == Some(self.slot_view()) {
             return next;
@@ -459,11 +437,8 @@ impl Worker {
         if !self.version.is_current(version) || self.step.as_ref().is_none_or(|s| s.end != now) {
             return Err(StaleStep);
         }
-        self.materialize(now, false);
-        debug_assert!(self.run.is_empty(), "every sub-step of a run ends before the run");
-        if std::mem::take(&mut self.in_planned_run) {
-            self.run_limit = (self.run_limit * 2).min(MAX_RUN);
-        }
+        self.materialize(now, false, cfg);
+        self.end_run();
         let step = self.step.take().expect("checked above");
         out.clear();
         out.peak = self.step_peak;
@@ -772,16 +747,19 @@ impl Worker {
             decode_window_tokens: window,
             samples: decodes + finishing as u64,
         };
-        let mut end = now + cfg.perf.step_time(&work);
         self.step_peak = cfg.usage.peak_seconds(&work);
+        // A decode-only step becomes a run when nothing else can happen (its price is the run's).
+        let run = self.chunks.is_empty()
+            && decodes > 0
+            && self.waiting.queue.is_empty()
+            && cfg.apc_ttl.0 == 0
+            && self.paused_since.is_none();
+        let single = (!run).then(|| now + cfg.perf.step_time(&work));
         if self.log.is_some() {
             self.log_start(Self::row_of(self.id, &work, cfg));
         }
-        debug_assert!(self.run.is_empty());
-        if self.chunks.is_empty() && self.waiting.queue.is_empty() && cfg.apc_ttl.0 == 0 && self.paused_since.is_none()
-        {
-            end = self.plan_run(end, decodes, context, window, cfg);
-        }
+        debug_assert!(!self.in_run());
+        let end = single.unwrap_or_else(|| self.plan_run(now, decodes, context, window, cfg));
         self.step = Some(Step { start: now, end, decodes });
         Some((end, self.version.bump()))
     }
@@ -1144,26 +1122,40 @@ mod tests {
         assert_eq!(h.w.used_blocks(), 0);
     }
 
-    /// A (10 tokens, 200 out) alone for three step events, then B (30 tokens,
-    /// 5 out) joins: `(prefill tokens, decodes)` of every step (the decode
-    /// runs' sub-steps included), and the index of the first step after B came.
+    /// A (10 tokens, 200 out) prefills, then B (30 tokens, 5 out) arrives
+    /// halfway through A's run of decode steps (which stops at the end of
+    /// the sub-step then in flight): `(prefill tokens, decodes)` of every
+    /// step (the runs' sub-steps included), and the index of the first step
+    /// after B came.
     fn steps_with_a_late_arrival(scheduler: Scheduler, chunked_prefill: bool) -> (Vec<(u64, u64)>, usize) {
         let cfg = WorkerConfig { scheduler, chunked_prefill, admission_watermark: 1, ..toy(100, 8) };
         let mut reqs = arena(&[(10, 200), (30, 5)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
         let mut next = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
-        let (mut out, mut log, mut subs, mut events, mut arrived) =
-            (StepOutcome::default(), Vec::new(), Vec::new(), 0, 0);
-        while let Some((t, v)) = next {
-            w.finish_step(t, v, &mut reqs, &cfg, &mut out).expect("current step");
+        let (mut out, mut log, mut subs, mut arrived, mut prev) =
+            (StepOutcome::default(), Vec::new(), Vec::new(), 0, SimTime::ZERO);
+        let mut take = |w: &mut Worker, log: &mut Vec<(u64, u64)>| {
             w.take_substeps(&mut subs);
-            log.extend(subs.drain(..).map(|s| (0, s.decodes)));
-            log.push((out.prompt_tokens, out.decodes));
-            events += 1;
-            if events == 3 {
-                w.enqueue(RequestId(1));
-                arrived = log.len();
+            for s in subs.drain(..) {
+                log.extend((0..s.steps()).map(|_| (0, s.decodes)));
             }
+        };
+        while let Some((t, v)) = next {
+            if arrived == 0 && !log.is_empty() {
+                let at = SimTime((prev.0 + t.0) / 2);
+                let (end, version) = submit(&mut w, at, 1, &mut reqs, &cfg).expect("the run stops early");
+                assert!(end < t, "cut");
+                take(&mut w, &mut log);
+                assert!(log.len() > 2, "sub-steps before B came");
+                // The sub-step in flight, then B's.
+                arrived = log.len() + 1;
+                next = Some((end, version));
+                continue;
+            }
+            w.finish_step(t, v, &mut reqs, &cfg, &mut out).expect("current step");
+            take(&mut w, &mut log);
+            log.push((out.prompt_tokens, out.decodes));
+            prev = t;
             next = poll(&mut w, t, &mut reqs, &cfg);
         }
         assert!(reqs.iter().all(|r| r.seq.status == RequestStatus::Finished));

@@ -29,7 +29,7 @@
 //! `opal-sweep calibrate` fits `active`, `compute` and `memory` to measured
 //! power columns.
 
-use crate::metrics::PeakSeconds;
+use crate::metrics::{PeakSeconds, StepSpan};
 
 /// A GPU's power model, watts.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -80,6 +80,40 @@ impl PowerModel {
     pub fn step_joules(&self, duration_s: f64, peak: PeakSeconds) -> f64 {
         (self.active_w * duration_s + self.compute_w * peak.compute + self.memory_w * peak.memory)
             .min(self.max_w * duration_s)
+    }
+
+    /// Σ [`Self::step_joules`] over the steps of `span` (a step that would
+    /// draw more than the board's limit draws the limit: the steps on
+    /// either side of where that starts are summed apart).
+    pub fn span_joules(&self, span: &StepSpan) -> f64 {
+        let (r, k0) = (&span.ramp, span.k0);
+        let secs = |k: u64| r.at(k) as f64 / 1e9;
+        let capped = |k: u64| {
+            let p = span.peak_of(k - k0, k - k0 + 1);
+            self.active_w * secs(k) + self.compute_w * p.compute + self.memory_w * p.memory > self.max_w * secs(k)
+        };
+        let sum = |a: u64, b: u64, cap: bool| {
+            if a >= b {
+                return 0.0;
+            }
+            let d = if (a, b) == (k0, span.k1) { span.duration } else { r.sum(a, b) }.as_secs_f64();
+            if cap {
+                return self.max_w * d;
+            }
+            let p = span.peak_of(a - k0, b - k0);
+            self.active_w * d + self.compute_w * p.compute + self.memory_w * p.memory
+        };
+        let (first, last) = (capped(k0), capped(span.k1 - 1));
+        if first == last {
+            return sum(k0, span.k1, first);
+        }
+        // The first step on the other side of the limit (the excess is affine in the step).
+        let (mut lo, mut hi) = (k0 + 1, span.k1 - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if capped(mid) == last { hi = mid } else { lo = mid + 1 }
+        }
+        sum(k0, lo, first) + sum(lo, span.k1, last)
     }
 
     /// Joules `tp` GPUs take over `alive_s` seconds, `busy_s` of them in

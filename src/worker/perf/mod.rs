@@ -25,7 +25,7 @@ mod table;
 pub use roofline::{Coefficients, MixRule, PrefillBatch, Roofline, WeightTraffic};
 pub use table::{COLUMNS, LatencyRows, LatencyTable, Measured, Phase, parse_measured, read_measured};
 
-use crate::time::SimDuration;
+use crate::time::{Ramp, SimDuration};
 
 /// One prefill chunk in a step: the sequence goes from `cached` to `end` computed tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,8 +69,16 @@ pub enum StepModel {
 impl StepModel {
     /// Duration of one step (at least 1 ns; rounding per [`SimDuration::from_secs_f64`]).
     pub fn step_time(&self, work: &StepWork<'_>) -> SimDuration {
-        let secs = match self {
-            StepModel::Synthetic(d) => return *d,
+        match self {
+            StepModel::Synthetic(d) => *d,
+            _ => SimDuration::from_secs_f64(self.secs(work)).max(SimDuration(1)),
+        }
+    }
+
+    /// Seconds of one step (a synthetic step's fixed time, in seconds).
+    fn secs(&self, work: &StepWork<'_>) -> f64 {
+        match self {
+            StepModel::Synthetic(d) => d.as_secs_f64(),
             StepModel::Operators(o) => o.secs(work),
             StepModel::Roofline(r, mix) => {
                 let prefill = r.prefill_batch_secs(work.prefill.iter().map(|c| (c.cached, c.end)));
@@ -79,8 +87,7 @@ impl StepModel {
                 mix.combine(prefill, decode)
             }
             StepModel::Table(t, mix) => t.step_secs(work, *mix),
-        };
-        SimDuration::from_secs_f64(secs).max(SimDuration(1))
+        }
     }
 
     /// Prices the sub-steps of a decode run: decode-only steps of `decodes`
@@ -119,16 +126,156 @@ impl DecodeSteps<'_> {
     /// (`window`: capped at the sliding window), as [`StepModel::step_time`] gives it.
     pub fn step_time(&self, context: u64, window: u64) -> SimDuration {
         match *self {
-            DecodeSteps::Operators(run) => SimDuration::from_secs_f64(run.secs(context, window)).max(SimDuration(1)),
-            DecodeSteps::Any(model, decodes) => model.step_time(&StepWork {
-                prefill: &[],
-                decodes,
-                decode_context_tokens: context,
-                decode_window_tokens: window,
-                samples: decodes,
-            }),
+            DecodeSteps::Any(StepModel::Synthetic(d), _) => *d,
+            _ => seconds(self.parts(context, window)),
         }
     }
+
+    /// The step's seconds as `max(part, floor)`: between two breaks
+    /// ([`Self::breaks`]) `part` is affine in the context and `floor` constant
+    /// (the operator model's GPU and CPU seconds; no floor otherwise).
+    fn parts(&self, context: u64, window: u64) -> (f64, f64) {
+        match *self {
+            DecodeSteps::Operators(run) => run.parts(context, window),
+            DecodeSteps::Any(model, decodes) => {
+                let work = StepWork {
+                    prefill: &[],
+                    decodes,
+                    decode_context_tokens: context,
+                    decode_window_tokens: window,
+                    samples: decodes,
+                };
+                (model.secs(&work), f64::NEG_INFINITY)
+            }
+        }
+    }
+
+    /// Pushes the sub-steps in `a + 1 ..= b` of run `g` at which the price
+    /// may change its slope (each starts a new piece): where the context
+    /// per sequence enters a new segment of the attention grid (operators)
+    /// or of the measured contexts (table). The roofline and synthetic
+    /// prices are affine throughout.
+    fn breaks(&self, g: &RunGrowth, a: u64, b: u64, out: &mut Vec<u64>) {
+        match *self {
+            DecodeSteps::Operators(run) => run.breaks(g, a, b, out),
+            DecodeSteps::Any(StepModel::Table(t, _), decodes) => {
+                let per_seq = |j: u64| g.at(j).0 as f64 / decodes as f64;
+                for &knot in &t.decode_contexts {
+                    if per_seq(a) <= knot && knot < per_seq(b) {
+                        out.push(first_beyond(a, b, |j| per_seq(j) > knot));
+                    }
+                }
+            }
+            DecodeSteps::Any(..) => {}
+        }
+    }
+
+    /// Prices sub-steps `a..=b` of run `g` (see [`Piece`]): the sub-steps
+    /// at each piece's ends exactly, those between on the straight line
+    /// between them, which [`Self::step_time`] follows within 1 ns there
+    /// (rounding); a piece ends wherever the price changes slope. Prices
+    /// 2 sub-steps per piece; pieces come from the grid segments the
+    /// context crosses, not from the number of sub-steps.
+    pub fn pieces(&self, g: &RunGrowth, a: u64, b: u64, scratch: &mut Vec<u64>, out: &mut Vec<Piece>) {
+        scratch.clear();
+        self.breaks(g, a, b, scratch);
+        scratch.sort_unstable();
+        scratch.dedup();
+        let parts = |j: u64| {
+            let (c, w) = g.at(j);
+            self.parts(c, w)
+        };
+        if let DecodeSteps::Any(StepModel::Synthetic(d), _) = *self {
+            out.push(Piece::new(a, Ramp::flat(d.0, b - a + 1)));
+            return;
+        }
+        let ns = |p: (f64, f64)| seconds(p).0;
+        let mut push = |from: u64, to: u64, p0: (f64, f64), p1: (f64, f64)| {
+            out.push(Piece::new(from, Ramp { first: ns(p0), last: ns(p1), len: to - from + 1 }));
+        };
+        if a == b {
+            let p = parts(a);
+            push(a, a, p, p);
+            return;
+        }
+        let mut from = a;
+        for i in 0..=scratch.len() {
+            let to = scratch.get(i).map_or(b, |&next| next - 1);
+            let (p0, p1) = (parts(from), parts(to));
+            // Where the floor takes over (or lets go), another piece starts.
+            let above = |p: (f64, f64)| p.0 > p.1;
+            if above(p0) != above(p1) {
+                let split = first_beyond(from, to, |j| above(parts(j)) != above(p0));
+                push(from, split - 1, p0, parts(split - 1));
+                push(split, to, parts(split), p1);
+            } else {
+                push(from, to, p0, p1);
+            }
+            from = to + 1;
+        }
+    }
+}
+
+/// A step of `max(part, floor)` seconds, as [`StepModel::step_time`] rounds it.
+fn seconds((part, floor): (f64, f64)) -> SimDuration {
+    SimDuration::from_secs_f64(part.max(floor)).max(SimDuration(1))
+}
+
+/// How the sub-steps of a decode run grow: before sub-step `j` its
+/// sequences hold `context + j·decodes` tokens (`window + j·below` capped
+/// at the sliding window).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunGrowth {
+    /// Σ context at sub-step 0.
+    pub context: u64,
+    /// Σ windowed context at sub-step 0.
+    pub window: u64,
+    /// Sequences (each adds a token per sub-step).
+    pub decodes: u64,
+    /// Sequences below the window (each adds a token to the windowed sum).
+    pub below: u64,
+}
+
+impl RunGrowth {
+    /// Σ context and Σ windowed context at sub-step `j`.
+    pub fn at(&self, j: u64) -> (u64, u64) {
+        (self.context + j * self.decodes, self.window + j * self.below)
+    }
+}
+
+/// Sub-steps `first .. first + ramp.len` of a decode run: their durations
+/// are `ramp`'s ([`DecodeSteps::pieces`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// The first sub-step.
+    pub first: u64,
+    /// Their durations.
+    pub ramp: Ramp,
+    /// Their total duration.
+    pub total: SimDuration,
+}
+
+impl Piece {
+    /// Sub-steps from `first` on, of durations `ramp`.
+    pub fn new(first: u64, ramp: Ramp) -> Piece {
+        Piece { first, ramp, total: ramp.sum(0, ramp.len) }
+    }
+
+    /// One past the last sub-step.
+    pub fn end(&self) -> u64 {
+        self.first + self.ramp.len
+    }
+}
+
+/// The first `j` in `a + 1 ..= b` where `beyond` holds, given that it holds
+/// at `b` and, once it holds, holds from there on.
+fn first_beyond(a: u64, b: u64, beyond: impl Fn(u64) -> bool) -> u64 {
+    let (mut lo, mut hi) = (a + 1, b);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if beyond(mid) { hi = mid } else { lo = mid + 1 }
+    }
+    lo
 }
 
 #[cfg(test)]

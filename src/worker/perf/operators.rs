@@ -649,16 +649,49 @@ impl DecodeRun<'_> {
     /// The seconds of a step whose sequences hold `context` tokens in all
     /// (`window`: capped at the sliding window).
     pub fn secs(&self, context: u64, window: u64) -> f64 {
+        let (gpu, cpu) = self.parts(context, window);
+        gpu.max(cpu)
+    }
+
+    /// Such a step's GPU and CPU seconds ([`StepCost::parts`]; the step takes the larger).
+    pub fn parts(&self, context: u64, window: u64) -> (f64, f64) {
         let c = &self.ops.curves;
         let [compute, mut memory, comm] = self.fixed;
         if self.b > 0.0 {
-            memory += c.full_layers * c.decode.at_row(self.row, context as f64 / self.b + 1.0);
+            memory += c.full_layers * c.decode.at_row(self.row, self.keys(context));
             if c.windowed_layers > 0.0 {
-                memory += c.windowed_layers * c.decode.at_row(self.row, window as f64 / self.b + 1.0);
+                memory += c.windowed_layers * c.decode.at_row(self.row, self.keys(window));
             }
         }
         let cost = StepCost { compute, memory, comm, steps: 1.0, seqs: self.b, prefill_steps: 0.0 };
-        cost.secs(&self.ops.constants)
+        cost.parts(&self.ops.constants)
+    }
+
+    /// Keys per sequence where the attention grid is read.
+    fn keys(&self, context: u64) -> f64 {
+        context as f64 / self.b + 1.0
+    }
+
+    /// Pushes the sub-steps in `a + 1 ..= b` of run `g` where the keys per
+    /// sequence (full or windowed) enter a new segment of the attention
+    /// grid: between two of them the GPU seconds are affine in the sub-step.
+    pub(super) fn breaks(&self, g: &super::RunGrowth, a: u64, b: u64, out: &mut Vec<u64>) {
+        if self.b <= 0.0 {
+            return;
+        }
+        let c = &self.ops.curves;
+        let axis = &c.decode.keys;
+        let mut along = |keys: &dyn Fn(u64) -> f64| {
+            let (from, to) = (axis.locate(keys(a)).0, axis.locate(keys(b)).0);
+            for i in from + 1..=to {
+                let knot = axis.knots()[i];
+                out.push(super::first_beyond(a, b, |j| keys(j) >= knot));
+            }
+        };
+        along(&|j| self.keys(g.at(j).0));
+        if c.windowed_layers > 0.0 {
+            along(&|j| self.keys(g.at(j).1));
+        }
     }
 }
 
