@@ -307,6 +307,36 @@ impl PrefixCache {
             }
             i = self.nodes[i as usize].parent;
         }
+        self.coalesce(path.0);
+    }
+
+    /// Merges into node `c` the ancestors that have become the same run as
+    /// it: a parent with `c` for its only child, held by exactly `c`'s
+    /// holders and last used with it. No path ends at such a parent (every
+    /// holder of it holds `c`), so `c` keeps its id, its LRU entry and the
+    /// paths that end at or below it; splits that holders made and no
+    /// longer need go away, and a walk visits one node per shared run.
+    fn coalesce(&mut self, mut c: u32) {
+        while c != ROOT {
+            let p = self.nodes[c as usize].parent;
+            let (pn, cn) = (&self.nodes[p as usize], &self.nodes[c as usize]);
+            if p == ROOT || pn.children != 1 || pn.refs != cn.refs || pn.last_used != cn.last_used {
+                c = p;
+                continue;
+            }
+            let mut head = std::mem::take(&mut self.nodes[p as usize]);
+            self.children.remove(&child_key(p, self.nodes[c as usize].key));
+            self.children.insert(child_key(head.parent, head.key), c);
+            let node = &mut self.nodes[c as usize];
+            head.hashes.extend_from_slice(&node.hashes);
+            std::mem::swap(&mut node.hashes, &mut head.hashes);
+            (node.parent, node.key, node.first_pos) = (head.parent, head.key, head.first_pos);
+            if self.spare.len() < MAX_SPARE {
+                head.hashes.clear();
+                self.spare.push(head.hashes);
+            }
+            self.free_nodes.push(p);
+        }
     }
 
     /// Registers computed blocks `hashes` (sequence positions `first_pos`…)
@@ -597,6 +627,31 @@ mod tests {
         assert_eq!(c.lookup(&hs(&[1, 2, 7])), 3);
         c.release(b, SimTime(4));
         assert_eq!((c.used(), c.evictable()), (0, 3));
+    }
+
+    #[test]
+    fn a_run_split_by_its_holders_is_one_run_again_once_they_hold_it_alike() {
+        let live = |c: &PrefixCache| c.nodes.len() - 1 - c.free_nodes.len();
+        let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
+        c.allocate(8, SimTime(0), false);
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        // B and C hold the first 3 and 5 blocks: three runs.
+        let b = c.acquire(&hs(&[1, 2, 3, 9]), 3, SimTime(1));
+        let d = c.acquire(&hs(&[1, 2, 3, 4, 5, 9]), 5, SimTime(1));
+        assert_eq!(live(&c), 3);
+        // B lets go: [0, 3) and [3, 5) have the same holders (A, C) but not the same last use.
+        c.release(b, SimTime(2));
+        assert_eq!(live(&c), 3);
+        // C, then A, let go at one time: each release merges along its path
+        // (upwards from its end), and the 8 blocks are one run again, evicted from its tail.
+        c.release(d, SimTime(3));
+        assert_eq!(live(&c), 2, "[0, 5) held by A alone, then [5, 8)");
+        c.release(a, SimTime(3));
+        assert_eq!(live(&c), 1);
+        assert_eq!((c.used(), c.evictable(), c.lookup(&hs(&[1, 2, 3, 4, 5, 6, 7, 8]))), (0, 8, 8));
+        c.allocate(3, SimTime(4), false);
+        assert_eq!(c.lookup(&hs(&[1, 2, 3, 4, 5, 6, 7, 8])), 5);
+        assert_eq!(live(&c), 1);
     }
 
     #[test]
