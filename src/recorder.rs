@@ -49,6 +49,9 @@ pub struct RunOutput {
     /// The work the tiers' stores did, summed over their instances (for
     /// benchmarks and tests; no table has it).
     pub store_ops: crate::kvcache::StoreOps,
+    /// Step prices the workers computed (a decode run's pieces priced at
+    /// their ends count two each; for benchmarks and tests, no table has it).
+    pub priced_steps: u64,
 }
 
 /// Run totals over the requests that have left the arena (and, at the
@@ -553,6 +556,7 @@ impl Recorder {
             event_digest: end.stats.digest,
             routing_wall_s: end.router.wall_s(),
             store_ops,
+            priced_steps: end.workers.iter().map(Worker::priced_steps).sum(),
         }
     }
 

@@ -1,6 +1,6 @@
 //! Work and memory per request, pinned without timing anything: events per
-//! request on the shipped trace, and the request arena's high-water mark
-//! on a long run.
+//! request on the shipped trace, step prices per request against its
+//! output length, and the request arena's high-water mark on a long run.
 
 use crate::fixtures::Spec;
 use toml::toml;
@@ -78,4 +78,46 @@ fn a_million_request_run_without_the_request_table_keeps_no_per_request_state() 
         big.peak_live_requests,
         small.peak_live_requests
     );
+}
+
+/// Step prices per request for one request alone on one worker: a
+/// `prompt`-token prompt, then `output` tokens decoded in one run.
+fn priced_per_request(prompt: i64, output: i64) -> (u64, u64) {
+    let out = Spec::llama8b()
+        .set("worker.vllm_params.max_model_len", 131072)
+        .stage(
+            "UniformReqRate",
+            toml! {
+                request_rate = 1.0
+                total_requests = 1
+                prompt_size_min = prompt
+                prompt_size_max = prompt
+                output_tokens_min = output
+                output_tokens_max = output
+            },
+        )
+        .run();
+    let itl = out.latencies.get(opal::metrics::LatencyMetric::Itl).count();
+    assert_eq!(itl, output as u64 - 1, "every decode step happened");
+    (out.priced_steps, out.summary.events)
+}
+
+#[test]
+fn step_prices_and_events_per_request_do_not_grow_with_its_output() {
+    // One price per prefill step (a token budget of 8,192: one step for 1k,
+    // four for 32k), then the decode run priced at the two ends of each
+    // piece: a piece ends where the keys per sequence (context + 1) cross a
+    // knot of the attention grid (two per octave: 1,536, 2,048, 3,072, …),
+    // whatever the number of sub-steps between.
+    // 1k prompt: 10 tokens (keys 1,026 … 1,034) one piece; 1,000 (… 2,024)
+    // cross 1,536; 20,000 (… 21,024) cross 1,536, 2,048, 3,072, 4,096,
+    // 6,144, 8,192, 12,288 and 16,384.
+    assert_eq!(priced_per_request(1024, 10), (1 + 2, 5));
+    assert_eq!(priced_per_request(1024, 1_000), (1 + 2 * 2, 5));
+    assert_eq!(priced_per_request(1024, 20_000).0, 1 + 2 * 9);
+    // 32k prompt: 10 and 1,000 tokens (keys 32,770 … 33,768) cross no knot;
+    // 20,000 (… 52,768) cross 49,152.
+    assert_eq!(priced_per_request(32 * 1024, 10), (4 + 2, 14));
+    assert_eq!(priced_per_request(32 * 1024, 1_000), (4 + 2, 14));
+    assert_eq!(priced_per_request(32 * 1024, 20_000).0, 4 + 2 * 2);
 }

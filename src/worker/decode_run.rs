@@ -193,7 +193,7 @@ impl Worker {
         (run.at, run.next, run.last, run.done) = (0, 0, n, 0);
         run.growth = RunGrowth { context, window, decodes, below: self.decode.below() };
         let price = cfg.perf.decode_run(decodes);
-        price.pieces(&run.growth, 0, n, &mut run.breaks, &mut run.pieces);
+        self.priced += price.pieces(&run.growth, 0, n, &mut run.breaks, &mut run.pieces);
         if n > 0 {
             let (c1, w1) = run.growth.at(1);
             let next = StepWork {

@@ -262,6 +262,8 @@ pub struct Worker {
     perf_chunks: Vec<PrefillChunk>,
     busy: SimDuration,
     steps: u64,
+    /// Step prices computed (see [`Self::priced_steps`]).
+    priced: u64,
     /// Preemptions and KV loads so far (for the step log and the workers table).
     counts: StepCounts,
     /// The run of decode sub-steps in flight, if the step is one.
@@ -310,6 +312,7 @@ impl Worker {
             perf_chunks: Vec::new(),
             busy: SimDuration::ZERO,
             steps: 0,
+            priced: 0,
             counts: StepCounts::default(),
             run: decode_run::Run::default(),
             substeps: Vec::new(),
@@ -365,6 +368,13 @@ impl Worker {
     /// Steps run.
     pub fn steps(&self) -> u64 {
         self.steps
+    }
+
+    /// Step prices computed: one per step priced alone, and for a decode
+    /// run the sub-steps its pieces were priced at (work that does not
+    /// grow with the run's length).
+    pub fn priced_steps(&self) -> u64 {
+        self.priced
     }
 
     /// Preemptions so far (running requests, and loaded ones that had to give their KV up).
@@ -755,6 +765,7 @@ impl Worker {
             && cfg.apc_ttl.0 == 0
             && self.paused_since.is_none();
         let single = (!run).then(|| now + cfg.perf.step_time(&work));
+        self.priced += u64::from(!run);
         if self.log.is_some() {
             self.log_start(Self::row_of(self.id, &work, cfg));
         }

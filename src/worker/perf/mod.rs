@@ -174,20 +174,23 @@ impl DecodeSteps<'_> {
     /// at each piece's ends exactly, those between on the straight line
     /// between them, which [`Self::step_time`] follows within 1 ns there
     /// (rounding); a piece ends wherever the price changes slope. Prices
-    /// 2 sub-steps per piece; pieces come from the grid segments the
-    /// context crosses, not from the number of sub-steps.
-    pub fn pieces(&self, g: &RunGrowth, a: u64, b: u64, scratch: &mut Vec<u64>, out: &mut Vec<Piece>) {
+    /// 2 sub-steps per piece (and a few to find where the CPU floor takes
+    /// over); pieces come from the grid segments the context crosses, not
+    /// from the number of sub-steps. Returns the sub-steps it priced.
+    pub fn pieces(&self, g: &RunGrowth, a: u64, b: u64, scratch: &mut Vec<u64>, out: &mut Vec<Piece>) -> u64 {
         scratch.clear();
         self.breaks(g, a, b, scratch);
         scratch.sort_unstable();
         scratch.dedup();
+        let priced = std::cell::Cell::new(0);
         let parts = |j: u64| {
+            priced.set(priced.get() + 1);
             let (c, w) = g.at(j);
             self.parts(c, w)
         };
         if let DecodeSteps::Any(StepModel::Synthetic(d), _) = *self {
             out.push(Piece::new(a, Ramp::flat(d.0, b - a + 1)));
-            return;
+            return 1;
         }
         let ns = |p: (f64, f64)| seconds(p).0;
         let mut push = |from: u64, to: u64, p0: (f64, f64), p1: (f64, f64)| {
@@ -196,7 +199,7 @@ impl DecodeSteps<'_> {
         if a == b {
             let p = parts(a);
             push(a, a, p, p);
-            return;
+            return priced.get();
         }
         let mut from = a;
         for i in 0..=scratch.len() {
@@ -213,6 +216,7 @@ impl DecodeSteps<'_> {
             }
             from = to + 1;
         }
+        priced.get()
     }
 }
 
