@@ -150,8 +150,14 @@ impl PrefixCache {
         self.stride = stride.max(1);
     }
 
-    fn reported(&self, pos: u32) -> bool {
-        (pos + 1).is_multiple_of(self.stride)
+    /// The indices `k` of `0..len` whose blocks (at positions `first + k`)
+    /// end a chunk — those events and evicted-block reports are made for —
+    /// found by arithmetic, not by testing every block.
+    fn reported(&self, first: u32, len: usize) -> impl Iterator<Item = usize> + use<> {
+        let s = self.stride as usize;
+        // (first + k + 1) ≡ 0 (mod s)
+        let k0 = (s - (first as usize + 1) % s) % s;
+        (k0..len).step_by(s)
     }
 
     /// Whether prefix caching is on.
@@ -417,10 +423,8 @@ impl PrefixCache {
 
     fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
         if self.events_on {
-            for (k, &hash) in hashes.iter().enumerate() {
-                if self.reported(first_pos + k as u32) {
-                    self.events.push(KvEvent { tier: Tier::Gpu, hash, kind: KvEventKind::Stored });
-                }
+            for k in self.reported(first_pos, hashes.len()) {
+                self.events.push(KvEvent { tier: Tier::Gpu, hash: hashes[k], kind: KvEventKind::Stored });
             }
         }
     }
@@ -470,11 +474,8 @@ impl PrefixCache {
             let node = &self.nodes[i as usize];
             let keep = node.hashes.len() - take;
             if self.events_on || self.evicted_on {
-                for (k, &hash) in node.hashes[keep..].iter().enumerate() {
-                    let pos = node.first_pos + (keep + k) as u32;
-                    if !(pos + 1).is_multiple_of(self.stride) {
-                        continue;
-                    }
+                for k in self.reported(node.first_pos + keep as u32, take) {
+                    let (hash, pos) = (node.hashes[keep + k], node.first_pos + (keep + k) as u32);
                     if self.events_on {
                         self.events.push(KvEvent { tier: Tier::Gpu, hash, kind: KvEventKind::Removed });
                     }
