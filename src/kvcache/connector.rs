@@ -387,8 +387,7 @@ impl KvConnector {
         // The last token is always computed.
         let cap = num_tokens.saturating_sub(1);
         let mut next = local * self.block_size;
-        let mut j = local / self.kvc.chunk_blocks;
-        while let Some((key, start, end)) = self.kvc.chunk(seq, j) {
+        for (key, start, end) in self.kvc.chunks(seq, local / self.kvc.chunk_blocks) {
             let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
                 break;
             };
@@ -402,7 +401,6 @@ impl KvConnector {
                 f.push(Found { instance, key, from: next, to: end, bytes: (end - start) * self.kvc.token_bytes() });
             }
             next = end;
-            j += 1;
         }
         hit
     }
@@ -444,6 +442,7 @@ impl KvConnector {
         held.clear();
         let tiers = &self.worker_tiers[w.index()];
         let mut end = 0;
+        let mut chunks = self.kvc.chunks(seq, 0);
         let mut j = 0;
         loop {
             if j == j0
@@ -453,8 +452,9 @@ impl KvConnector {
                 held.extend(found.iter().map(|f| (f.instance, f.key)));
                 end = last.to;
                 j += found.len() as u64;
+                chunks = self.kvc.chunks(seq, j);
             }
-            let Some((key, _, to)) = self.kvc.chunk(seq, j) else { break };
+            let Some((key, _, to)) = chunks.next() else { break };
             let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
                 break;
             };
@@ -555,11 +555,8 @@ impl KvConnector {
         let first = from / self.kvc.chunk_tokens();
         let mut chunks = std::mem::take(&mut self.chunks_scratch);
         chunks.clear();
-        chunks.extend(
-            (first..seq.tokens.div_ceil(self.kvc.chunk_tokens()))
-                .map_while(|j| self.kvc.chunk(seq, j))
-                .map(|(key, start, end)| (key, (end - start) * self.kvc.token_bytes())),
-        );
+        let token_bytes = self.kvc.token_bytes();
+        chunks.extend(self.kvc.chunks(seq, first).map(|(key, start, end)| (key, (end - start) * token_bytes)));
         let waiter = (self.kvc.write_mode == WriteMode::Sync || self.held.contains_key(&request.0)).then_some(request);
         let targets = match self.kvc.write_policy {
             WritePolicy::WriteThrough => tiers.len(),

@@ -202,28 +202,67 @@ impl KvcConfig {
         self.block_bytes / self.block_size
     }
 
-    /// Chunk `j` of sequence `s` (LMCache: chunk `j` holds tokens
-    /// `[j·chunk, (j+1)·chunk)`, the last one what is left): its key and its
-    /// token range `[start, end)`. A full chunk's key is the hash of its last
+    /// The chunks of sequence `s` from chunk `j` on, in order, while they
+    /// exist, each as its key and its token range `[start, end)` (LMCache:
+    /// chunk `j` holds tokens `[j·chunk, (j+1)·chunk)`, the last one what is
+    /// left). A full chunk's key is the hash of its last
     /// block, which identifies the whole prefix up to it. A chunk cut short
     /// by the sequence's end exists only with `save_unfull_chunk`; its key is
     /// the sequence's exact-run key ([`PartialChunks::ExactTokens`], when
     /// the run ends inside a block) or that of its last full block
     /// ([`PartialChunks::FullBlocks`], and an exact run without a known key),
     /// whose tokens it then covers.
-    pub fn chunk(&self, s: &ChunkedSeq<'_>, j: u64) -> Option<(BlockHash, u64, u64)> {
+    pub fn chunks<'s>(&self, s: &ChunkedSeq<'s>, j: u64) -> Chunks<'s> {
         let (b, c) = (self.block_size, self.chunk_tokens());
-        let start = j * c;
         let full_end = ((s.tokens / b).min(s.blocks.len() as u64)) * b;
         let exact = self.partial_chunks == PartialChunks::ExactTokens && s.tail.is_some();
-        let end = if exact { s.tokens.min(start + c) } else { full_end.min(start + c) };
-        if end <= start || (end < start + c && !self.save_unfull_chunk) {
+        Chunks {
+            blocks: s.blocks,
+            tail: s.tail,
+            chunk_blocks: self.chunk_blocks,
+            block_size: b,
+            chunk_tokens: c,
+            // Where chunks end: the sequence's end for an exact run, else its last full block.
+            end: if exact { s.tokens } else { full_end },
+            partial: self.save_unfull_chunk,
+            j,
+        }
+    }
+}
+
+/// The chunks of a sequence from some chunk on ([`KvcConfig::chunks`]):
+/// `(key, start, end)` each. A full chunk's key is the hash of its last
+/// block, read by index; only a last, partial chunk takes the general rule.
+#[derive(Clone, Debug)]
+pub struct Chunks<'s> {
+    blocks: &'s [BlockHash],
+    tail: Option<BlockHash>,
+    chunk_blocks: u64,
+    block_size: u64,
+    chunk_tokens: u64,
+    end: u64,
+    partial: bool,
+    j: u64,
+}
+
+impl Iterator for Chunks<'_> {
+    type Item = (BlockHash, u64, u64);
+
+    fn next(&mut self) -> Option<(BlockHash, u64, u64)> {
+        let start = self.j * self.chunk_tokens;
+        let end = self.end.min(start + self.chunk_tokens);
+        if end <= start || (end < start + self.chunk_tokens && !self.partial) {
             return None;
         }
-        let key = match (end % b, s.tail) {
-            (0, _) => s.blocks[(end / b) as usize - 1],
-            (_, Some(tail)) => tail,
-            (_, None) => unreachable!("a run ending inside a block is exact only with its key"),
+        self.j += 1;
+        let key = if end == start + self.chunk_tokens {
+            self.blocks[(self.j * self.chunk_blocks) as usize - 1]
+        } else {
+            match (end % self.block_size, self.tail) {
+                (0, _) => self.blocks[(end / self.block_size) as usize - 1],
+                (_, Some(tail)) => tail,
+                (_, None) => unreachable!("a run ending inside a block is exact only with its key"),
+            }
         };
         Some((key, start, end))
     }

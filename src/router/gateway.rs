@@ -217,11 +217,7 @@ impl<'a> Router<'a> {
         }
         // The chunks the connector would look up.
         self.keys.clear();
-        let mut j = 0;
-        while let Some((key, _, _)) = self.kvc.chunk(&r.seq, j) {
-            self.keys.push(key);
-            j += 1;
-        }
+        self.keys.extend(self.kvc.chunks(&r.seq, 0).map(|(key, _, _)| key));
         self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
         self.keys.len() as u32
     }
