@@ -147,23 +147,28 @@ impl Ramp {
         Ramp { first: d, last: d, len }
     }
 
-    fn span(&self) -> u128 {
-        u128::from(self.len.max(2) - 1)
+    fn span(&self) -> u64 {
+        self.len.max(2) - 1
     }
 
     /// Step `k`'s duration, ns.
     pub fn at(&self, k: u64) -> u64 {
-        let (m, k) = (self.span(), u128::from(k));
-        if self.last >= self.first {
-            self.first + (u128::from(self.last - self.first) * k / m) as u64
-        } else {
-            self.first - (u128::from(self.first - self.last) * k).div_ceil(m) as u64
-        }
+        let m = self.span();
+        let (rising, a) =
+            if self.last >= self.first { (true, self.last - self.first) } else { (false, self.first - self.last) };
+        // In 64 bits while the product fits (always, for steps of a run), else in 128.
+        let step = match a.checked_mul(k) {
+            Some(ak) if rising => ak / m,
+            Some(ak) => ak.div_ceil(m),
+            None if rising => (u128::from(a) * u128::from(k) / u128::from(m)) as u64,
+            None => (u128::from(a) * u128::from(k)).div_ceil(u128::from(m)) as u64,
+        };
+        if rising { self.first + step } else { self.first - step }
     }
 
     /// Σ of the durations of steps `0..n`, ns.
     pub fn prefix(&self, n: u64) -> u128 {
-        let m = self.span() as u64;
+        let m = self.span();
         let base = u128::from(self.first) * u128::from(n);
         if self.last >= self.first {
             base + u128::from(floor_sum(n, m, self.last - self.first, 0))
@@ -229,9 +234,14 @@ impl Ramp {
             return k1 - 1;
         }
         // first + ⌊a·k/m⌋ ≤ d  ⇔  a·k < (d − first + 1)·m
-        let (a, m) = (u128::from(self.last - self.first), self.span());
-        let k = ((u128::from(d - self.first) + 1) * m).div_ceil(a) - 1;
-        (k.min(u128::from(k1 - 1))) as u64
+        let (a, m) = (self.last - self.first, self.span());
+        match (d - self.first + 1).checked_mul(m) {
+            Some(x) => (x.div_ceil(a) - 1).min(k1 - 1),
+            None => {
+                let k = ((u128::from(d - self.first) + 1) * u128::from(m)).div_ceil(u128::from(a)) - 1;
+                k.min(u128::from(k1 - 1)) as u64
+            }
+        }
     }
 }
 
