@@ -113,13 +113,7 @@ impl Worker {
                 self.log_end(t, d);
                 if j + i < self.run.last {
                     let (c, w) = self.run.growth.at(j + i + 1);
-                    let work = StepWork {
-                        prefill: &[],
-                        decodes,
-                        decode_context_tokens: c,
-                        decode_window_tokens: w,
-                        samples: decodes,
-                    };
+                    let work = StepWork::decode(decodes, c, w);
                     let row = Self::row_of(self.id, &work, cfg);
                     self.log.as_mut().expect("checked above").current = Some(row);
                 }
@@ -196,13 +190,7 @@ impl Worker {
         self.priced += price.pieces(&run.growth, 0, n, &mut run.breaks, &mut run.pieces);
         if n > 0 {
             let (c1, w1) = run.growth.at(1);
-            let next = StepWork {
-                prefill: &[],
-                decodes,
-                decode_context_tokens: c1,
-                decode_window_tokens: w1,
-                samples: decodes,
-            };
+            let next = StepWork::decode(decodes, c1, w1);
             let (p0, p1) = (self.step_peak, cfg.usage.peak_seconds(&next));
             run.peak = (p0, PeakSeconds { compute: p1.compute - p0.compute, memory: p1.memory - p0.memory });
         }

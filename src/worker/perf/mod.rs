@@ -53,6 +53,20 @@ pub struct StepWork<'a> {
     pub samples: u64,
 }
 
+impl StepWork<'_> {
+    /// A decode-only step: `decodes` sequences holding `context` tokens in
+    /// all (`window` capped at the sliding window), each sampling.
+    pub fn decode(decodes: u64, context: u64, window: u64) -> StepWork<'static> {
+        StepWork {
+            prefill: &[],
+            decodes,
+            decode_context_tokens: context,
+            decode_window_tokens: window,
+            samples: decodes,
+        }
+    }
+}
+
 /// A resolved step-time model.
 #[derive(Clone, Debug, PartialEq)]
 pub enum StepModel {
@@ -138,13 +152,7 @@ impl DecodeSteps<'_> {
         match *self {
             DecodeSteps::Operators(run) => run.parts(context, window),
             DecodeSteps::Any(model, decodes) => {
-                let work = StepWork {
-                    prefill: &[],
-                    decodes,
-                    decode_context_tokens: context,
-                    decode_window_tokens: window,
-                    samples: decodes,
-                };
+                let work = StepWork::decode(decodes, context, window);
                 (model.secs(&work), f64::NEG_INFINITY)
             }
         }
@@ -316,13 +324,7 @@ mod tests {
                 for _ in 0..200 {
                     let context = decodes * (1 + next(200_000));
                     let window = context.min(decodes * (1 + next(5_000)));
-                    let work = StepWork {
-                        prefill: &[],
-                        decodes,
-                        decode_context_tokens: context,
-                        decode_window_tokens: window,
-                        samples: decodes,
-                    };
+                    let work = StepWork::decode(decodes, context, window);
                     assert_eq!(
                         run.step_time(context, window),
                         model.step_time(&work),

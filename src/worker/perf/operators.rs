@@ -804,13 +804,7 @@ mod tests {
         let curves = OperatorCurves::build(&model, 2, &p);
         // 16 decodes at 4,095 cached tokens on 2 GPUs: 16 tokens, heads 16 and 4 per GPU,
         // 2·32 + 1 all-reduces of 16 × 4096 values.
-        let work = StepWork {
-            prefill: &[],
-            decodes: 16,
-            decode_context_tokens: 16 * 4095,
-            decode_window_tokens: 16 * 4095,
-            samples: 16,
-        };
+        let work = StepWork::decode(16, 16 * 4095, 16 * 4095);
         let c = curves.cost(&work);
         assert_close(c, by_hand(&p, 2, 16.0, 16.0, (0.0, 0.0), (16.0, 4096.0)));
         // 65 all-reduces of 65,536 values: (5.98 µs + 2·(1/2)·2·65,536 B / (0.617 · 450 GB/s)) each.
