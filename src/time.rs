@@ -245,6 +245,23 @@ impl Ramp {
     }
 }
 
+impl Ramp {
+    /// The largest `k` in `k0..k1` whose duration is at least `d`, where the
+    /// durations of `k0..k1` do not increase and step `k0`'s is at least `d`.
+    pub fn last_at_least(&self, k0: u64, k1: u64, d: u64) -> u64 {
+        debug_assert!(self.last <= self.first && self.at(k0) >= d);
+        if self.last == self.first {
+            return k1 - 1;
+        }
+        // first − ⌈a·k/m⌉ ≥ d  ⇔  a·k ≤ (first − d)·m
+        let (a, m) = (self.first - self.last, self.span());
+        match (self.first - d).checked_mul(m) {
+            Some(x) => (x / a).min(k1 - 1),
+            None => (u128::from(self.first - d) * u128::from(m) / u128::from(a)).min(u128::from(k1 - 1)) as u64,
+        }
+    }
+}
+
 /// Σ_{i < n} ⌊(a·i + b) / m⌋ for `b < m` (the AtCoder Library's
 /// `floor_sum_unsigned`, a Euclid-like recursion in O(log m)), in 64-bit
 /// arithmetic while the terms allow (a ramp's sums are at most `n·a`), else in 128.
@@ -363,6 +380,12 @@ mod tests {
                     for x in d[k0 as usize]..d[len as usize - 1] + 2 {
                         let want = (k0..len).filter(|&k| d[k as usize] <= x).max().unwrap();
                         assert_eq!(r.last_at_most(k0, len, x), want, "{r:?} from {k0} at most {x}");
+                    }
+                }
+                if last <= first {
+                    for x in d[len as usize - 1].saturating_sub(1)..=d[k0 as usize] {
+                        let want = (k0..len).filter(|&k| d[k as usize] >= x).max().unwrap();
+                        assert_eq!(r.last_at_least(k0, len, x), want, "{r:?} from {k0} at least {x}");
                     }
                 }
             }

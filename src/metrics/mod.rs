@@ -89,55 +89,32 @@ impl LatencyHistogram {
         self.record_hist(d.as_micros_ceil(), n);
     }
 
-    /// Records each `(d, n)` as [`Self::record_n`] would, one after another;
-    /// consecutive values the histogram does not tell apart (one bucket) go
-    /// into it at once, which leaves it exactly as separate records would
-    /// (its counts are per bucket, and it reports its minimum and maximum
-    /// as bucket bounds; the exact mean and maximum are kept here).
-    pub fn record_each(&mut self, samples: impl IntoIterator<Item = (SimDuration, u64)>) {
-        let mut pending: Option<(u64, u64)> = None;
-        for (d, n) in samples {
-            if n == 0 {
-                continue;
-            }
-            self.count_exact(d, n);
-            let us = d.as_micros_ceil();
-            match &mut pending {
-                Some((v, c)) if self.hist.equivalent(*v, us) => *c += n,
-                _ => {
-                    if let Some((v, c)) = pending.replace((us, n)) {
-                        self.record_hist(v, c);
-                    }
-                }
-            }
-        }
-        if let Some((v, c)) = pending {
-            self.record_hist(v, c);
-        }
-    }
-
     /// Records steps `k0..k1` of `ramp`, each `n` times, as [`Self::record_n`]
     /// would one by one: the steps whose durations one histogram bucket
-    /// holds go into it at once, found by arithmetic on a rising ramp, so
-    /// the work grows with the buckets the ramp crosses, not its steps.
+    /// holds go into it at once, found by arithmetic, so the work grows
+    /// with the buckets the ramp crosses, not its steps.
     /// `duration` is theirs in all (`ramp.sum(k0, k1)`).
     pub fn record_ramp(&mut self, ramp: &Ramp, k0: u64, k1: u64, duration: SimDuration, n: u64) {
         if n == 0 || k0 >= k1 {
             return;
         }
-        if ramp.last < ramp.first {
-            return self.record_each((k0..k1).map(|k| (SimDuration(ramp.at(k)), n)));
-        }
+        let rising = ramp.last >= ramp.first;
         self.sum_ns += u128::from(duration.0) * u128::from(n);
         self.count += (k1 - k0) * n;
-        self.min_ns = self.min_ns.min(ramp.at(k0));
-        self.max_ns = self.max_ns.max(ramp.at(k1 - 1));
+        let (low, high) = if rising { (ramp.at(k0), ramp.at(k1 - 1)) } else { (ramp.at(k1 - 1), ramp.at(k0)) };
+        self.min_ns = self.min_ns.min(low);
+        self.max_ns = self.max_ns.max(high);
         let mut k = k0;
         while k < k1 {
             let us = SimDuration(ramp.at(k)).as_micros_ceil();
-            // Durations up to the bucket's top (whole µs, rounded up) share it.
-            let top_ns = self.hist.highest_equivalent(us).saturating_mul(1_000);
-            let kk = if ramp.at(k1 - 1) <= top_ns { k1 } else { ramp.last_at_most(k, k1, top_ns) + 1 };
+            // The steps whose durations (whole µs, rounded up) fall in this bucket.
+            let kk = if rising {
+                let top_ns = self.hist.highest_equivalent(us).saturating_mul(1_000);
+                if ramp.at(k1 - 1) <= top_ns { k1 } else { ramp.last_at_most(k, k1, top_ns) + 1 }
+            } else {
+                let bottom_ns = self.hist.lowest_equivalent(us).saturating_sub(1) * 1_000 + 1;
+                if ramp.at(k1 - 1) >= bottom_ns { k1 } else { ramp.last_at_least(k, k1, bottom_ns) + 1 }
+            };
             self.record_hist(us, n * (kk - k));
             k = kk;
         }
@@ -1009,21 +986,6 @@ impl InSystem {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recording_runs_at_once_equals_recording_one_by_one() {
-        // Durations growing by 300 ns a step (a decode run), then a jump, then 0 samples.
-        let mut samples: Vec<(SimDuration, u64)> = (0..200).map(|j| (SimDuration(9_990_000 + 300 * j), 8)).collect();
-        samples.push((SimDuration(50_000_000), 3));
-        samples.push((SimDuration(7), 0));
-        let mut at_once = LatencyHistogram::default();
-        at_once.record_each(samples.iter().copied());
-        let mut one_by_one = LatencyHistogram::default();
-        samples.iter().for_each(|&(d, n)| one_by_one.record_n(d, n));
-        assert_eq!(at_once.histogram(), one_by_one.histogram());
-        assert_eq!(at_once.stats(), one_by_one.stats());
-        assert_eq!(at_once.count(), 1603);
-    }
 
     #[test]
     fn recording_a_ramp_equals_recording_its_steps_one_by_one() {
