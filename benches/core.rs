@@ -287,21 +287,23 @@ fn process_row(row: &ProcessRow, exe: &Path, valgrind: bool) {
 /// The `one-request` row's spec: `benches/reference.toml` with one request
 /// (the fixed cost of any `opal-sweep` process).
 fn one_request(dir: &Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(manifest("benches/reference.toml")).expect("the reference spec");
-    let one = text.replace("total_requests = 100000", "total_requests = 1");
-    assert_ne!(one, text, "the reference's request count is where the row expects it");
-    let spec = dir.join("one-request.toml");
-    std::fs::write(&spec, one).expect("write the spec");
-    spec
+    cut_spec(dir, "benches/reference.toml", "total_requests = 100000", "total_requests = 1", "one-request.toml")
 }
 
 /// The `opal-1k` row's spec: `examples/opal/exponential-12rps.json` cut to
 /// 1,000 requests.
 fn opal_1k(dir: &Path) -> std::path::PathBuf {
-    let json = std::fs::read_to_string(manifest("examples/opal/exponential-12rps.json")).expect("the Opal example");
-    let cut = json.replace("\"total_requests\": 3000", "\"total_requests\": 1000");
-    assert_ne!(cut, json, "the example's request count is where the row expects it");
-    let spec = dir.join("opal-1k.json");
+    let (from, to) = ("\"total_requests\": 3000", "\"total_requests\": 1000");
+    cut_spec(dir, "examples/opal/exponential-12rps.json", from, to, "opal-1k.json")
+}
+
+/// A shipped spec (`shipped`, relative to the crate) with its request
+/// count `from` replaced by `to`, written to `dir/name`.
+fn cut_spec(dir: &Path, shipped: &str, from: &str, to: &str, name: &str) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(manifest(shipped)).expect("a shipped spec");
+    let cut = text.replace(from, to);
+    assert_ne!(cut, text, "{shipped}: the request count is where the row expects it");
+    let spec = dir.join(name);
     std::fs::write(&spec, cut).expect("write the spec");
     spec
 }

@@ -9,7 +9,8 @@
 //! with the same functions, so both take the same rows. It uses nothing of
 //! the crate.
 
-use arrow_array::{Array, Float64Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::types::{Float64Type, Int64Type};
+use arrow_array::{Array, ArrowPrimitiveType, PrimitiveArray, RecordBatch, StringArray};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -149,32 +150,31 @@ impl Columns {
     }
 
     fn ints(&self, name: &str, what: &str) -> Result<Vec<i64>, String> {
-        let mut out = Vec::new();
-        for b in &self.batches {
-            let c = Self::column(b, name, what)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not int64"))?;
-            match c.nulls() {
-                None => out.extend_from_slice(c.values()),
-                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(i64::MIN))),
-            }
-        }
-        Ok(out)
+        self.values::<Int64Type>(name, what, "int64", i64::MIN)
     }
 
     fn floats(&self, name: &str, what: &str) -> Result<Vec<f64>, String> {
+        self.values::<Float64Type>(name, what, "float64", f64::NAN)
+    }
+
+    /// Column `name` of every batch as `T`'s values, a null read as `null`.
+    fn values<T: ArrowPrimitiveType>(
+        &self,
+        name: &str,
+        what: &str,
+        kind: &str,
+        null: T::Native,
+    ) -> Result<Vec<T::Native>, String> {
         let mut out = Vec::new();
         for b in &self.batches {
             let c = Self::column(b, name, what)?;
             let c = c
                 .as_any()
-                .downcast_ref::<Float64Array>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not float64"))?;
+                .downcast_ref::<PrimitiveArray<T>>()
+                .ok_or_else(|| format!("{what}: column `{name}` is not {kind}"))?;
             match c.nulls() {
                 None => out.extend_from_slice(c.values()),
-                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(f64::NAN))),
+                Some(_) => out.extend(c.iter().map(|v| v.unwrap_or(null))),
             }
         }
         Ok(out)
