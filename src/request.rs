@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, BlockHasher, ChunkedSeq, Content, exact_key};
+use crate::kvcache::{BlockHash, ChunkedSeq, Content, block_hashes, exact_key};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -19,8 +19,6 @@ pub struct Arena {
     pub free_slots: Vec<u32>,
     /// Requests generated so far (the next one's serial).
     pub generated: u32,
-    /// Hashes requests' blocks (remembering a shared leading segment's).
-    pub hasher: crate::kvcache::BlockHasher,
 }
 
 impl Arena {
@@ -178,12 +176,12 @@ impl Request {
 
     /// Computes the hashes of the full blocks of its prompt and output
     /// (`block_size` tokens each) into `blocks`, sized once.
-    pub fn hash_blocks(&mut self, block_size: u32, hasher: &mut BlockHasher) {
+    pub fn hash_blocks(&mut self, block_size: u32) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
         let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
         self.blocks.clear();
         self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
-        hasher.hash(&self.content.segments, Some(&output), block_size, &mut self.blocks);
+        block_hashes(self.content.segments.iter().chain(Some(&output)), block_size, usize::MAX, &mut self.blocks);
         self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
     }
 

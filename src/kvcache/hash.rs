@@ -74,67 +74,62 @@ pub fn content_id(ns: &str, key: u64) -> u64 {
 
 /// Appends to `out` the hashes of the full blocks of `content` (blocks of
 /// `block_size` tokens), at most `max_blocks` of them.
+///
+/// A block belongs to the segment its last token is in, and its hash is
+/// position-addressed there: a hash of (chain, `k`) for absolute block index `k`,
+/// where the segment's *chain* key mixes everything before the segment (the
+/// ids and lengths of the segments before it) with its id. Token `i` of a
+/// segment is the same token wherever the segment appears, so two contents
+/// agree on blocks `0..=k` exactly when they agree on its tokens — the
+/// prefix property, at any block size — and a block's hash is computed
+/// from its chain in O(1), without the blocks before it. A stored prefix
+/// inside one segment is then a run `[i, j)` of one chain.
 pub fn block_hashes<'a>(
     content: impl IntoIterator<Item = &'a Segment>,
     block_size: u32,
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
 ) {
-    chain(CHAIN_ROOT, 0, content, u64::from(block_size), max_blocks, out);
+    let b = u64::from(block_size);
+    let limit = out.len().saturating_add(max_blocks);
+    let mut anchor = CHAIN_ROOT;
+    let mut pos = 0u64;
+    for seg in content.into_iter().filter(|s| s.tokens > 0) {
+        let end = pos + u64::from(seg.tokens);
+        let c = chain_key(anchor, seg.id);
+        // Blocks k with (k + 1)·b in (pos, end].
+        let (from, to) = (pos / b, end / b);
+        let room = limit.saturating_sub(out.len()) as u64;
+        out.extend((from..to.min(from + room)).map(|k| block_at(c, k)));
+        if out.len() >= limit {
+            return;
+        }
+        anchor = next_anchor(c, seg.tokens);
+        pos = end;
+    }
 }
 
-/// The chain's starting value ("opalkvc1").
+/// The hash of block `k` on chain `c`: a bijection of `k` for each chain
+/// (so the blocks of one segment never share a hash), multiplied and folded so
+/// that its low bits — where the hash tables index — depend on every bit.
+fn block_at(c: u64, k: u64) -> BlockHash {
+    let x = (c ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    BlockHash(x ^ (x >> 29))
+}
+
+/// The starting value of every content's chain of segments ("opalkvc1").
 const CHAIN_ROOT: u64 = 0x6f70_616c_6b76_6331;
 
-/// The hashing loop of [`block_hashes`], started with chain value `h` at
-/// token `skip` of the first segment (a block boundary).
-fn chain<'a>(
-    mut h: u64,
-    skip: u64,
-    content: impl IntoIterator<Item = &'a Segment>,
-    b: u64,
-    max_blocks: usize,
-    out: &mut Vec<BlockHash>,
-) {
-    // Each piece of a segment that falls in one block is mixed into the
-    // chain as (segment id, offset in the segment, length); a block's hash
-    // is the chain after its last piece.
-    let mut filled = 0u64; // tokens in the current block so far
-    let mut skip = skip;
-    for seg in content {
-        let len = u64::from(seg.tokens);
-        let mut offset = std::mem::take(&mut skip);
-        if filled > 0 && len > 0 {
-            // Complete the block an earlier segment began.
-            if out.len() >= max_blocks {
-                return;
-            }
-            let take = (b - filled).min(len);
-            h = piece(h, seg.id, 0, take);
-            filled += take;
-            offset = take;
-            if filled == b {
-                out.push(BlockHash(h));
-                filled = 0;
-            }
-        }
-        // Whole blocks inside the segment, in one tight loop.
-        let whole = (((len - offset) / b) as usize).min(max_blocks.saturating_sub(out.len()));
-        out.extend((0..whole as u64).map(|k| {
-            h = piece(h, seg.id, offset + k * b, b);
-            BlockHash(h)
-        }));
-        offset += whole as u64 * b;
-        if offset < len {
-            // The start of a block the next segment completes.
-            if out.len() >= max_blocks {
-                return;
-            }
-            let take = len - offset;
-            h = piece(h, seg.id, offset, take);
-            filled += take;
-        }
-    }
+/// The chain key of a segment with id `id` after the content `anchor`
+/// stands for.
+fn chain_key(anchor: u64, id: u64) -> u64 {
+    mix(anchor, id)
+}
+
+/// What the content up to the end of a segment of `tokens` tokens on chain
+/// `c` stands for (kept apart from the chain's block hashes by a tag).
+fn next_anchor(c: u64, tokens: u32) -> u64 {
+    mix(c ^ 0x616e_6368_6f72_2121, u64::from(tokens))
 }
 
 /// One piece of a segment inside one block, mixed into the chain.
@@ -164,7 +159,7 @@ pub fn exact_key<'a>(
     let mut pos = 0u64;
     for seg in content {
         let end = pos + u64::from(seg.tokens);
-        if end > start && pos < n {
+        if end > start.max(pos) && pos < n {
             let (from, to) = (start.max(pos) - pos, n.min(end) - pos);
             h = piece(h, seg.id, from, to - from);
         }
@@ -175,43 +170,6 @@ pub fn exact_key<'a>(
     }
     // Marked, so that a run ending inside a block never takes a full block's key.
     Some(BlockHash(mix(h, 0x7061_7274_6961_6c21)))
-}
-
-/// [`block_hashes`] with a memory: the hashes of the blocks inside the
-/// leading segment it last saw. A block inside a content's first segment
-/// hashes the same whatever follows, so requests that open with the same
-/// segment — a shared system prompt, the original Opal's single sequence,
-/// a trace's first hash id — copy those hashes instead of recomputing them
-/// (for long shared prompts, most of the work). It holds at most one
-/// segment's blocks.
-#[derive(Debug, Default)]
-pub struct BlockHasher {
-    /// (segment id, block size) the memory is for.
-    key: Option<(u64, u64)>,
-    blocks: Vec<BlockHash>,
-}
-
-impl BlockHasher {
-    /// Appends to `out` the hashes of every full block of `content`, exactly
-    /// as [`block_hashes`] does.
-    pub fn hash(&mut self, content: &[Segment], tail: Option<&Segment>, block_size: u32, out: &mut Vec<BlockHash>) {
-        let b = u64::from(block_size);
-        let segments = content.iter().chain(tail);
-        let Some(first) = content.first().or(tail) else { return };
-        let inside = (u64::from(first.tokens) / b) as usize;
-        if self.key != Some((first.id, b)) {
-            self.key = Some((first.id, b));
-            self.blocks.clear();
-        }
-        let known = inside.min(self.blocks.len());
-        let start = out.len();
-        out.extend_from_slice(&self.blocks[..known]);
-        let h = if known == 0 { CHAIN_ROOT } else { self.blocks[known - 1].0 };
-        chain(h, known as u64 * b, segments, b, usize::MAX, out);
-        if inside > known {
-            self.blocks.extend_from_slice(&out[start + known..start + inside]);
-        }
-    }
 }
 
 #[cfg(test)]
@@ -225,83 +183,60 @@ mod tests {
         out
     }
 
-    /// Block hashes token piece by token piece, the plain way: the tight
-    /// loop of [`block_hashes`] must give exactly these.
-    fn piecewise(segs: &[Segment], b: u64, max_blocks: usize) -> Vec<BlockHash> {
-        let mut out = Vec::new();
-        let mut h = 0x6f70_616c_6b76_6331_u64;
-        let mut filled = 0u64;
-        for seg in segs {
-            let mut offset = 0u64;
-            let len = u64::from(seg.tokens);
-            while offset < len {
-                if out.len() >= max_blocks {
-                    return out;
-                }
-                let take = (b - filled).min(len - offset);
-                h = mix(
-                    h,
-                    seg.id ^ offset.wrapping_mul(0xd6e8_feb8_6659_fd93) ^ take.wrapping_mul(0xa076_1d64_78bd_642f),
-                );
-                filled += take;
-                offset += take;
-                if filled == b {
-                    out.push(BlockHash(h));
-                    filled = 0;
-                }
-            }
-        }
-        out
+    /// The tokens of `segs`, each as (segment id, offset in the segment).
+    fn tokens(segs: &[Segment]) -> Vec<(u64, u32)> {
+        segs.iter().flat_map(|s| (0..s.tokens).map(move |o| (s.id, o))).collect()
     }
 
     #[test]
-    fn the_tight_loop_gives_the_piecewise_hashes() {
+    fn blocks_hash_equal_exactly_when_their_prefixes_hold_the_same_tokens() {
+        // Contents from a few ids and short lengths, so that prefixes are
+        // often shared, cut and resumed; checked against the tokens themselves.
         let mut state = 12345u64;
         let mut next = |m: u64| {
             state = mix(state, 1);
             state % m
         };
-        for case in 0..500 {
-            let segs: Vec<Segment> =
-                (0..1 + next(6)).map(|i| Segment { id: 1000 * case + i, tokens: next(100) as u32 }).collect();
-            let b = [1, 3, 16, 32][next(4) as usize];
-            let max = if next(3) == 0 { next(20) as usize } else { usize::MAX };
-            let mut got = Vec::new();
-            block_hashes(&segs, b as u32, max, &mut got);
-            assert_eq!(got, piecewise(&segs, b, max), "{segs:?} block {b} max {max}");
+        let contents: Vec<Vec<Segment>> = (0..300)
+            .map(|_| (0..1 + next(4)).map(|_| Segment { id: next(3), tokens: next(40) as u32 }).collect())
+            .collect();
+        for b in [1u32, 3, 16] {
+            let hashed: Vec<_> = contents
+                .iter()
+                .map(|c| {
+                    let mut h = Vec::new();
+                    block_hashes(c, b, usize::MAX, &mut h);
+                    (h, tokens(c))
+                })
+                .collect();
+            let mut shared = 0;
+            for (x, (hx, tx)) in hashed.iter().enumerate() {
+                assert_eq!(hx.len(), tx.len() / b as usize, "full blocks only");
+                let unique: std::collections::HashSet<_> = hx.iter().collect();
+                assert_eq!(unique.len(), hx.len(), "the blocks of one content are distinct");
+                for (hy, ty) in &hashed[..x] {
+                    for k in 0..hx.len().min(hy.len()) {
+                        let end = (k + 1) * b as usize;
+                        let same = tx[..end] == ty[..end];
+                        assert_eq!(hx[k] == hy[k], same, "block {k} of {b} tokens");
+                        shared += usize::from(same);
+                    }
+                }
+            }
+            assert!(shared > 1_000, "the contents share prefixes ({shared} blocks)");
         }
     }
 
     #[test]
-    fn the_hasher_with_memory_gives_the_plain_hashes_request_after_request() {
-        let mut state = 777u64;
-        let mut next = |m: u64| {
-            state = mix(state, 2);
-            state % m
-        };
-        let mut hasher = BlockHasher::default();
-        let mut copied = 0;
-        for case in 0..2000u64 {
-            // Leading segments drawn from three ids, so the memory is hit, extended and replaced.
-            let mut segs = vec![Segment { id: next(3), tokens: next(200) as u32 }];
-            segs.extend((0..next(3)).map(|i| Segment { id: 100 + 10 * case + i, tokens: next(60) as u32 }));
-            let tail = Segment { id: 5_000 + case, tokens: next(40) as u32 };
-            let b = [1, 16, 32][next(3) as usize];
-            let mut plain = Vec::new();
-            block_hashes(segs.iter().chain([&tail]), b, usize::MAX, &mut plain);
+    fn a_cap_keeps_the_leading_blocks() {
+        let segs = [Segment { id: 4, tokens: 50 }, Segment { id: 5, tokens: 70 }];
+        let mut all = Vec::new();
+        block_hashes(&segs, 16, usize::MAX, &mut all);
+        for max in 0..=all.len() + 1 {
             let mut got = vec![BlockHash(42)]; // appends after what is there
-            let known = hasher.blocks.len().min((segs[0].tokens / b) as usize);
-            if hasher.key == Some((segs[0].id, u64::from(b))) {
-                copied += known;
-            }
-            hasher.hash(&segs, Some(&tail), b, &mut got);
-            assert_eq!(got[1..], plain[..], "case {case}: {segs:?} + {tail:?}, block {b}");
+            block_hashes(&segs, 16, max, &mut got);
+            assert_eq!(got[1..], all[..max.min(all.len())]);
         }
-        assert!(copied > 1_000, "the memory was used ({copied} blocks copied)");
-        // Empty content: only the tail.
-        let mut got = Vec::new();
-        hasher.hash(&[], Some(&Segment { id: 9, tokens: 40 }), 16, &mut got);
-        assert_eq!(got, hashes(&[(9, 40)], 16));
     }
 
     #[test]

@@ -14,7 +14,7 @@ pub mod saving;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
-pub use hash::{BlockHash, BlockHasher, Content, Segment, block_hashes, content_id, exact_key};
+pub use hash::{BlockHash, Content, Segment, block_hashes, content_id, exact_key};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve, StoreOps};
 

@@ -317,15 +317,30 @@ impl TraceReader {
         }
         let prompt = row.input_length as u32;
         let mut content = Content::default();
-        content.segments.reserve_exact(row.hash_ids.len() + 1);
+        // Hash ids that count up by one are one segment, named by its first id:
+        // token `t` of it is token `t % chunk_size` of id `first + t / chunk_size`,
+        // so the tokens are those of one segment per id — and a request that
+        // extends a conversation (its new ids numbered on from the old) is a
+        // few long runs, each one chain of the stores.
         let mut left = prompt;
+        let mut run: Option<(u64, u64, u32)> = None; // (first id, last id, tokens)
         for &h in &row.hash_ids {
             if left == 0 {
                 break;
             }
             let n = left.min(self.cfg.chunk_size);
-            content.push(content_id("trace", h), n);
+            run = match run {
+                Some((first, last, tokens)) if last.checked_add(1) == Some(h) => Some((first, h, tokens + n)),
+                Some((first, _, tokens)) => {
+                    content.push(content_id("trace", first), tokens);
+                    Some((h, h, n))
+                }
+                None => Some((h, h, n)),
+            };
             left -= n;
+        }
+        if let Some((first, _, tokens)) = run {
+            content.push(content_id("trace", first), tokens);
         }
         content.push(content_id("trace-unique", unique_key), left);
         Ok(TraceRequest {
@@ -616,6 +631,7 @@ pub fn bursts(cfg: &TraceStage, lines: usize) -> Option<(u64, u64, u64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvcache::BlockHash;
 
     fn stage(text: &str, name: &str) -> TraceStage {
         let dir = std::env::temp_dir().join(format!("opal-trace-{name}-{}", std::process::id()));
@@ -702,7 +718,7 @@ mod tests {
     #[test]
     fn rows_become_requests_with_scaled_times_and_chunked_content() {
         let mut cfg = stage(
-            "{\"timestamp\": 1500, \"input_length\": 1100, \"output_length\": 7, \"hash_ids\": [3, 4, 5]}\n\n{\"timestamp\": 2000, \"input_length\": 600, \"output_length\": 0, \"hash_ids\": [3]}\n",
+            "{\"timestamp\": 1500, \"input_length\": 1100, \"output_length\": 7, \"hash_ids\": [3, 4, 5]}\n\n{\"timestamp\": 2000, \"input_length\": 600, \"output_length\": 0, \"hash_ids\": [3]}\n{\"timestamp\": 2500, \"input_length\": 2048, \"output_length\": 1, \"hash_ids\": [3, 4, 7, 8]}\n",
             "ok",
         );
         cfg.time_scale = 0.5;
@@ -712,14 +728,27 @@ mod tests {
         // 1 s + 1500 ms × 0.5 = 1.75 s.
         assert_eq!(a.offset, SimDuration(1_750_000_000));
         assert_eq!((a.prompt_tokens, a.output_tokens), (1100, 7));
-        let lens: Vec<u32> = a.content.segments.iter().map(|s| s.tokens).collect();
-        assert_eq!(lens, vec![512, 512, 76]);
+        // Ids 3, 4, 5 count up: one segment of 512 + 512 + 76 tokens.
+        let lens = |r: &TraceRequest| r.content.segments.iter().map(|s| s.tokens).collect::<Vec<_>>();
+        assert_eq!(lens(&a), vec![1100]);
         let b = r.next_request(1).unwrap().unwrap();
         // One hash id covers 512 tokens; the other 88 are unique. Output 0 → 1.
-        assert_eq!(b.content.segments.iter().map(|s| s.tokens).collect::<Vec<_>>(), vec![512, 88]);
-        assert_eq!(b.content.segments[0], a.content.segments[0]);
+        assert_eq!(lens(&b), vec![512, 88]);
+        assert_eq!(b.content.segments[0].id, a.content.segments[0].id);
         assert_eq!(b.output_tokens, 1);
-        assert_eq!(r.next_request(2).unwrap(), None);
+        // Ids 3, 4, then 7, 8: two segments, the first as long as a's first two ids.
+        let c = r.next_request(2).unwrap().unwrap();
+        assert_eq!(lens(&c), vec![1024, 1024]);
+        // Blocks agree exactly where the ids do: a and b on id 3, a and c on ids 3 and 4.
+        let blocks = |r: &TraceRequest| {
+            let mut out = Vec::new();
+            crate::kvcache::block_hashes(&r.content.segments, 16, usize::MAX, &mut out);
+            out
+        };
+        let (ha, hb, hc) = (blocks(&a), blocks(&b), blocks(&c));
+        let shared = |x: &[BlockHash], y: &[BlockHash]| x.iter().zip(y).take_while(|(p, q)| p == q).count();
+        assert_eq!((shared(&ha, &hb), shared(&ha, &hc), shared(&hb, &hc)), (32, 64, 32));
+        assert_eq!(r.next_request(3).unwrap(), None);
     }
 
     #[test]
