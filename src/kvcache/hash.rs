@@ -100,7 +100,13 @@ pub fn block_hashes<'a>(
         // Blocks k with (k + 1)·b in (pos, end].
         let (from, to) = (pos / b, end / b);
         let room = limit.saturating_sub(out.len()) as u64;
-        out.extend((from..to.min(from + room)).map(|k| block_at(c, k)));
+        // Block k's hash, the multiplication by K1 stepped as an addition.
+        let mut m = from.wrapping_mul(K1);
+        out.extend((from..to.min(from + room)).map(|_| {
+            let h = mixed(c ^ m);
+            m = m.wrapping_add(K1);
+            h
+        }));
         if out.len() >= limit {
             return;
         }
@@ -109,11 +115,15 @@ pub fn block_hashes<'a>(
     }
 }
 
-/// The hash of block `k` on chain `c`: a bijection of `k` for each chain
-/// (so the blocks of one segment never share a hash), multiplied and folded so
-/// that its low bits — where the hash tables index — depend on every bit.
-fn block_at(c: u64, k: u64) -> BlockHash {
-    let x = (c ^ k.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+/// The odd multiplier that spreads block indices over the chain key.
+const K1: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// `mixed(c ^ k·K1)` is the hash of block `k` on chain `c`: a bijection of
+/// `k` for each chain (so the blocks of one segment never share a hash),
+/// multiplied and folded so that its low bits — where the hash tables
+/// index — depend on every bit.
+fn mixed(y: u64) -> BlockHash {
+    let x = y.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     BlockHash(x ^ (x >> 29))
 }
 
