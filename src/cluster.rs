@@ -385,7 +385,8 @@ impl<'a> Cluster<'a> {
     /// has the connector write back evicted chunk-ending blocks if configured.
     /// (The flush of pending events is scheduled when they are next applied.)
     fn drain_cache(&mut self, now: SimTime, w: WorkerId) {
-        let cache = self.workers[w.index()].cache_mut();
+        let worker = &mut self.workers[w.index()];
+        let cache = worker.cache_mut();
         if cache.events.is_empty() && cache.evicted.is_empty() {
             return;
         }
@@ -393,7 +394,10 @@ impl<'a> Cluster<'a> {
         let mut evicted = std::mem::take(&mut cache.evicted);
         self.scratch.conn_out.events.extend(events.drain(..).map(|e| (w, e)));
         // Only reported when write-back on eviction is on.
-        self.connector.save_evicted(now, w, evicted.drain(..).map(|(h, _)| h), &mut self.scratch.conn_out);
+        if !evicted.is_empty() {
+            let keys: Vec<_> = evicted.drain(..).map(|(h, pos)| worker.evicted_chunk(h, pos)).collect();
+            self.connector.save_evicted(now, w, keys.into_iter(), &mut self.scratch.conn_out);
+        }
         let cache = self.workers[w.index()].cache_mut();
         cache.events = events;
         cache.evicted = evicted;

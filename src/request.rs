@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, ChunkedSeq, Content, block_hashes, exact_key};
+use crate::kvcache::{BlockHash, ChainSpan, ChunkedSeq, Content, chained_blocks, exact_key};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -44,6 +44,7 @@ impl Arena {
     pub fn free(&mut self, id: RequestId) {
         let r = &mut self.requests[id.index()];
         r.blocks = Vec::new();
+        r.chains = Default::default();
         r.content = crate::kvcache::Content::default();
         self.free_slots.push(id.0);
     }
@@ -82,6 +83,8 @@ pub struct Request {
     /// Hashes of the full blocks of prompt + output (computed when it reaches
     /// a worker, dropped when it finishes).
     pub blocks: Vec<BlockHash>,
+    /// The chains `blocks` lie on (computed with them; a few, so inline).
+    pub chains: smallvec::SmallVec<[ChainSpan; 4]>,
     /// [`exact_key`] of its prompt, when the prompt ends inside a block
     /// (computed with `blocks`).
     pub prompt_tail: Option<BlockHash>,
@@ -156,6 +159,7 @@ impl Request {
             output_id,
             label,
             blocks: Vec::new(),
+            chains: Default::default(),
             prompt_tail: None,
             worker: None,
             seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
@@ -181,7 +185,13 @@ impl Request {
         let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
         self.blocks.clear();
         self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
-        block_hashes(self.content.segments.iter().chain(Some(&output)), block_size, usize::MAX, &mut self.blocks);
+        self.chains.clear();
+        chained_blocks(
+            self.content.segments.iter().chain(Some(&output)),
+            block_size,
+            &mut self.blocks,
+            &mut self.chains,
+        );
         self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
     }
 
@@ -199,7 +209,7 @@ impl Request {
         } else {
             self.exact_key(n, block_size)
         };
-        ChunkedSeq { blocks: &self.blocks, tokens: n, tail }
+        ChunkedSeq { chains: &self.chains, tokens: n, tail }
     }
 }
 

@@ -62,7 +62,7 @@
 //! [`ConnectorOutput`] for the cluster to turn into events.
 
 use super::{
-    BlockHash, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy,
+    BlockHash, ChunkKey, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy,
 };
 use crate::ids::{RequestId, WorkerId};
 use crate::storage::{Device, DeviceOutput, DeviceStats, DeviceTimer, OpId, OpKind};
@@ -154,10 +154,10 @@ enum Purpose {
     /// A read of a load: the chunks read, with each one's whole size in bytes.
     Load {
         request: RequestId,
-        keys: Vec<(BlockHash, u64)>,
+        keys: Vec<(ChunkKey, u64)>,
     },
     Save {
-        keys: Vec<BlockHash>,
+        keys: Vec<ChunkKey>,
         waiters: Vec<RequestId>,
         worker: WorkerId,
     },
@@ -184,14 +184,14 @@ const LINK: u32 = 1 << 31;
 #[derive(Clone, Copy, Debug)]
 struct Found {
     instance: u32,
-    key: BlockHash,
+    key: ChunkKey,
     from: u64,
     to: u64,
     bytes: u64,
 }
 
 /// A step's writes to one tier instance, gathered: the chunks reserved, their bytes, who waits.
-type BatchedWrite = (Vec<BlockHash>, u64, Vec<RequestId>);
+type BatchedWrite = (Vec<ChunkKey>, u64, Vec<RequestId>);
 
 /// The KV connector of a cluster (every worker's tiers and the shared DFS).
 pub struct KvConnector {
@@ -215,12 +215,12 @@ pub struct KvConnector {
     held: IntMap<u32, ()>,
     found: Vec<Found>,
     /// Scratch of [`KvConnector::admitted`]: the held chunks, root first.
-    admitted_scratch: Vec<(u32, BlockHash)>,
+    admitted_scratch: Vec<(u32, ChunkKey)>,
     /// Scratch for [`Self::save`] and [`Self::write_chunks`]: the chunks to
     /// write, the keys reserved, and what the reservations evicted.
-    chunks_scratch: Vec<(BlockHash, u64)>,
-    keys_scratch: Vec<BlockHash>,
-    spill_scratch: Vec<(BlockHash, u64)>,
+    chunks_scratch: Vec<(ChunkKey, u64)>,
+    keys_scratch: Vec<ChunkKey>,
+    spill_scratch: Vec<(ChunkKey, u64)>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
     link: Option<(crate::storage::DeviceConfig, u64)>,
@@ -244,7 +244,7 @@ struct WalkKey {
     worker: u32,
     request: u32,
     tokens: u64,
-    last_block: Option<BlockHash>,
+    last_block: Option<ChunkKey>,
     tail: Option<BlockHash>,
     local: u64,
     version: u64,
@@ -279,12 +279,12 @@ impl KvConnector {
     }
 
     fn walk_key(&self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> WalkKey {
-        let full = ((seq.tokens / self.block_size) as usize).min(seq.blocks.len());
+        let full = (seq.tokens / self.block_size).min(seq.blocks());
         WalkKey {
             worker: w.0,
             request: request.0,
             tokens: seq.tokens,
-            last_block: full.checked_sub(1).map(|i| seq.blocks[i]),
+            last_block: full.checked_sub(1).map(|k| seq.key(k)),
             tail: seq.tail,
             local,
             version: self.version,
@@ -517,7 +517,7 @@ impl KvConnector {
         self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4], link_bytes: 0 });
         for run in found.chunk_by(|a, b| a.instance == b.instance) {
             let instance = run[0].instance;
-            let keys: Vec<(BlockHash, u64)> = run.iter().map(|f| (f.key, f.bytes)).collect();
+            let keys: Vec<(ChunkKey, u64)> = run.iter().map(|f| (f.key, f.bytes)).collect();
             let store = &mut self.instances[instance as usize].store;
             keys.iter().for_each(|&(k, _)| store.pin(k));
             let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.token_bytes();
@@ -625,12 +625,12 @@ impl KvConnector {
         &mut self,
         now: SimTime,
         w: WorkerId,
-        evicted: impl Iterator<Item = BlockHash>,
+        evicted: impl Iterator<Item = ChunkKey>,
         out: &mut ConnectorOutput,
     ) {
         let Some(&first) = self.worker_tiers[w.index()].first() else { return };
         let bytes = self.kvc.chunk_blocks * self.kvc.block_bytes;
-        let chunks: Vec<(BlockHash, u64)> = evicted.map(|h| (h, bytes)).collect();
+        let chunks: Vec<(ChunkKey, u64)> = evicted.map(|k| (k, bytes)).collect();
         self.write_chunks(now, w, first, &chunks, None, out);
     }
 
@@ -642,7 +642,7 @@ impl KvConnector {
         now: SimTime,
         w: WorkerId,
         inst: u32,
-        chunks: &[(BlockHash, u64)],
+        chunks: &[(ChunkKey, u64)],
         waiter: Option<RequestId>,
         out: &mut ConnectorOutput,
     ) -> u32 {
@@ -663,7 +663,7 @@ impl KvConnector {
             }
         }
         for &(v, _) in &spilled {
-            out.events.push((w, KvEvent { tier, hash: v, kind: KvEventKind::Removed }));
+            out.events.push((w, KvEvent { tier, hash: v.hash(), kind: KvEventKind::Removed }));
         }
         let mut ops = 0;
         if !keys.is_empty() {
@@ -714,7 +714,7 @@ impl KvConnector {
         now: SimTime,
         w: WorkerId,
         from: u32,
-        keys: &[(BlockHash, u64)],
+        keys: &[(ChunkKey, u64)],
         out: &mut ConnectorOutput,
     ) {
         let tiers = &self.worker_tiers[w.index()];
@@ -822,7 +822,7 @@ impl KvConnector {
                 self.version += 1;
                 for k in keys {
                     if instance.store.complete(k) {
-                        out.events.push((worker, KvEvent { tier, hash: k, kind: KvEventKind::Stored }));
+                        out.events.push((worker, KvEvent { tier, hash: k.hash(), kind: KvEventKind::Stored }));
                     }
                 }
                 for id in waiters {
@@ -889,7 +889,7 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{Content, PartialChunks, TierConfig, block_hashes, content_id};
+    use crate::kvcache::{ChainSpan, PartialChunks, TierConfig, chained_blocks, content_id};
     use crate::time::SimDuration;
 
     const W: WorkerId = WorkerId(0);
@@ -902,19 +902,15 @@ mod tests {
         c
     }
 
-    /// Block hashes of `tokens` tokens of content `key`.
-    fn blocks(key: u64, tokens: u32) -> Vec<BlockHash> {
-        let mut content = Content::default();
-        content.push(content_id("test", key), tokens);
-        let mut out = Vec::new();
-        block_hashes(&content.segments, 16, usize::MAX, &mut out);
-        out
+    /// The chains of the full blocks of `tokens` tokens of content `key`.
+    fn blocks(key: u64, tokens: u32) -> Vec<ChainSpan> {
+        exact(key, tokens).0
     }
 
-    /// The first `tokens` tokens of a sequence with block hashes `b`, its
-    /// last partial chunk (if any) keyed by its full blocks.
-    fn seq(b: &[BlockHash], tokens: u64) -> ChunkedSeq<'_> {
-        ChunkedSeq { blocks: b, tokens, tail: None }
+    /// The first `tokens` tokens of a sequence on chains `b`, its last
+    /// partial chunk (if any) keyed by its full blocks.
+    fn seq(b: &[ChainSpan], tokens: u64) -> ChunkedSeq<'_> {
+        ChunkedSeq { chains: b, tokens, tail: None }
     }
 
     /// Runs the device timers out in time order from `now`; returns the time of the last.
@@ -929,7 +925,7 @@ mod tests {
 
     /// Saves the first `tokens` tokens of `b` at `now` and waits for the
     /// writes; returns when they finished.
-    fn save(c: &mut KvConnector, now: SimTime, b: &[BlockHash], tokens: u64) -> SimTime {
+    fn save(c: &mut KvConnector, now: SimTime, b: &[ChainSpan], tokens: u64) -> SimTime {
         let mut out = ConnectorOutput::default();
         c.save(now, W, RequestId(0), &seq(b, tokens), 0, &mut out);
         settle(c, now, &mut out)
@@ -955,12 +951,13 @@ mod tests {
         assert_eq!(c.lookup(W, RequestId(0), &seq(&blocks(2, 100), 100), 0), ExternalHit::default());
     }
 
-    /// `tokens` tokens of content `key` with the key of their exact run.
-    fn exact(key: u64, tokens: u32) -> (Vec<BlockHash>, Option<BlockHash>) {
-        let b = blocks(key, tokens);
+    /// `tokens` tokens of content `key`: the chains of its full blocks and the key of their exact run.
+    fn exact(key: u64, tokens: u32) -> (Vec<ChainSpan>, Option<BlockHash>) {
         let segs = [crate::kvcache::Segment { id: content_id("test", key), tokens }];
+        let (mut b, mut chains) = (Vec::new(), Vec::new());
+        chained_blocks(&segs, 16, &mut b, &mut chains);
         let tail = crate::kvcache::exact_key(&segs, u64::from(tokens), 16, &b);
-        (b, tail)
+        (chains, tail)
     }
 
     #[test]
@@ -974,10 +971,10 @@ mod tests {
             let mut c = KvConnector::new(&kvc, 16);
             c.add_worker();
             let mut out = ConnectorOutput::default();
-            c.save(SimTime::ZERO, W, RequestId(0), &ChunkedSeq { blocks: &a, tokens: 56, tail: a_tail }, 0, &mut out);
+            c.save(SimTime::ZERO, W, RequestId(0), &ChunkedSeq { chains: &a, tokens: 56, tail: a_tail }, 0, &mut out);
             settle(&mut c, SimTime::ZERO, &mut out);
-            let look = |(b, tail): (Vec<BlockHash>, Option<BlockHash>), n: u64| {
-                c.lookup(W, RequestId(1), &ChunkedSeq { blocks: &b, tokens: n, tail }, 0).tokens
+            let look = |(b, tail): (Vec<ChainSpan>, Option<BlockHash>), n: u64| {
+                c.lookup(W, RequestId(1), &ChunkedSeq { chains: &b, tokens: n, tail }, 0).tokens
             };
             // The same 56 tokens: all but the last, or (block keys) its full blocks.
             assert_eq!(look(exact(1, 56), 56), same, "{partial:?}");

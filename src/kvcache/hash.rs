@@ -90,8 +90,30 @@ pub fn block_hashes<'a>(
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
 ) {
+    hash_chained(content, block_size, max_blocks, out, |_| {});
+}
+
+/// [`block_hashes`] of every full block, and the chains they lie on:
+/// `spans`, one per chain holding at least one of them, in order.
+pub fn chained_blocks<'a>(
+    content: impl IntoIterator<Item = &'a Segment>,
+    block_size: u32,
+    out: &mut Vec<BlockHash>,
+    spans: &mut impl Extend<ChainSpan>,
+) {
+    hash_chained(content, block_size, usize::MAX, out, |s| spans.extend([s]));
+}
+
+fn hash_chained<'a>(
+    content: impl IntoIterator<Item = &'a Segment>,
+    block_size: u32,
+    max_blocks: usize,
+    out: &mut Vec<BlockHash>,
+    mut on_span: impl FnMut(ChainSpan),
+) {
     let b = u64::from(block_size);
-    let limit = out.len().saturating_add(max_blocks);
+    let base = out.len();
+    let limit = base.saturating_add(max_blocks);
     let mut anchor = CHAIN_ROOT;
     let mut pos = 0u64;
     for seg in content.into_iter().filter(|s| s.tokens > 0) {
@@ -100,18 +122,74 @@ pub fn block_hashes<'a>(
         // Blocks k with (k + 1)·b in (pos, end].
         let (from, to) = (pos / b, end / b);
         let room = limit.saturating_sub(out.len()) as u64;
+        let to = to.min(from + room);
         // Block k's hash, the multiplication by K1 stepped as an addition.
         let mut m = from.wrapping_mul(K1);
-        out.extend((from..to.min(from + room)).map(|_| {
+        out.extend((from..to).map(|_| {
             let h = mixed(c ^ m);
             m = m.wrapping_add(K1);
             h
         }));
+        if to > from {
+            on_span(ChainSpan { chain: c, end: to });
+        }
         if out.len() >= limit {
             return;
         }
         anchor = next_anchor(c, seg.tokens);
         pos = end;
+    }
+}
+
+/// The blocks of a sequence that lie on one chain: those before `end`
+/// and at or after the previous span's end (0 for the first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainSpan {
+    /// The chain key.
+    pub chain: u64,
+    /// One past its last block (absolute block index).
+    pub end: u64,
+}
+
+/// A chunk as the tiers and the router's index know it: the chain of the
+/// block that ends it and that block's index — the block whose hash names
+/// the chunk and everything before it — or, for a partial chunk keyed by
+/// its exact tokens ([`exact_key`]), that key. Consecutive chunks of one
+/// chain differ only in `block`, so a stored prefix inside one chain is a
+/// run of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkKey {
+    /// Chain key (or the exact key of a partial chunk).
+    pub chain: u64,
+    /// Index of its last block ([`ChunkKey::EXACT`] for an exact key).
+    pub block: u64,
+    /// Its hash (see [`ChunkKey::hash`]), computed once.
+    hash: BlockHash,
+}
+
+impl ChunkKey {
+    /// `block` of a chunk keyed by its exact tokens.
+    pub const EXACT: u64 = u64::MAX;
+
+    /// The chunk ending with block `block` of chain `chain`.
+    pub fn new(chain: u64, block: u64) -> ChunkKey {
+        ChunkKey { chain, block, hash: mixed(chain ^ block.wrapping_mul(K1)) }
+    }
+
+    /// The key with these `chain` and `block` fields.
+    pub fn from_parts(chain: u64, block: u64) -> ChunkKey {
+        if block == Self::EXACT { Self::exact(BlockHash(chain)) } else { Self::new(chain, block) }
+    }
+
+    /// A partial chunk keyed by its exact tokens.
+    pub fn exact(key: BlockHash) -> ChunkKey {
+        ChunkKey { chain: key.0, block: Self::EXACT, hash: key }
+    }
+
+    /// The key as a hash: its last block's hash (what the GPU's events
+    /// name the same chunk by), or the exact key.
+    pub fn hash(self) -> BlockHash {
+        self.hash
     }
 }
 
@@ -235,6 +313,33 @@ mod tests {
             }
             assert!(shared > 1_000, "the contents share prefixes ({shared} blocks)");
         }
+    }
+
+    #[test]
+    fn a_chunk_key_names_its_last_block_by_the_blocks_hash() {
+        let mut state = 99u64;
+        let mut next = |m: u64| {
+            state = mix(state, 3);
+            state % m
+        };
+        for _ in 0..500 {
+            let segs: Vec<Segment> =
+                (0..1 + next(5)).map(|_| Segment { id: next(4), tokens: next(70) as u32 }).collect();
+            let b = [1, 16, 32][next(3) as usize];
+            let (mut blocks, mut spans) = (Vec::new(), Vec::new());
+            chained_blocks(&segs, b, &mut blocks, &mut spans);
+            let mut plain = Vec::new();
+            block_hashes(&segs, b, usize::MAX, &mut plain);
+            assert_eq!(blocks, plain);
+            assert_eq!(spans.last().map_or(0, |s| s.end), blocks.len() as u64);
+            for (k, &h) in blocks.iter().enumerate() {
+                let span = spans.iter().find(|s| s.end > k as u64).expect("every block is on a chain");
+                assert_eq!(ChunkKey::new(span.chain, k as u64).hash(), h, "{segs:?} block {k}");
+            }
+            // One span per chain: a span ends where the next segment's blocks start.
+            assert!(spans.windows(2).all(|w| w[0].end < w[1].end && w[0].chain != w[1].chain));
+        }
+        assert_eq!(ChunkKey::exact(BlockHash(7)).hash(), BlockHash(7));
     }
 
     #[test]

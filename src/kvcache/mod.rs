@@ -14,7 +14,7 @@ pub mod saving;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
-pub use hash::{BlockHash, Content, Segment, block_hashes, content_id, exact_key};
+pub use hash::{BlockHash, ChainSpan, ChunkKey, Content, Segment, block_hashes, chained_blocks, content_id, exact_key};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve, StoreOps};
 
@@ -128,17 +128,30 @@ pub enum PartialChunks {
     FullBlocks,
 }
 
-/// A sequence as the tiers see it: its full blocks' hashes, its length in
-/// tokens, and the key of its exact token run when that ends inside a block
-/// ([`exact_key`]).
+/// A sequence as the tiers see it: the chains its full blocks lie on, its
+/// length in tokens, and the key of its exact token run when that ends
+/// inside a block ([`exact_key`]).
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkedSeq<'a> {
-    /// Hashes of its full blocks (at least `tokens / block_size` of them, or all it has).
-    pub blocks: &'a [BlockHash],
+    /// Its full blocks' chains (covering at least `tokens / block_size` blocks, or all it has).
+    pub chains: &'a [ChainSpan],
     /// Its length, tokens.
     pub tokens: u64,
     /// [`exact_key`] of its tokens, when `tokens` ends inside a block.
     pub tail: Option<BlockHash>,
+}
+
+impl ChunkedSeq<'_> {
+    /// Full blocks it has keys for.
+    pub fn blocks(&self) -> u64 {
+        self.chains.last().map_or(0, |s| s.end)
+    }
+
+    /// The key of a chunk ending with block `k` (one of its blocks).
+    pub fn key(&self, k: u64) -> ChunkKey {
+        let i = self.chains.partition_point(|s| s.end <= k);
+        ChunkKey::new(self.chains[i].chain, k)
+    }
 }
 
 /// One configured tier below the GPU.
@@ -214,10 +227,12 @@ impl KvcConfig {
     /// whose tokens it then covers.
     pub fn chunks<'s>(&self, s: &ChunkedSeq<'s>, j: u64) -> Chunks<'s> {
         let (b, c) = (self.block_size, self.chunk_tokens());
-        let full_end = ((s.tokens / b).min(s.blocks.len() as u64)) * b;
+        let full_end = ((s.tokens / b).min(s.blocks())) * b;
         let exact = self.partial_chunks == PartialChunks::ExactTokens && s.tail.is_some();
         Chunks {
-            blocks: s.blocks,
+            chains: s.chains,
+            // The chain of the first chunk's first block (a chunk's last block is at or after it).
+            span: s.chains.partition_point(|x| x.end <= j * self.chunk_blocks),
             tail: s.tail,
             chunk_blocks: self.chunk_blocks,
             block_size: b,
@@ -231,11 +246,14 @@ impl KvcConfig {
 }
 
 /// The chunks of a sequence from some chunk on ([`KvcConfig::chunks`]):
-/// `(key, start, end)` each. A full chunk's key is the hash of its last
-/// block, read by index; only a last, partial chunk takes the general rule.
+/// `(key, start, end)` each. A full chunk's key is its last block on that
+/// block's chain, found by stepping along the chains; only a last, partial
+/// chunk takes the general rule.
 #[derive(Clone, Debug)]
 pub struct Chunks<'s> {
-    blocks: &'s [BlockHash],
+    chains: &'s [ChainSpan],
+    /// The span holding the next chunk's last block (or one before it).
+    span: usize,
     tail: Option<BlockHash>,
     chunk_blocks: u64,
     block_size: u64,
@@ -245,10 +263,20 @@ pub struct Chunks<'s> {
     j: u64,
 }
 
-impl Iterator for Chunks<'_> {
-    type Item = (BlockHash, u64, u64);
+impl Chunks<'_> {
+    /// The key of the chunk ending with block `k`, at or after the span cursor.
+    fn on_chain(&mut self, k: u64) -> ChunkKey {
+        while self.chains[self.span].end <= k {
+            self.span += 1;
+        }
+        ChunkKey::new(self.chains[self.span].chain, k)
+    }
+}
 
-    fn next(&mut self) -> Option<(BlockHash, u64, u64)> {
+impl Iterator for Chunks<'_> {
+    type Item = (ChunkKey, u64, u64);
+
+    fn next(&mut self) -> Option<(ChunkKey, u64, u64)> {
         let start = self.j * self.chunk_tokens;
         let end = self.end.min(start + self.chunk_tokens);
         if end <= start || (end < start + self.chunk_tokens && !self.partial) {
@@ -256,11 +284,11 @@ impl Iterator for Chunks<'_> {
         }
         self.j += 1;
         let key = if end == start + self.chunk_tokens {
-            self.blocks[(self.j * self.chunk_blocks) as usize - 1]
+            self.on_chain(self.j * self.chunk_blocks - 1)
         } else {
             match (end % self.block_size, self.tail) {
-                (0, _) => self.blocks[(end / self.block_size) as usize - 1],
-                (_, Some(tail)) => tail,
+                (0, _) => self.on_chain(end / self.block_size - 1),
+                (_, Some(tail)) => ChunkKey::exact(tail),
                 (_, None) => unreachable!("a run ending inside a block is exact only with its key"),
             }
         };

@@ -6,7 +6,7 @@
 //! in flight; neither in-flight nor pinned chunks are evicted, so a fetch is
 //! never counted as a hit for data evicted between lookup and read.
 
-use super::BlockHash;
+use super::{BlockHash, ChunkKey};
 use nohash_hasher::IntMap;
 use std::collections::BTreeSet;
 
@@ -38,7 +38,10 @@ const NIL: u32 = u32::MAX;
 /// One chunk, in a slab slot, linked into the recency list (LRU and FIFO).
 #[derive(Clone, Copy, Debug)]
 struct Entry {
-    key: BlockHash,
+    /// The chunk's key as (chain, block) — its hash is recomputed when it
+    /// goes, which keeps the entry small.
+    chain: u64,
+    block: u64,
     bytes: u32,
     pins: u16,
     ready: bool,
@@ -145,8 +148,8 @@ impl ChunkStore {
     }
 
     /// Whether `key` is held and readable.
-    pub fn contains(&self, key: BlockHash) -> bool {
-        self.map.get(&key).is_some_and(|&i| self.slab[i as usize].ready)
+    pub fn contains(&self, key: ChunkKey) -> bool {
+        self.map.get(&key.hash()).is_some_and(|&i| self.slab[i as usize].ready)
     }
 
     fn unlink(&mut self, i: u32) {
@@ -172,9 +175,9 @@ impl ChunkStore {
     }
 
     /// Records a use of `key` (a read hit, or a write of a chunk already held).
-    pub fn touch(&mut self, key: BlockHash) {
+    pub fn touch(&mut self, key: ChunkKey) {
         self.ops.refreshes += 1;
-        let Some(&i) = self.map.get(&key) else { return };
+        let Some(&i) = self.map.get(&key.hash()) else { return };
         match self.policy {
             EvictionPolicy::Fifo => {}
             EvictionPolicy::Lru => {
@@ -200,7 +203,7 @@ impl ChunkStore {
     /// a run of them already consecutive in the recency list (as a prefix
     /// written or refreshed together is) is moved to the recent end in one
     /// splice, and counts as one refresh; keys not held are skipped.
-    pub fn touch_all(&mut self, keys: impl Iterator<Item = BlockHash>) {
+    pub fn touch_all(&mut self, keys: impl Iterator<Item = ChunkKey>) {
         if self.policy != EvictionPolicy::Lru {
             keys.for_each(|k| self.touch(k));
             return;
@@ -208,7 +211,7 @@ impl ChunkStore {
         // The run being gathered: `first..=last`, consecutive in the list.
         let mut run: Option<(u32, u32)> = None;
         for key in keys {
-            let Some(&i) = self.map.get(&key) else { continue };
+            let Some(&i) = self.map.get(&key.hash()) else { continue };
             run = match run {
                 Some((first, last)) if self.slab[last as usize].next == i => Some((first, i)),
                 Some((first, last)) => {
@@ -244,14 +247,14 @@ impl ChunkStore {
     }
 
     /// Pins `key` against eviction (a read is in flight).
-    pub fn pin(&mut self, key: BlockHash) {
-        let i = *self.map.get(&key).expect("pinned chunk is held");
+    pub fn pin(&mut self, key: ChunkKey) {
+        let i = *self.map.get(&key.hash()).expect("pinned chunk is held");
         self.slab[i as usize].pins += 1;
     }
 
     /// Releases a pin.
-    pub fn unpin(&mut self, key: BlockHash) {
-        if let Some(&i) = self.map.get(&key) {
+    pub fn unpin(&mut self, key: ChunkKey) {
+        if let Some(&i) = self.map.get(&key.hash()) {
             self.slab[i as usize].pins -= 1;
         }
     }
@@ -259,9 +262,10 @@ impl ChunkStore {
     /// Reserves `bytes` for `key`, evicting unpinned, readable chunks in
     /// policy order if needed (appended to `evicted` as `(key, bytes)`). The
     /// chunk is invisible until [`Self::complete`].
-    pub fn reserve(&mut self, key: BlockHash, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> Reserve {
+    pub fn reserve(&mut self, key: ChunkKey, bytes: u64, evicted: &mut Vec<(ChunkKey, u64)>) -> Reserve {
         self.ops.writes += 1;
-        if self.map.contains_key(&key) {
+        let hash = key.hash();
+        if self.map.contains_key(&hash) {
             // LMCache's put of a key it holds changes nothing, recency included.
             return Reserve::Present;
         }
@@ -272,8 +276,16 @@ impl ChunkStore {
             return Reserve::NoRoom;
         }
         self.clock += 1;
-        let entry =
-            Entry { key, bytes: bytes as u32, pins: 0, ready: false, rank: (1, self.clock), prev: NIL, next: NIL };
+        let entry = Entry {
+            chain: key.chain,
+            block: key.block,
+            bytes: bytes as u32,
+            pins: 0,
+            ready: false,
+            rank: (1, self.clock),
+            prev: NIL,
+            next: NIL,
+        };
         let i = match self.free_slots.pop() {
             Some(i) => {
                 self.slab[i as usize] = entry;
@@ -284,7 +296,7 @@ impl ChunkStore {
                 (self.slab.len() - 1) as u32
             }
         };
-        self.map.insert(key, i);
+        self.map.insert(hash, i);
         match self.policy {
             EvictionPolicy::Lfu => {
                 self.order.insert((1, self.clock, i));
@@ -299,7 +311,7 @@ impl ChunkStore {
 
     /// Evicts readable, unpinned chunks in policy order until `bytes` fit;
     /// false (and nothing evicted) if they cannot.
-    fn evict_for(&mut self, bytes: u64, evicted: &mut Vec<(BlockHash, u64)>) -> bool {
+    fn evict_for(&mut self, bytes: u64, evicted: &mut Vec<(ChunkKey, u64)>) -> bool {
         let first = evicted.len();
         let mut victims = std::mem::take(&mut self.victims);
         victims.clear();
@@ -341,10 +353,11 @@ impl ChunkStore {
                 }
                 EvictionPolicy::Lru | EvictionPolicy::Fifo => self.unlink(i),
             }
-            self.map.remove(&e.key);
+            let key = ChunkKey::from_parts(e.chain, e.block);
+            self.map.remove(&key.hash());
             self.free_slots.push(i);
             self.used -= u64::from(e.bytes);
-            evicted.push((e.key, u64::from(e.bytes)));
+            evicted.push((key, u64::from(e.bytes)));
         }
         self.victims = victims;
         debug_assert!(evicted.len() > first || bytes == 0 || self.used + bytes <= self.capacity);
@@ -353,8 +366,8 @@ impl ChunkStore {
 
     /// The write of `key` finished: it becomes readable. Returns false if it
     /// was not reserved.
-    pub fn complete(&mut self, key: BlockHash) -> bool {
-        match self.map.get(&key) {
+    pub fn complete(&mut self, key: ChunkKey) -> bool {
+        match self.map.get(&key.hash()) {
             Some(&i) if !self.slab[i as usize].ready => {
                 self.slab[i as usize].ready = true;
                 true
@@ -368,12 +381,12 @@ impl ChunkStore {
 mod tests {
     use super::*;
 
-    fn k(x: u64) -> BlockHash {
-        BlockHash(x)
+    fn k(x: u64) -> ChunkKey {
+        ChunkKey::new(x, 0)
     }
 
     /// Reserves and returns the outcome with the evicted chunks.
-    fn reserve(s: &mut ChunkStore, x: u64, bytes: u64) -> (Reserve, Vec<(BlockHash, u64)>) {
+    fn reserve(s: &mut ChunkStore, x: u64, bytes: u64) -> (Reserve, Vec<(ChunkKey, u64)>) {
         let mut ev = Vec::new();
         let r = s.reserve(k(x), bytes, &mut ev);
         (r, ev)
@@ -405,7 +418,7 @@ mod tests {
         let mut out = Vec::new();
         let mut i = s.head;
         while i != NIL {
-            out.push(s.slab[i as usize].key.0);
+            out.push(s.slab[i as usize].chain);
             i = s.slab[i as usize].next;
         }
         out

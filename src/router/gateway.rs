@@ -217,7 +217,7 @@ impl<'a> Router<'a> {
         }
         // The chunks the connector would look up.
         self.keys.clear();
-        self.keys.extend(self.kvc.chunks(&r.seq, 0).map(|(key, _, _)| key));
+        self.keys.extend(self.kvc.chunks(&r.seq, 0).map(|(key, _, _)| key.hash()));
         self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
         self.keys.len() as u32
     }
@@ -387,7 +387,7 @@ impl<'a> Router<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{KvEventKind, PartialChunks, SaveTiming, Tier, WriteMode, WritePolicy};
+    use crate::kvcache::{ChainSpan, KvEventKind, PartialChunks, SaveTiming, Tier, WriteMode, WritePolicy};
     use crate::router::{BalancedParams, PolicyKind};
 
     fn cfg(policy: PolicyKind, collection_ms: u64, batch: u32, batch_ms: u64) -> RouterConfig {
@@ -427,8 +427,10 @@ mod tests {
         SimDuration(n * 1_000_000)
     }
 
-    fn stored(hash: u64) -> KvEvent {
-        KvEvent { tier: Tier::Gpu, hash: BlockHash(hash), kind: KvEventKind::Stored }
+    /// A GPU stored event for block `n` (1-based) of the chain of [`view`].
+    fn stored(n: u64) -> KvEvent {
+        let key = crate::kvcache::ChunkKey::new(CHAINS[0].chain, n - 1);
+        KvEvent { tier: Tier::Gpu, hash: key.hash(), kind: KvEventKind::Stored }
     }
 
     fn at(n: u64) -> SimTime {
@@ -441,20 +443,11 @@ mod tests {
         r
     }
 
-    /// A request of 8 blocks (4 chunks, keys 2, 4, 6, 8), 128 tokens.
-    const BLOCKS: [BlockHash; 8] = [
-        BlockHash(1),
-        BlockHash(2),
-        BlockHash(3),
-        BlockHash(4),
-        BlockHash(5),
-        BlockHash(6),
-        BlockHash(7),
-        BlockHash(8),
-    ];
+    /// A request of 8 blocks on one chain (4 chunks, ending with blocks 2, 4, 6, 8), 128 tokens.
+    const CHAINS: [ChainSpan; 1] = [ChainSpan { chain: 77, end: 8 }];
 
     fn view() -> RequestView<'static> {
-        RequestView { seq: ChunkedSeq { blocks: &BLOCKS, tokens: 128, tail: None }, prompt_tokens: 128 }
+        RequestView { seq: ChunkedSeq { chains: &CHAINS, tokens: 128, tail: None }, prompt_tokens: 128 }
     }
 
     #[test]
@@ -569,7 +562,7 @@ mod tests {
         let (cfg, kvc) = (cfg(PolicyKind::LeastLoaded, 0, 64, 0), kvc());
         let rule = PdRule { prefill_workers: 2, max_local_prefill_length: 1000, max_prefill_queue_size: Some(4) };
         let mut r = router(&cfg, &kvc, 3, Some(rule));
-        let long = RequestView { seq: ChunkedSeq { blocks: &[], tokens: 16_384, tail: None }, prompt_tokens: 16_384 };
+        let long = RequestView { seq: ChunkedSeq { chains: &[], tokens: 16_384, tail: None }, prompt_tokens: 16_384 };
         // 1 + 2 waiting: remote, on the prefill worker with less pending work.
         let waiting = |w: WorkerId| [1, 2][w.index()];
         assert_eq!(r.route(long, waiting).decode, Some(WorkerId(2)));
@@ -580,7 +573,7 @@ mod tests {
             Routed { worker: WorkerId(2), predicted_hit_tokens: None, decode: None, prefill_tokens: 0 }
         );
         // A short prompt stays local whatever the queue.
-        let short = RequestView { seq: ChunkedSeq { blocks: &[], tokens: 900, tail: None }, prompt_tokens: 900 };
+        let short = RequestView { seq: ChunkedSeq { chains: &[], tokens: 900, tail: None }, prompt_tokens: 900 };
         assert_eq!(r.route(short, |_| 0).decode, None);
     }
 
@@ -591,7 +584,7 @@ mod tests {
         let rule = PdRule { prefill_workers: 2, max_local_prefill_length: 0, max_prefill_queue_size: None };
         let mut r = router(&cfg, &kvc, 3, Some(rule));
         let prompt = |tokens: u32| RequestView {
-            seq: ChunkedSeq { blocks: &[], tokens: u64::from(tokens), tail: None },
+            seq: ChunkedSeq { chains: &[], tokens: u64::from(tokens), tail: None },
             prompt_tokens: tokens,
         };
         // A 16k-token prompt goes to worker 0, a short one to worker 1.
