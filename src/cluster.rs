@@ -234,12 +234,12 @@ impl<'a> Cluster<'a> {
 
     /// Routes the request and queues it at its first worker (the caller kicks it).
     fn route(&mut self, id: RequestId) -> WorkerId {
-        let r = &mut self.arena.requests[id.index()];
+        let (r, memo) = (&mut self.arena.requests[id.index()], &mut self.arena.memo);
         // The block hashes are the request's, needed by any worker whatever
         // the policy — unless nothing reads them (no prefix caching, no
         // tier, no KV index): then it has none.
         if self.hashes_read {
-            r.hash_blocks(self.scenario.worker.block_size as u32);
+            r.hash_blocks(self.scenario.worker.block_size as u32, memo);
         }
         let view = RequestView {
             seq: r.chunked(r.seq.num_tokens, self.scenario.worker.block_size),

@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, ChainSpan, ChunkedSeq, Content, chained_blocks, exact_key};
+use crate::kvcache::{BlockHash, ChainSpan, ChunkedSeq, Content, LeadingChain, chained_blocks, exact_key};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -19,6 +19,8 @@ pub struct Arena {
     pub free_slots: Vec<u32>,
     /// Requests generated so far (the next one's serial).
     pub generated: u32,
+    /// The leading chain's block hashes, shared by requests' hashing.
+    pub memo: LeadingChain,
 }
 
 impl Arena {
@@ -180,7 +182,7 @@ impl Request {
 
     /// Computes the hashes of the full blocks of its prompt and output
     /// (`block_size` tokens each) into `blocks`, sized once.
-    pub fn hash_blocks(&mut self, block_size: u32) {
+    pub fn hash_blocks(&mut self, block_size: u32, memo: &mut LeadingChain) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
         let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
         self.blocks.clear();
@@ -191,6 +193,7 @@ impl Request {
             block_size,
             &mut self.blocks,
             &mut self.chains,
+            memo,
         );
         self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
     }

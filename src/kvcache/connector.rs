@@ -955,7 +955,7 @@ mod tests {
     fn exact(key: u64, tokens: u32) -> (Vec<ChainSpan>, Option<BlockHash>) {
         let segs = [crate::kvcache::Segment { id: content_id("test", key), tokens }];
         let (mut b, mut chains) = (Vec::new(), Vec::new());
-        chained_blocks(&segs, 16, &mut b, &mut chains);
+        chained_blocks(&segs, 16, &mut b, &mut chains, &mut Default::default());
         let tail = crate::kvcache::exact_key(&segs, u64::from(tokens), 16, &b);
         (chains, tail)
     }

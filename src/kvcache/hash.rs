@@ -90,18 +90,31 @@ pub fn block_hashes<'a>(
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
 ) {
-    hash_chained(content, block_size, max_blocks, out, |_| {});
+    hash_chained(content, block_size, max_blocks, out, |_| {}, None);
 }
 
 /// [`block_hashes`] of every full block, and the chains they lie on:
-/// `spans`, one per chain holding at least one of them, in order.
+/// `spans`, one per chain holding at least one of them, in order. The
+/// blocks of the leading chain are copied from `memo` where it has them.
 pub fn chained_blocks<'a>(
     content: impl IntoIterator<Item = &'a Segment>,
     block_size: u32,
     out: &mut Vec<BlockHash>,
     spans: &mut impl Extend<ChainSpan>,
+    memo: &mut LeadingChain,
 ) {
-    hash_chained(content, block_size, usize::MAX, out, |s| spans.extend([s]));
+    hash_chained(content, block_size, usize::MAX, out, |s| spans.extend([s]), Some(memo));
+}
+
+/// The hashes of the blocks of the leading chain last hashed. A block on a
+/// content's first chain hashes the same whatever follows, so requests that
+/// open with the same segment — a shared system prompt, the original Opal's
+/// single sequence, a trace's first run of ids — copy those hashes instead
+/// of computing them. It holds at most one segment's blocks.
+#[derive(Debug, Default)]
+pub struct LeadingChain {
+    chain: u64,
+    blocks: Vec<BlockHash>,
 }
 
 fn hash_chained<'a>(
@@ -110,6 +123,7 @@ fn hash_chained<'a>(
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
     mut on_span: impl FnMut(ChainSpan),
+    mut memo: Option<&mut LeadingChain>,
 ) {
     let b = u64::from(block_size);
     let base = out.len();
@@ -120,17 +134,37 @@ fn hash_chained<'a>(
         let end = pos + u64::from(seg.tokens);
         let c = chain_key(anchor, seg.id);
         // Blocks k with (k + 1)·b in (pos, end].
-        let (from, to) = (pos / b, end / b);
+        let (mut from, to) = (pos / b, end / b);
         let room = limit.saturating_sub(out.len()) as u64;
         let to = to.min(from + room);
+        let first = from;
+        // The leading chain: copy what the memory has (it starts at block 0).
+        let memo_here = if pos == 0 { memo.take() } else { None };
+        if let Some(m) = &memo_here
+            && m.chain == c
+        {
+            let known = (m.blocks.len() as u64).min(to);
+            out.extend_from_slice(&m.blocks[..known as usize]);
+            from = known;
+        }
         // Block k's hash, the multiplication by K1 stepped as an addition.
         let mut m = from.wrapping_mul(K1);
+        let computed = out.len();
         out.extend((from..to).map(|_| {
             let h = mixed(c ^ m);
             m = m.wrapping_add(K1);
             h
         }));
-        if to > from {
+        if let Some(memo) = memo_here
+            && to > from
+        {
+            if memo.chain != c {
+                memo.chain = c;
+                memo.blocks.clear();
+            }
+            memo.blocks.extend_from_slice(&out[computed..]);
+        }
+        if to > first {
             on_span(ChainSpan { chain: c, end: to });
         }
         if out.len() >= limit {
@@ -322,12 +356,18 @@ mod tests {
             state = mix(state, 3);
             state % m
         };
+        // One memory for all: leading chains repeat, grow and change.
+        let (mut memo, mut copied) = (LeadingChain::default(), 0);
         for _ in 0..500 {
             let segs: Vec<Segment> =
                 (0..1 + next(5)).map(|_| Segment { id: next(4), tokens: next(70) as u32 }).collect();
             let b = [1, 16, 32][next(3) as usize];
             let (mut blocks, mut spans) = (Vec::new(), Vec::new());
-            chained_blocks(&segs, b, &mut blocks, &mut spans);
+            let before = memo.chain;
+            chained_blocks(&segs, b, &mut blocks, &mut spans, &mut memo);
+            if spans.first().is_some_and(|s| s.chain == before) {
+                copied += 1;
+            }
             let mut plain = Vec::new();
             block_hashes(&segs, b, usize::MAX, &mut plain);
             assert_eq!(blocks, plain);
@@ -339,6 +379,7 @@ mod tests {
             // One span per chain: a span ends where the next segment's blocks start.
             assert!(spans.windows(2).all(|w| w[0].end < w[1].end && w[0].chain != w[1].chain));
         }
+        assert!(copied > 50, "the memory was used ({copied} times)");
         assert_eq!(ChunkKey::exact(BlockHash(7)).hash(), BlockHash(7));
     }
 

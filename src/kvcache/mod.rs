@@ -14,7 +14,9 @@ pub mod saving;
 mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
-pub use hash::{BlockHash, ChainSpan, ChunkKey, Content, Segment, block_hashes, chained_blocks, content_id, exact_key};
+pub use hash::{
+    BlockHash, ChainSpan, ChunkKey, Content, LeadingChain, Segment, block_hashes, chained_blocks, content_id, exact_key,
+};
 pub use prefix::{Path, PrefixCache};
 pub use store::{ChunkStore, EvictionPolicy, Reserve, StoreOps};
 

@@ -856,7 +856,7 @@ mod tests {
                     label: Label::None,
                 };
                 let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
-                r.hash_blocks(16);
+                r.hash_blocks(16, &mut Default::default());
                 r
             })
             .collect()
