@@ -559,20 +559,23 @@ fn on_the_original_opals_workload_dfs_hits_stay_local_and_a_faster_gpu_never_slo
 /// Per request after the first 20 (the second 20 of 40 against a run of 20):
 /// tier-store writes asked for, device operations, KV events applied to the
 /// router's index, and recency refreshes — every prompt a `prefix` shared by
-/// the stage and 512 tokens of its own, one worker, CPU memory and NVMe.
-fn work_per_request(prefix: i64) -> [f64; 4] {
+/// the stage and `own` tokens of its own, one worker, CPU memory and NVMe.
+fn work_per_request(prefix: i64, own: i64) -> [f64; 4] {
     let run = |n: i64| {
         Spec::llama8b()
             .tiers(&["CPUMemory", "LocalNVMe"])
             .set("router.router_params.policy", "MaxPrefix")
             .set("worker.vllm_params.max_model_len", 65536)
+            // One prefill step per prompt: a step's new chunks are saved at its end.
+            .set("worker.vllm_params.chunked_prefill", false)
+            .set("worker.vllm_params.max_num_batched_tokens", 65536)
             .stage(
                 "UniformReqRate",
                 toml! {
                     request_rate = 1.0
                     total_requests = n
-                    prompt_size_min = (prefix + 512)
-                    prompt_size_max = (prefix + 512)
+                    prompt_size_min = (prefix + own)
+                    prompt_size_max = (prefix + own)
                     default_prefix_length = prefix
                     output_tokens_min = 2
                     output_tokens_max = 2
@@ -592,19 +595,31 @@ fn work_per_request(prefix: i64) -> [f64; 4] {
 
 #[test]
 fn a_requests_tier_writes_and_kv_events_do_not_grow_with_its_shared_prefix() {
-    let (short, long) = (work_per_request(1024), work_per_request(32 * 1024));
-    // The 512 tokens of its own are 2 new chunks of 256 tokens: 2 writes to
-    // each of the 2 tiers, whatever the prefix (1,024 tokens is 4 chunks,
-    // 32,768 is 128, all held already).
-    assert_eq!(short[0], 4.0, "writes, 1k prefix");
+    let (short, long) = (work_per_request(1024, 512), work_per_request(32 * 1024, 512));
+    // The 512 tokens of its own are 2 new chunks of 256 tokens, one run of
+    // its own chain: one write to each of the 2 tiers, whatever the prefix
+    // (1,024 tokens is 4 chunks, 32,768 is 128, all held already).
+    assert_eq!(short[0], 2.0, "writes, 1k prefix");
     assert_eq!(long[0], short[0], "writes, 32k prefix");
     assert_eq!(long[1], short[1], "device operations");
     assert_eq!(long[2], short[2], "KV events");
     // Recency is refreshed once per request (LMCache's lookup) for the
-    // prefix's chunks in the tier first holding them: saved together, they
-    // are neighbours in its recency list, and move in one splice.
+    // prefix's chunks in the tier first holding them: one run of one chain.
     assert_eq!(short[3], 1.0, "recency refreshes, 1k prefix");
     assert_eq!(long[3], short[3], "recency refreshes, 32k prefix");
+}
+
+#[test]
+fn a_requests_tier_writes_do_not_grow_with_its_own_prompt() {
+    // 1k and 32k tokens of its own (4 and 128 new chunks) after a 1k shared
+    // prefix, each prompt computed in one step: one run per tier written
+    // either way, the same device operations, one refresh of the held prefix.
+    // (With chunked prefill each step's chunks are one write per tier.)
+    let (short, long) = (work_per_request(1024, 1024), work_per_request(1024, 32 * 1024));
+    assert_eq!(short[0], 2.0, "writes, 1k prompt");
+    assert_eq!(long[0], short[0], "writes, 32k prompt");
+    assert_eq!(long[1], short[1], "device operations");
+    assert_eq!(long[3], short[3], "recency refreshes");
 }
 
 /// One H100 serving `n` identical requests (`prompt` tokens in, `output`

@@ -62,7 +62,7 @@
 //! [`ConnectorOutput`] for the cluster to turn into events.
 
 use super::{
-    BlockHash, ChunkKey, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Reserve, Tier, WriteMode, WritePolicy,
+    BlockHash, ChunkKey, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Run, Tier, WriteMode, WritePolicy,
 };
 use crate::ids::{RequestId, WorkerId};
 use crate::storage::{Device, DeviceOutput, DeviceStats, DeviceTimer, OpId, OpKind};
@@ -151,13 +151,13 @@ struct TierInstance {
 }
 
 enum Purpose {
-    /// A read of a load: the chunks read, with each one's whole size in bytes.
+    /// A read of a load: the runs of chunks read, with each chunk's whole size in bytes.
     Load {
         request: RequestId,
-        keys: Vec<(ChunkKey, u64)>,
+        keys: Vec<(Run, u64)>,
     },
     Save {
-        keys: Vec<ChunkKey>,
+        keys: Vec<Run>,
         waiters: Vec<RequestId>,
         worker: WorkerId,
     },
@@ -179,19 +179,20 @@ struct Load {
 /// Instance ids at and above this are workers' links (the worker's index below it).
 const LINK: u32 = 1 << 31;
 
-/// One chunk of a lookup: the instance holding it, its key, the tokens
-/// `[from, to)` of it beyond the GPU prefix, and its whole size in bytes.
+/// A run of chunks of a lookup: the instance holding them, the run, the
+/// tokens `[from, to)` of it beyond the GPU prefix, and each chunk's whole
+/// size in bytes.
 #[derive(Clone, Copy, Debug)]
 struct Found {
     instance: u32,
-    key: ChunkKey,
+    run: Run,
     from: u64,
     to: u64,
     bytes: u64,
 }
 
 /// A step's writes to one tier instance, gathered: the chunks reserved, their bytes, who waits.
-type BatchedWrite = (Vec<ChunkKey>, u64, Vec<RequestId>);
+type BatchedWrite = (Vec<Run>, u64, Vec<RequestId>);
 
 /// The KV connector of a cluster (every worker's tiers and the shared DFS).
 pub struct KvConnector {
@@ -215,12 +216,14 @@ pub struct KvConnector {
     held: IntMap<u32, ()>,
     found: Vec<Found>,
     /// Scratch of [`KvConnector::admitted`]: the held chunks, root first.
-    admitted_scratch: Vec<(u32, ChunkKey)>,
+    admitted_scratch: Vec<(u32, Run)>,
     /// Scratch for [`Self::save`] and [`Self::write_chunks`]: the chunks to
     /// write, the keys reserved, and what the reservations evicted.
-    chunks_scratch: Vec<(ChunkKey, u64)>,
-    keys_scratch: Vec<ChunkKey>,
-    spill_scratch: Vec<(ChunkKey, u64)>,
+    chunks_scratch: Vec<(Run, u64)>,
+    keys_scratch: Vec<Run>,
+    spill_scratch: Vec<(Run, u64)>,
+    /// Scratch of a finished write: the runs it made readable.
+    done_scratch: Vec<Run>,
     /// Each worker's link, when prefill is disaggregated.
     links: Vec<Device>,
     link: Option<(crate::storage::DeviceConfig, u64)>,
@@ -270,6 +273,7 @@ impl KvConnector {
             chunks_scratch: Vec::new(),
             keys_scratch: Vec::new(),
             spill_scratch: Vec::new(),
+            done_scratch: Vec::new(),
             links: Vec::new(),
             link: None,
             remote: Default::default(),
@@ -325,7 +329,7 @@ impl KvConnector {
                 None => {
                     self.instances.push(TierInstance {
                         tier: t.tier,
-                        store: ChunkStore::new(t.capacity_bytes, t.eviction),
+                        store: ChunkStore::new(t.capacity_bytes, t.eviction, self.kvc.chunk_blocks),
                         device: Device::new(t.device),
                     });
                     (self.instances.len() - 1) as u32
@@ -387,22 +391,53 @@ impl KvConnector {
         // The last token is always computed.
         let cap = num_tokens.saturating_sub(1);
         let mut next = local * self.block_size;
-        for (key, start, end) in self.kvc.chunks(seq, local / self.kvc.chunk_blocks) {
-            let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
-                break;
-            };
-            let tokens = end.min(cap).saturating_sub(next);
-            if tokens == 0 {
-                break;
+        let ct = self.kvc.chunk_tokens();
+        'runs: for (run, start, end) in self.kvc.runs(seq, local / self.kvc.chunk_blocks) {
+            let mut i = 0;
+            while i < run.n {
+                let Some((instance, take)) = self.holder(tiers, self.sub_run(run, i)) else { break 'runs };
+                // Chunk c's tokens are [start + c·ct, min(start + (c + 1)·ct, end)); a
+                // chunk with no token below `cap` beyond `next` ends the walk.
+                let chunk_end = |c: u64| (start + (c + 1) * ct).min(end);
+                if chunk_end(i).min(cap) <= next {
+                    break 'runs;
+                }
+                // After the first, a chunk counts while it starts below `cap`.
+                let take = take.min((cap.saturating_sub(start + i * ct)).div_ceil(ct).max(1));
+                let to = chunk_end(i + take - 1);
+                let tokens = to.min(cap) - next;
+                hit.tokens += tokens;
+                hit.per_tier[self.instances[instance as usize].tier.index()] += tokens;
+                if let Some(f) = found.as_deref_mut() {
+                    let bytes = (chunk_end(i) - (start + i * ct)) * self.kvc.token_bytes();
+                    f.push(Found { instance, run: self.sub_run(run, i).first(take), from: next, to, bytes });
+                }
+                next = to;
+                i += take;
             }
-            hit.tokens += tokens;
-            hit.per_tier[self.instances[instance as usize].tier.index()] += tokens;
-            if let Some(f) = found.as_deref_mut() {
-                f.push(Found { instance, key, from: next, to: end, bytes: (end - start) * self.kvc.token_bytes() });
-            }
-            next = end;
         }
         hit
+    }
+
+    /// Chunks `i..` of `run`.
+    fn sub_run(&self, run: Run, i: u64) -> Run {
+        if i == 0 { run } else { Run { block: run.block + i * self.kvc.chunk_blocks, n: run.n - i, ..run } }
+    }
+
+    /// The tier instance (of `tiers`, in lookup order) that a lookup takes
+    /// run `r`'s first chunk from — the first holding it readable — and how
+    /// many of the chunks from there on it gives before one that an earlier
+    /// tier holds, or one it does not hold.
+    fn holder(&self, tiers: &[u32], r: Run) -> Option<(u32, u64)> {
+        let mut limit = r.n;
+        for &inst in tiers {
+            let (held, gap) = self.instances[inst as usize].store.readable(r);
+            if held > 0 {
+                return Some((inst, held.min(limit)));
+            }
+            limit = limit.min(gap);
+        }
+        None
     }
 
     /// vLLM's `get_num_new_matched_tokens`: the tokens beyond the first
@@ -441,34 +476,45 @@ impl KvConnector {
         let mut held = std::mem::take(&mut self.admitted_scratch);
         held.clear();
         let tiers = &self.worker_tiers[w.index()];
+        let ct = self.kvc.chunk_tokens();
+        let skip = beyond.as_ref().is_some_and(|f| !f.is_empty());
         let mut end = 0;
-        let mut chunks = self.kvc.chunks(seq, 0);
+        let mut runs = self.kvc.runs(seq, 0);
         let mut j = 0;
-        loop {
-            if j == j0
+        'walk: loop {
+            if skip
+                && j == j0
                 && let Some(found) = &beyond
                 && let Some(last) = found.last()
             {
-                held.extend(found.iter().map(|f| (f.instance, f.key)));
+                held.extend(found.iter().map(|f| (f.instance, f.run)));
                 end = last.to;
-                j += found.len() as u64;
-                chunks = self.kvc.chunks(seq, j);
+                j += found.iter().map(|f| f.run.n).sum::<u64>();
+                runs = self.kvc.runs(seq, j);
             }
-            let Some((key, _, to)) = chunks.next() else { break };
-            let Some(&instance) = tiers.iter().find(|&&i| self.instances[i as usize].store.contains(key)) else {
-                break;
-            };
-            held.push((instance, key));
-            end = to;
-            j += 1;
+            let Some((mut run, start, run_end)) = runs.next() else { break };
+            // A run reaching past chunk j0 stops there, where the walk's chunks take over.
+            let clipped = skip && j < j0 && j + run.n > j0;
+            if clipped {
+                run.n = j0 - j;
+            }
+            let mut i = 0;
+            while i < run.n {
+                let Some((instance, take)) = self.holder(tiers, self.sub_run(run, i)) else { break 'walk };
+                held.push((instance, self.sub_run(run, i).first(take)));
+                i += take;
+                end = (start + i * ct).min(run_end);
+            }
+            j += run.n;
+            if clipped {
+                runs = self.kvc.runs(seq, j);
+            }
         }
-        // Last chunk first, in each tier instance; a run of chunks that are
-        // neighbours in the instance's recency list (a prefix saved or
-        // refreshed together) is one splice.
+        // Last chunk first, in each tier instance (a run last chunk first).
         for (n, &inst) in tiers.iter().enumerate() {
             if !tiers[..n].contains(&inst) {
-                let keys = held.iter().rev().filter(|h| h.0 == inst).map(|h| h.1);
-                self.instances[inst as usize].store.touch_all(keys);
+                let store = &mut self.instances[inst as usize].store;
+                held.iter().rev().filter(|h| h.0 == inst).for_each(|h| store.touch(h.1));
             }
         }
         self.admitted_scratch = held;
@@ -517,9 +563,9 @@ impl KvConnector {
         self.loads.insert(request.0, Load { worker: w, started: now, reads_left: runs, bytes: [0; 4], link_bytes: 0 });
         for run in found.chunk_by(|a, b| a.instance == b.instance) {
             let instance = run[0].instance;
-            let keys: Vec<(ChunkKey, u64)> = run.iter().map(|f| (f.key, f.bytes)).collect();
+            let keys: Vec<(Run, u64)> = run.iter().map(|f| (f.run, f.bytes)).collect();
             let store = &mut self.instances[instance as usize].store;
-            keys.iter().for_each(|&(k, _)| store.pin(k));
+            keys.iter().for_each(|&(r, _)| store.pin(r));
             let bytes = run.iter().map(|f| f.to - f.from).sum::<u64>() * self.kvc.token_bytes();
             self.submit(now, instance, OpKind::Read, bytes, w, Purpose::Load { request, keys }, out);
         }
@@ -556,7 +602,9 @@ impl KvConnector {
         let mut chunks = std::mem::take(&mut self.chunks_scratch);
         chunks.clear();
         let token_bytes = self.kvc.token_bytes();
-        chunks.extend(self.kvc.chunks(seq, first).map(|(key, start, end)| (key, (end - start) * token_bytes)));
+        // Each run's chunks are of one size (a partial chunk is a run of its own).
+        let ct = self.kvc.chunk_tokens();
+        chunks.extend(self.kvc.runs(seq, first).map(|(run, start, end)| (run, (end - start).min(ct) * token_bytes)));
         let waiter = (self.kvc.write_mode == WriteMode::Sync || self.held.contains_key(&request.0)).then_some(request);
         let targets = match self.kvc.write_policy {
             WritePolicy::WriteThrough => tiers.len(),
@@ -630,19 +678,20 @@ impl KvConnector {
     ) {
         let Some(&first) = self.worker_tiers[w.index()].first() else { return };
         let bytes = self.kvc.chunk_blocks * self.kvc.block_bytes;
-        let chunks: Vec<(ChunkKey, u64)> = evicted.map(|k| (k, bytes)).collect();
+        let chunks: Vec<(Run, u64)> = evicted.map(|k| (Run::one(k), bytes)).collect();
         self.write_chunks(now, w, first, &chunks, None, out);
     }
 
-    /// Reserves and writes `chunks` (a prefix's, root first) to instance
-    /// `inst`; with the spill policy what it evicts goes on to the next tier.
-    /// Returns the write operations issued.
+    /// Reserves and writes `chunks` (runs of a prefix's chunks with their
+    /// bytes per chunk, root first) to instance `inst`; with the spill
+    /// policy what it evicts goes on to the next tier. Returns the write
+    /// operations issued.
     fn write_chunks(
         &mut self,
         now: SimTime,
         w: WorkerId,
         inst: u32,
-        chunks: &[(ChunkKey, u64)],
+        chunks: &[(Run, u64)],
         waiter: Option<RequestId>,
         out: &mut ConnectorOutput,
     ) -> u32 {
@@ -653,17 +702,19 @@ impl KvConnector {
         // recent; a chunk the store holds is left as it is.
         let mut keys = std::mem::take(&mut self.keys_scratch);
         keys.clear();
-        let mut bytes = 0;
         let mut spilled = std::mem::take(&mut self.spill_scratch);
         spilled.clear();
-        for &(k, b) in chunks.iter().rev() {
-            if store.reserve(k, b, &mut spilled) == Reserve::Reserved {
-                keys.push(k);
-                bytes += b;
-            }
+        let mut bytes = 0;
+        for &(r, b) in chunks.iter().rev() {
+            let before = keys.len();
+            store.reserve(r, b, &mut spilled, &mut keys);
+            bytes += keys[before..].iter().map(|k| k.n).sum::<u64>() * b;
         }
+        let stride = self.kvc.chunk_blocks;
         for &(v, _) in &spilled {
-            out.events.push((w, KvEvent { tier, hash: v.hash(), kind: KvEventKind::Removed }));
+            for i in (0..v.n).rev() {
+                out.events.push((w, KvEvent { tier, hash: v.key(i, stride).hash(), kind: KvEventKind::Removed }));
+            }
         }
         let mut ops = 0;
         if !keys.is_empty() {
@@ -709,14 +760,7 @@ impl KvConnector {
     /// DFS or a local disk is found in the worker's memory next time. The
     /// writes take their devices' bandwidth and their stores' room as any
     /// write does (asynchronous: nothing waits for them).
-    fn write_back(
-        &mut self,
-        now: SimTime,
-        w: WorkerId,
-        from: u32,
-        keys: &[(ChunkKey, u64)],
-        out: &mut ConnectorOutput,
-    ) {
+    fn write_back(&mut self, now: SimTime, w: WorkerId, from: u32, keys: &[(Run, u64)], out: &mut ConnectorOutput) {
         let tiers = &self.worker_tiers[w.index()];
         let Some(pos) = tiers.iter().position(|&i| i == from) else { return };
         let targets = match self.kvc.write_policy {
@@ -798,7 +842,7 @@ impl KvConnector {
         out.moved.push((tier, bytes));
         match op.purpose {
             Purpose::Load { request, keys } => {
-                keys.iter().for_each(|&(k, _)| instance.store.unpin(k));
+                keys.iter().for_each(|&(r, _)| instance.store.unpin(r));
                 let load = self.loads.get_mut(&request.0).expect("a read belongs to a live load");
                 load.bytes[tier.index()] += bytes;
                 load.reads_left -= 1;
@@ -820,11 +864,19 @@ impl KvConnector {
             }
             Purpose::Save { keys, waiters, worker } => {
                 self.version += 1;
-                for k in keys {
-                    if instance.store.complete(k) {
-                        out.events.push((worker, KvEvent { tier, hash: k.hash(), kind: KvEventKind::Stored }));
+                let mut done = std::mem::take(&mut self.done_scratch);
+                done.clear();
+                for r in keys {
+                    instance.store.complete(r, &mut done);
+                }
+                let stride = self.kvc.chunk_blocks;
+                for d in &done {
+                    for i in (0..d.n).rev() {
+                        out.events
+                            .push((worker, KvEvent { tier, hash: d.key(i, stride).hash(), kind: KvEventKind::Stored }));
                     }
                 }
+                self.done_scratch = done;
                 for id in waiters {
                     let (left, finished) = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
                     *left -= 1;

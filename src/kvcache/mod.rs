@@ -18,7 +18,7 @@ pub use hash::{
     BlockHash, ChainSpan, ChunkKey, Content, LeadingChain, Segment, block_hashes, chained_blocks, content_id, exact_key,
 };
 pub use prefix::{Path, PrefixCache};
-pub use store::{ChunkStore, EvictionPolicy, Reserve, StoreOps};
+pub use store::{ChunkStore, EvictionPolicy, Run, StoreOps};
 
 /// A cache tier, fastest first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -244,6 +244,41 @@ impl KvcConfig {
             partial: self.save_unfull_chunk,
             j,
         }
+    }
+    /// The chunks of sequence `s` from chunk `j` on, as [`Self::chunks`]
+    /// gives them, in runs: each run the consecutive full chunks whose last
+    /// blocks lie on one chain, with its token range `[start, end)`; a last,
+    /// partial chunk is a run of its own.
+    pub fn runs<'s>(&self, s: &ChunkedSeq<'s>, j: u64) -> Runs<'s> {
+        let chunks = self.chunks(s, j);
+        Runs { chunks }
+    }
+}
+
+/// The runs of a sequence's chunks ([`KvcConfig::runs`]).
+#[derive(Clone, Debug)]
+pub struct Runs<'s> {
+    chunks: Chunks<'s>,
+}
+
+impl Iterator for Runs<'_> {
+    type Item = (Run, u64, u64);
+
+    fn next(&mut self) -> Option<(Run, u64, u64)> {
+        let c = &mut self.chunks;
+        let start = c.j * c.chunk_tokens;
+        if start + c.chunk_tokens > c.end {
+            // At most a partial chunk is left.
+            return c.next().map(|(key, start, end)| (Run::one(key), start, end));
+        }
+        let whole = (c.end - start) / c.chunk_tokens;
+        let k = (c.j + 1) * c.chunk_blocks - 1;
+        let key = c.on_chain(k);
+        // Full chunks whose last blocks are on this chain: k, k + stride, … < its end.
+        let on_chain = (c.chains[c.span].end - 1 - k) / c.chunk_blocks + 1;
+        let n = whole.min(on_chain);
+        c.j += n;
+        Some((Run { chain: key.chain, block: k, n }, start, start + n * c.chunk_tokens))
     }
 }
 
