@@ -62,7 +62,8 @@
 //! [`ConnectorOutput`] for the cluster to turn into events.
 
 use super::{
-    BlockHash, ChunkKey, ChunkStore, ChunkedSeq, KvEvent, KvEventKind, KvcConfig, Run, Tier, WriteMode, WritePolicy,
+    BlockHash, ChunkKey, ChunkStore, ChunkedSeq, EventChunks, KvEvent, KvEventKind, KvcConfig, Run, Tier, WriteMode,
+    WritePolicy,
 };
 use crate::ids::{RequestId, WorkerId};
 use crate::storage::{Device, DeviceOutput, DeviceStats, DeviceTimer, OpId, OpKind};
@@ -710,11 +711,8 @@ impl KvConnector {
             store.reserve(r, b, &mut spilled, &mut keys);
             bytes += keys[before..].iter().map(|k| k.n).sum::<u64>() * b;
         }
-        let stride = self.kvc.chunk_blocks;
         for &(v, _) in &spilled {
-            for i in (0..v.n).rev() {
-                out.events.push((w, KvEvent { tier, hash: v.key(i, stride).hash(), kind: KvEventKind::Removed }));
-            }
+            out.events.push((w, KvEvent { tier, chunks: EventChunks::Run(v), kind: KvEventKind::Removed }));
         }
         let mut ops = 0;
         if !keys.is_empty() {
@@ -869,12 +867,8 @@ impl KvConnector {
                 for r in keys {
                     instance.store.complete(r, &mut done);
                 }
-                let stride = self.kvc.chunk_blocks;
-                for d in &done {
-                    for i in (0..d.n).rev() {
-                        out.events
-                            .push((worker, KvEvent { tier, hash: d.key(i, stride).hash(), kind: KvEventKind::Stored }));
-                    }
+                for &d in &done {
+                    out.events.push((worker, KvEvent { tier, chunks: EventChunks::Run(d), kind: KvEventKind::Stored }));
                 }
                 self.done_scratch = done;
                 for id in waiters {

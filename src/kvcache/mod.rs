@@ -77,15 +77,65 @@ pub enum KvEventKind {
     Removed,
 }
 
-/// A change to a worker's cache contents, as reported to the router.
+/// A change to a worker's cache contents, as reported to the router: like
+/// vLLM's `BlockStored` and `BlockRemoved` (`vllm/distributed/kv_events.py`),
+/// which carry a list of block hashes, one event may name many chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KvEvent {
     /// Tier.
     pub tier: Tier,
-    /// Block hash (GPU) or chunk key (other tiers).
-    pub hash: BlockHash,
+    /// The chunks it is about.
+    pub chunks: EventChunks,
     /// Stored or removed.
     pub kind: KvEventKind,
+}
+
+/// Which chunks a [`KvEvent`] is about, in the order they changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventChunks {
+    /// One chunk, by the hash of its last block (the GPU's events).
+    One(BlockHash),
+    /// A run of a chain's chunks, last chunk first (the tiers' events).
+    Run(Run),
+}
+
+impl EventChunks {
+    /// Chunks named.
+    pub fn len(&self) -> u64 {
+        match self {
+            EventChunks::One(_) => 1,
+            EventChunks::Run(r) => r.n,
+        }
+    }
+
+    /// Names no chunk.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Takes the first `k` chunks (fewer than it names) off the front,
+    /// for chunks of `stride` blocks.
+    pub fn split_front(&mut self, k: u64, stride: u64) -> EventChunks {
+        match self {
+            EventChunks::One(_) => unreachable!("one chunk is not split"),
+            EventChunks::Run(r) => {
+                debug_assert!(k < r.n);
+                // Last chunk first: the front is the highest chunks.
+                let front = Run { block: r.block + (r.n - k) * stride, n: k, ..*r };
+                r.n -= k;
+                EventChunks::Run(front)
+            }
+        }
+    }
+
+    /// The chunks' keys as hashes, in order, for chunks of `stride` blocks.
+    pub fn hashes(&self, stride: u64) -> impl Iterator<Item = BlockHash> + '_ {
+        let (one, run) = match *self {
+            EventChunks::One(h) => (Some(h), None),
+            EventChunks::Run(r) => (None, Some(r)),
+        };
+        one.into_iter().chain(run.into_iter().flat_map(move |r| (0..r.n).rev().map(move |i| r.key(i, stride).hash())))
+    }
 }
 
 /// Where completed requests' chunks are written.

@@ -20,7 +20,7 @@
 //! chunk only: the router's view and the tiers both work in chunks, and this
 //! keeps the event volume 1/stride of the block traffic.
 
-use super::{BlockHash, KvEvent, KvEventKind, Tier};
+use super::{BlockHash, EventChunks, KvEvent, KvEventKind, Tier};
 use crate::time::{SimDuration, SimTime};
 use nohash_hasher::IntMap;
 use std::collections::BTreeSet;
@@ -424,7 +424,11 @@ impl PrefixCache {
     fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
         if self.events_on {
             for k in self.reported(first_pos, hashes.len()) {
-                self.events.push(KvEvent { tier: Tier::Gpu, hash: hashes[k], kind: KvEventKind::Stored });
+                self.events.push(KvEvent {
+                    tier: Tier::Gpu,
+                    chunks: EventChunks::One(hashes[k]),
+                    kind: KvEventKind::Stored,
+                });
             }
         }
     }
@@ -477,7 +481,11 @@ impl PrefixCache {
                 for k in self.reported(node.first_pos + keep as u32, take) {
                     let (hash, pos) = (node.hashes[keep + k], node.first_pos + (keep + k) as u32);
                     if self.events_on {
-                        self.events.push(KvEvent { tier: Tier::Gpu, hash, kind: KvEventKind::Removed });
+                        self.events.push(KvEvent {
+                            tier: Tier::Gpu,
+                            chunks: EventChunks::One(hash),
+                            kind: KvEventKind::Removed,
+                        });
                     }
                     if self.evicted_on {
                         self.evicted.push((hash, pos));
@@ -516,6 +524,14 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hash a GPU event names.
+    fn one(e: &KvEvent) -> BlockHash {
+        match e.chunks {
+            EventChunks::One(h) => h,
+            EventChunks::Run(_) => panic!("the GPU names chunks one by one"),
+        }
+    }
 
     fn hs(xs: &[u64]) -> Vec<BlockHash> {
         xs.iter().map(|&x| BlockHash(x)).collect()
@@ -566,7 +582,7 @@ mod tests {
         c.allocate(2, SimTime(4), false);
         assert_eq!(c.lookup(&hs(&[3])), 1);
         assert_eq!(c.lookup(&hs(&[2])) + c.lookup(&hs(&[1])), 0);
-        let removed: Vec<u64> = c.events.iter().map(|e| e.hash.0).collect();
+        let removed: Vec<u64> = c.events.iter().map(|e| one(e).0).collect();
         assert_eq!(removed, vec![2, 1]);
         assert!(c.events.iter().all(|e| e.kind == KvEventKind::Removed));
         assert_eq!(c.evicted, vec![(BlockHash(2), 0), (BlockHash(1), 0)]);
@@ -662,12 +678,12 @@ mod tests {
         c.allocate(8, SimTime(0), false);
         let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
         // Positions 3 and 7 end 4-block chunks.
-        assert_eq!(c.events.iter().map(|e| e.hash.0).collect::<Vec<_>>(), vec![4, 8]);
+        assert_eq!(c.events.iter().map(|e| one(e).0).collect::<Vec<_>>(), vec![4, 8]);
         c.events.clear();
         c.release(p, SimTime(1));
         // Evicting 4 blocks takes positions 7, 6, 5, 4: one chunk end.
         c.allocate(4, SimTime(2), false);
-        assert_eq!(c.events.iter().map(|e| (e.hash.0, e.kind)).collect::<Vec<_>>(), vec![(8, KvEventKind::Removed)]);
+        assert_eq!(c.events.iter().map(|e| (one(e).0, e.kind)).collect::<Vec<_>>(), vec![(8, KvEventKind::Removed)]);
         assert_eq!(c.evicted, vec![(BlockHash(8), 7)]);
     }
 

@@ -50,7 +50,7 @@ const NIL: u32 = u32::MAX;
 
 /// Chunks `block, block + stride, …` (`n` of them) of chain `chain`: a run
 /// (a single chunk when `block` is [`ChunkKey::EXACT`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Run {
     /// The chain.
     pub chain: u64,

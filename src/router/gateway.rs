@@ -18,7 +18,7 @@ use super::least_loaded::Fewest;
 use super::pd::PdRule;
 use super::{Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, ChunkedSeq, KvEvent, KvcConfig};
+use crate::kvcache::{BlockHash, ChunkedSeq, EventChunks, KvEvent, KvcConfig};
 use crate::metrics::LatencyHistogram;
 use crate::rng::StreamRng;
 use crate::time::{SimDuration, SimTime};
@@ -113,7 +113,7 @@ impl<'a> Router<'a> {
             needs: policy.needs(),
             policy,
             rng,
-            index: KvIndex::default(),
+            index: KvIndex::new(kvc.chunk_blocks),
             loads: Vec::new(),
             fewest: Fewest::default(),
             inbox: VecDeque::new(),
@@ -281,7 +281,7 @@ impl<'a> Router<'a> {
     /// the next batch is to be applied, if [`Router::collect`] left one.
     pub fn flush(&mut self, w: WorkerId, now: SimTime, stale: &mut LatencyHistogram) -> Option<SimTime> {
         let batch = &mut self.pending[w.index()];
-        self.kv_events += batch.len() as u64;
+        self.kv_events += batch.iter().map(|(_, e)| e.chunks.len()).sum::<u64>();
         self.kv_batches += 1;
         self.inbox.extend(batch.drain(..).map(|(t, e)| (w, t, RouterMsg::Kv(e))));
         self.collect_if_immediate(now, stale)
@@ -335,26 +335,39 @@ impl<'a> Router<'a> {
             if self.draining {
                 return None; // a batch is being applied; the rest follows it
             }
+            // A batch is at most `max_event_batch` messages, an event of
+            // many chunks counting one per chunk (split where a batch ends).
             let n = self.cfg.max_event_batch.min(self.inbox.len() as u32);
             self.index.warm(self.inbox.range(..n as usize).filter_map(|(_, _, m)| match m {
-                RouterMsg::Kv(e) => Some(e.hash),
-                RouterMsg::System(_) => None,
+                RouterMsg::Kv(KvEvent { chunks: EventChunks::One(h), .. }) => Some(*h),
+                _ => None,
             }));
             // Events of one flush share their age: record runs of equal ages at once.
             let mut run = (SimDuration(0), 0);
-            for _ in 0..n {
-                let (w, at, msg) = self.inbox.pop_front().expect("checked non-empty");
+            let mut budget = u64::from(self.cfg.max_event_batch);
+            while budget > 0 {
+                let Some((w, at, msg)) = self.inbox.pop_front() else { break };
                 match msg {
-                    RouterMsg::Kv(e) => {
+                    RouterMsg::Kv(mut e) => {
+                        if e.chunks.len() > budget {
+                            let front = e.chunks.split_front(budget, self.kvc.chunk_blocks);
+                            self.inbox.push_front((w, at, RouterMsg::Kv(e)));
+                            e.chunks = front;
+                        }
+                        let k = e.chunks.len();
+                        budget -= k;
                         self.index.apply(w, &e);
                         let age = now - at;
                         if age != run.0 && run.1 > 0 {
                             stale.record_n(run.0, run.1);
                             run.1 = 0;
                         }
-                        run = (age, run.1 + 1);
+                        run = (age, run.1 + k);
                     }
-                    RouterMsg::System(e) => self.loads[w.index()].system = e,
+                    RouterMsg::System(e) => {
+                        budget -= 1;
+                        self.loads[w.index()].system = e;
+                    }
                 }
             }
             if run.1 > 0 {
@@ -375,7 +388,8 @@ impl<'a> Router<'a> {
 
     /// KV events published (sent or still gathered) and batches sent.
     pub fn kv_event_counts(&self) -> (u64, u64) {
-        (self.kv_events + self.pending.iter().map(|p| p.len() as u64).sum::<u64>(), self.kv_batches)
+        let pending = self.pending.iter().flatten().map(|(_, e)| e.chunks.len()).sum::<u64>();
+        (self.kv_events + pending, self.kv_batches)
     }
 
     /// Wall seconds spent routing and collecting (when profiled).
@@ -430,7 +444,7 @@ mod tests {
     /// A GPU stored event for block `n` (1-based) of the chain of [`view`].
     fn stored(n: u64) -> KvEvent {
         let key = crate::kvcache::ChunkKey::new(CHAINS[0].chain, n - 1);
-        KvEvent { tier: Tier::Gpu, hash: key.hash(), kind: KvEventKind::Stored }
+        KvEvent { tier: Tier::Gpu, chunks: EventChunks::One(key.hash()), kind: KvEventKind::Stored }
     }
 
     fn at(n: u64) -> SimTime {
@@ -495,6 +509,32 @@ mod tests {
         // Ages: 10, 10, 15, 15, 20 ms.
         assert_eq!(stale.count(), 5);
         assert_eq!(stale.stats().mean, 14.0);
+    }
+
+    #[test]
+    fn an_event_of_many_chunks_counts_each_and_is_split_where_a_batch_ends() {
+        // As above, with the five chunks in one event of a tier: chunks 1..=5
+        // of the view's chain (blocks 1, 3, …, 9), named last chunk first.
+        let (cfg, kvc) = (cfg(PolicyKind::MaxPrefix, 0, 2, 5), kvc());
+        let mut r = router(&cfg, &kvc, 1, None);
+        let mut stale = LatencyHistogram::default();
+        let run = crate::kvcache::Run { chain: CHAINS[0].chain, block: 1, n: 5 };
+        let e = KvEvent { tier: Tier::Cpu, chunks: EventChunks::Run(run), kind: KvEventKind::Stored };
+        r.publish(WorkerId(0), at(0), e);
+        assert_eq!(r.flush(WorkerId(0), at(10), &mut stale), Some(at(15)));
+        // Chunks 5 and 4 first: no leading prefix of the view yet.
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 2);
+        assert_eq!(r.route(view(), |_| 0).predicted_hit_tokens, Some(0));
+        r.released(WorkerId(0));
+        assert_eq!(r.collect(at(15), true, &mut stale), Some(at(20)));
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 4);
+        assert_eq!(r.collect(at(20), true, &mut stale), None);
+        assert_eq!(r.chunks_indexed(WorkerId(0)), 5);
+        // All four of the view's chunks (128 tokens, the last one computed).
+        assert_eq!(r.route(view(), |_| 0).predicted_hit_tokens, Some(127));
+        // Counted and aged per chunk, exactly as five events: 10, 10, 15, 15, 20 ms.
+        assert_eq!((stale.count(), stale.stats().mean), (5, 14.0));
+        assert_eq!(r.kv_event_counts(), (5, 1));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! every worker.
 
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, KvEvent, KvEventKind, Tier};
+use crate::kvcache::{BlockHash, EventChunks, KvEvent, KvEventKind, Tier};
 use nohash_hasher::IntMap;
 use smallvec::SmallVec;
 
@@ -46,6 +46,8 @@ pub struct Match {
 /// The router's view of the workers' caches.
 #[derive(Debug, Default)]
 pub struct KvIndex {
+    /// Engine blocks per chunk (how a run's chunks are named).
+    stride: u64,
     chunks: IntMap<BlockHash, Holders>,
     /// Chunks each worker holds (any tier).
     per_worker: Vec<u64>,
@@ -56,24 +58,41 @@ pub struct KvIndex {
 }
 
 impl KvIndex {
-    /// Applies one event from `worker`.
+    /// An empty index of chunks of `stride` engine blocks.
+    pub fn new(stride: u64) -> KvIndex {
+        KvIndex { stride, ..KvIndex::default() }
+    }
+
+    /// Applies one event from `worker`: each chunk it names in turn.
     pub fn apply(&mut self, worker: WorkerId, e: &KvEvent) {
+        match e.chunks {
+            EventChunks::One(h) => self.apply_one(worker, e, h),
+            EventChunks::Run(_) => {
+                for h in e.chunks.hashes(self.stride) {
+                    self.apply_one(worker, e, h);
+                }
+            }
+        }
+    }
+
+    /// Applies event `e` of `worker` to chunk `hash`.
+    fn apply_one(&mut self, worker: WorkerId, e: &KvEvent, hash: BlockHash) {
         let w = worker.0;
         if self.per_worker.len() <= w as usize {
             self.per_worker.resize(w as usize + 1, 0);
         }
         match (e.kind, e.tier) {
-            (KvEventKind::Stored, Tier::Dfs) => self.chunks.entry(e.hash).or_default().dfs = true,
+            (KvEventKind::Stored, Tier::Dfs) => self.chunks.entry(hash).or_default().dfs = true,
             (KvEventKind::Removed, Tier::Dfs) => {
-                if let Some(h) = self.chunks.get_mut(&e.hash) {
+                if let Some(h) = self.chunks.get_mut(&hash) {
                     h.dfs = false;
                     if h.workers.is_empty() {
-                        self.chunks.remove(&e.hash);
+                        self.chunks.remove(&hash);
                     }
                 }
             }
             (KvEventKind::Stored, t) => {
-                let h = self.chunks.entry(e.hash).or_default();
+                let h = self.chunks.entry(hash).or_default();
                 match h.find(w) {
                     Ok(i) => h.workers[i].1 |= bit(t),
                     Err(i) => {
@@ -83,7 +102,7 @@ impl KvIndex {
                 }
             }
             (KvEventKind::Removed, t) => {
-                let Some(h) = self.chunks.get_mut(&e.hash) else { return };
+                let Some(h) = self.chunks.get_mut(&hash) else { return };
                 if let Ok(i) = h.find(w) {
                     h.workers[i].1 &= !bit(t);
                     if h.workers[i].1 == 0 {
@@ -92,7 +111,7 @@ impl KvIndex {
                     }
                 }
                 if h.workers.is_empty() && !h.dfs {
-                    self.chunks.remove(&e.hash);
+                    self.chunks.remove(&hash);
                 }
             }
         }
@@ -198,7 +217,7 @@ mod tests {
     use super::*;
 
     fn ev(tier: Tier, hash: u64, kind: KvEventKind) -> KvEvent {
-        KvEvent { tier, hash: BlockHash(hash), kind }
+        KvEvent { tier, chunks: EventChunks::One(BlockHash(hash)), kind }
     }
 
     const W: [f64; 4] = [1.0, 0.5, 0.25, 0.1];
