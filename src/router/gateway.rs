@@ -18,7 +18,7 @@ use super::least_loaded::Fewest;
 use super::pd::PdRule;
 use super::{Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, ChunkedSeq, EventChunks, KvEvent, KvcConfig};
+use crate::kvcache::{BlockHash, ChunkedSeq, KvEvent, KvcConfig};
 use crate::metrics::LatencyHistogram;
 use crate::rng::StreamRng;
 use crate::time::{SimDuration, SimTime};
@@ -337,11 +337,6 @@ impl<'a> Router<'a> {
             }
             // A batch is at most `max_event_batch` messages, an event of
             // many chunks counting one per chunk (split where a batch ends).
-            let n = self.cfg.max_event_batch.min(self.inbox.len() as u32);
-            self.index.warm(self.inbox.range(..n as usize).filter_map(|(_, _, m)| match m {
-                RouterMsg::Kv(KvEvent { chunks: EventChunks::One(h), .. }) => Some(*h),
-                _ => None,
-            }));
             // Events of one flush share their age: record runs of equal ages at once.
             let mut run = (SimDuration(0), 0);
             let mut budget = u64::from(self.cfg.max_event_batch);
@@ -401,7 +396,9 @@ impl<'a> Router<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{ChainSpan, KvEventKind, PartialChunks, SaveTiming, Tier, WriteMode, WritePolicy};
+    use crate::kvcache::{
+        ChainSpan, EventChunks, KvEventKind, PartialChunks, SaveTiming, Tier, WriteMode, WritePolicy,
+    };
     use crate::router::{BalancedParams, PolicyKind};
 
     fn cfg(policy: PolicyKind, collection_ms: u64, batch: u32, batch_ms: u64) -> RouterConfig {

@@ -117,17 +117,6 @@ impl KvIndex {
         }
     }
 
-    /// Looks up the entries of a batch of events before they are applied.
-    /// The lookups are independent, so the processor overlaps their cache
-    /// misses; applying the batch then finds its entries in cache.
-    pub fn warm(&self, hashes: impl Iterator<Item = BlockHash>) {
-        let mut found = 0usize;
-        for h in hashes {
-            found += self.chunks.get(&h).map_or(0, |x| x.workers.len());
-        }
-        std::hint::black_box(found);
-    }
-
     /// Chunks `worker` holds in any tier (the DFS not counted).
     pub fn held_by(&self, worker: WorkerId) -> u64 {
         self.per_worker.get(worker.index()).copied().unwrap_or(0)
