@@ -97,6 +97,8 @@ pub enum EventChunks {
     One(BlockHash),
     /// A run of a chain's chunks, last chunk first (the tiers' events).
     Run(Run),
+    /// A run of a chain's chunks, first chunk first (the GPU's stored events).
+    RunUp(Run),
 }
 
 impl EventChunks {
@@ -104,7 +106,7 @@ impl EventChunks {
     pub fn len(&self) -> u64 {
         match self {
             EventChunks::One(_) => 1,
-            EventChunks::Run(r) => r.n,
+            EventChunks::Run(r) | EventChunks::RunUp(r) => r.n,
         }
     }
 
@@ -125,16 +127,25 @@ impl EventChunks {
                 r.n -= k;
                 EventChunks::Run(front)
             }
+            EventChunks::RunUp(r) => {
+                debug_assert!(k < r.n);
+                let front = Run { n: k, ..*r };
+                (r.block, r.n) = (r.block + k * stride, r.n - k);
+                EventChunks::RunUp(front)
+            }
         }
     }
 
     /// The chunks' keys as hashes, in order, for chunks of `stride` blocks.
     pub fn hashes(&self, stride: u64) -> impl Iterator<Item = BlockHash> + '_ {
-        let (one, run) = match *self {
-            EventChunks::One(h) => (Some(h), None),
-            EventChunks::Run(r) => (None, Some(r)),
+        let (one, run, up) = match *self {
+            EventChunks::One(h) => (Some(h), None, None),
+            EventChunks::Run(r) => (None, Some(r), None),
+            EventChunks::RunUp(r) => (None, None, Some(r)),
         };
-        one.into_iter().chain(run.into_iter().flat_map(move |r| (0..r.n).rev().map(move |i| r.key(i, stride).hash())))
+        let down = run.into_iter().flat_map(move |r| (0..r.n).rev().map(move |i| r.key(i, stride).hash()));
+        let up = up.into_iter().flat_map(move |r| (0..r.n).map(move |i| r.key(i, stride).hash()));
+        one.into_iter().chain(down).chain(up)
     }
 }
 

@@ -20,7 +20,7 @@
 //! chunk only: the router's view and the tiers both work in chunks, and this
 //! keeps the event volume 1/stride of the block traffic.
 
-use super::{BlockHash, EventChunks, KvEvent, KvEventKind, Tier};
+use super::{BlockHash, ChainSpan, EventChunks, KvEvent, KvEventKind, Run, Tier};
 use crate::time::{SimDuration, SimTime};
 use nohash_hasher::IntMap;
 use std::collections::BTreeSet;
@@ -350,7 +350,14 @@ impl PrefixCache {
     /// one of the holder's private blocks. Blocks already resident are shared
     /// instead (the private copy is freed). Returns the extended path, or the
     /// same path when caching is off (the blocks stay private).
-    pub fn extend(&mut self, path: Path, hashes: &[BlockHash], first_pos: u32, now: SimTime) -> Path {
+    pub fn extend(
+        &mut self,
+        path: Path,
+        hashes: &[BlockHash],
+        first_pos: u32,
+        chains: &[ChainSpan],
+        now: SimTime,
+    ) -> Path {
         if !self.enabled || hashes.is_empty() {
             return path;
         }
@@ -361,7 +368,7 @@ impl PrefixCache {
             // Fast path: the holder alone owns a leaf it is growing.
             let n = &self.nodes[end as usize];
             if end != ROOT && n.refs == 1 && n.children == 0 {
-                self.emit_stored(&hashes[a..], pos);
+                self.emit_stored(&hashes[a..], pos, chains);
                 let n = &mut self.nodes[end as usize];
                 n.hashes.extend_from_slice(&hashes[a..]);
                 n.last_used = now;
@@ -391,7 +398,7 @@ impl PrefixCache {
                     a += l;
                 }
                 None => {
-                    self.emit_stored(&hashes[a..], pos);
+                    self.emit_stored(&hashes[a..], pos, chains);
                     let mut run = self.spare.pop().unwrap_or_default();
                     run.extend_from_slice(&hashes[a..]);
                     let node = Node {
@@ -421,15 +428,38 @@ impl PrefixCache {
         Path(end)
     }
 
-    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
-        if self.events_on {
+    /// Stored events for the chunk-ending blocks of `hashes` (positions
+    /// `first_pos`…): one per run of them on one chain when the sequence's
+    /// `chains` are given, else one per chunk.
+    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32, chains: &[ChainSpan]) {
+        if !self.events_on {
+            return;
+        }
+        let event = |chunks| KvEvent { tier: Tier::Gpu, chunks, kind: KvEventKind::Stored };
+        if chains.is_empty() {
             for k in self.reported(first_pos, hashes.len()) {
-                self.events.push(KvEvent {
-                    tier: Tier::Gpu,
-                    chunks: EventChunks::One(hashes[k]),
-                    kind: KvEventKind::Stored,
-                });
+                self.events.push(event(EventChunks::One(hashes[k])));
             }
+            return;
+        }
+        let mut span = 0;
+        let mut run: Option<Run> = None;
+        for k in self.reported(first_pos, hashes.len()) {
+            let b = u64::from(first_pos) + k as u64;
+            while chains[span].end <= b {
+                span += 1;
+            }
+            run = match run {
+                Some(r) if r.chain == chains[span].chain => Some(Run { n: r.n + 1, ..r }),
+                Some(r) => {
+                    self.events.push(event(EventChunks::RunUp(r)));
+                    Some(Run { chain: chains[span].chain, block: b, n: 1 })
+                }
+                None => Some(Run { chain: chains[span].chain, block: b, n: 1 }),
+            };
+        }
+        if let Some(r) = run {
+            self.events.push(event(EventChunks::RunUp(r)));
         }
     }
 
@@ -524,12 +554,13 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvcache::ChunkKey;
 
     /// The hash a GPU event names.
     fn one(e: &KvEvent) -> BlockHash {
         match e.chunks {
             EventChunks::One(h) => h,
-            EventChunks::Run(_) => panic!("the GPU names chunks one by one"),
+            _ => panic!("without the sequence's chains, the GPU names chunks one by one"),
         }
     }
 
@@ -556,7 +587,7 @@ mod tests {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         let t = SimTime(1);
         c.allocate(3, t, false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, t);
+        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, &[], t);
         assert_eq!(c.used(), 3); // two cached + one private
         c.release(p, t);
         c.free_private(1);
@@ -572,7 +603,7 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.record(true, true, 1);
         c.allocate(3, SimTime(0), false);
-        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, SimTime(0))).collect();
+        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, &[], SimTime(0))).collect();
         // Released in the order 2, 1, 3.
         c.release(paths[1], SimTime(1));
         c.release(paths[0], SimTime(2));
@@ -594,7 +625,7 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.allocate(3, SimTime(0), false);
         c.record(true, true, 1);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, &[], SimTime(0));
         c.release(p, SimTime(1));
         c.allocate(1, SimTime(2), false);
         assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2, "the prefix survives, the tail block went");
@@ -605,7 +636,7 @@ mod tests {
     fn ttl_protects_recently_used_blocks() {
         let mut c = PrefixCache::new(1, true, SimDuration(100));
         c.allocate(1, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[9]), 0, SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[9]), 0, &[], SimTime(0));
         c.release(p, SimTime(10));
         assert!(!c.can_allocate(1, SimTime(109), false), "used at 10, protected until 110");
         assert!(c.can_allocate(1, SimTime(109), true), "unless the TTL yields");
@@ -616,8 +647,8 @@ mod tests {
     fn a_duplicate_computed_block_shares_the_resident_one() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(2, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0));
-        let b = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0)); // a second request computed the same block
+        let a = c.extend(Path::NONE, &hs(&[5]), 0, &[], SimTime(0));
+        let b = c.extend(Path::NONE, &hs(&[5]), 0, &[], SimTime(0)); // a second request computed the same block
         assert_eq!(c.used(), 1, "the duplicate's private block went back to the pool");
         c.release(a, SimTime(1));
         assert_eq!(c.evictable(), 0, "still referenced once");
@@ -629,7 +660,7 @@ mod tests {
     fn sharing_part_of_a_run_splits_it_and_keeps_the_shared_part() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(4, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, SimTime(0));
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, &[], SimTime(0));
         // B shares the first two blocks, then diverges.
         assert_eq!(c.lookup(&hs(&[1, 2, 9])), 2);
         let b = c.acquire(&hs(&[1, 2, 9]), 2, SimTime(1));
@@ -640,7 +671,7 @@ mod tests {
         c.free_private(2);
         // B extends its path with a new block after the split point.
         c.allocate(1, SimTime(3), false);
-        let b = c.extend(b, &hs(&[7]), 2, SimTime(3));
+        let b = c.extend(b, &hs(&[7]), 2, &[], SimTime(3));
         assert_eq!(c.lookup(&hs(&[1, 2, 7])), 3);
         c.release(b, SimTime(4));
         assert_eq!((c.used(), c.evictable()), (0, 3));
@@ -651,7 +682,7 @@ mod tests {
         let live = |c: &PrefixCache| c.nodes.len() - 1 - c.free_nodes.len();
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.allocate(8, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, &[], SimTime(0));
         // B and C hold the first 3 and 5 blocks: three runs.
         let b = c.acquire(&hs(&[1, 2, 3, 9]), 3, SimTime(1));
         let d = c.acquire(&hs(&[1, 2, 3, 4, 5, 9]), 5, SimTime(1));
@@ -676,7 +707,7 @@ mod tests {
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.record(true, true, 4);
         c.allocate(8, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, &[], SimTime(0));
         // Positions 3 and 7 end 4-block chunks.
         assert_eq!(c.events.iter().map(|e| one(e).0).collect::<Vec<_>>(), vec![4, 8]);
         c.events.clear();
@@ -688,10 +719,29 @@ mod tests {
     }
 
     #[test]
+    fn with_the_sequences_chains_stored_chunks_are_one_event_per_chain() {
+        // 2-block chunks ending at positions 1, 3, 5, 7; blocks 0..5 on chain
+        // 10, 5..8 on chain 20.
+        let chains = [ChainSpan { chain: 10, end: 5 }, ChainSpan { chain: 20, end: 8 }];
+        let blocks: Vec<BlockHash> = (0..8).map(|k| ChunkKey::new(if k < 5 { 10 } else { 20 }, k).hash()).collect();
+        let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
+        c.record(true, false, 2);
+        c.allocate(8, SimTime(0), false);
+        c.extend(Path::NONE, &blocks, 0, &chains, SimTime(0));
+        let run = |chain, block, n| EventChunks::RunUp(Run { chain, block, n });
+        let got: Vec<EventChunks> = c.events.iter().map(|e| e.chunks).collect();
+        // Positions 1, 3 on chain 10, then 5, 7 on chain 20.
+        assert_eq!(got, [run(10, 1, 2), run(20, 5, 2)]);
+        // Each names the chunks' hashes, first chunk first, as single events would.
+        let hashes: Vec<BlockHash> = got.iter().flat_map(|e| e.hashes(2).collect::<Vec<_>>()).collect();
+        assert_eq!(hashes, [blocks[1], blocks[3], blocks[5], blocks[7]]);
+    }
+
+    #[test]
     fn disabled_caching_never_matches() {
         let mut c = PrefixCache::new(2, false, SimDuration::ZERO);
         c.allocate(1, SimTime(0), false);
-        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, SimTime(0)), Path::NONE);
+        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, &[], SimTime(0)), Path::NONE);
         assert_eq!(c.lookup(&hs(&[1])), 0);
         c.free_private(1);
         assert_eq!(c.used(), 0);

@@ -67,7 +67,7 @@ impl KvIndex {
     pub fn apply(&mut self, worker: WorkerId, e: &KvEvent) {
         match e.chunks {
             EventChunks::One(h) => self.apply_one(worker, e, h),
-            EventChunks::Run(_) => {
+            EventChunks::Run(_) | EventChunks::RunUp(_) => {
                 for h in e.chunks.hashes(self.stride) {
                     self.apply_one(worker, e, h);
                 }

@@ -548,7 +548,7 @@ impl Worker {
         let full = ((r.seq.computed / cfg.block_size) as usize).min(r.blocks.len());
         let from = r.seq.registered as usize;
         if from < full && self.cache.enabled() {
-            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, now);
+            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, &r.chains, now);
             r.seq.registered = full as u64;
             if cfg.report_evictions {
                 let (stride, mut span) = (cfg.event_stride as usize, 0);
