@@ -396,7 +396,9 @@ impl KvConnector {
         'runs: for (run, start, end) in self.kvc.runs(seq, local / self.kvc.chunk_blocks) {
             let mut i = 0;
             while i < run.n {
-                let Some((instance, take)) = self.holder(tiers, self.sub_run(run, i)) else { break 'runs };
+                let Some((instance, take)) = self.holder(tiers, run.skip(i, self.kvc.chunk_blocks)) else {
+                    break 'runs;
+                };
                 // Chunk c's tokens are [start + c·ct, min(start + (c + 1)·ct, end)); a
                 // chunk with no token below `cap` beyond `next` ends the walk.
                 let chunk_end = |c: u64| (start + (c + 1) * ct).min(end);
@@ -411,18 +413,19 @@ impl KvConnector {
                 hit.per_tier[self.instances[instance as usize].tier.index()] += tokens;
                 if let Some(f) = found.as_deref_mut() {
                     let bytes = (chunk_end(i) - (start + i * ct)) * self.kvc.token_bytes();
-                    f.push(Found { instance, run: self.sub_run(run, i).first(take), from: next, to, bytes });
+                    f.push(Found {
+                        instance,
+                        run: run.skip(i, self.kvc.chunk_blocks).first(take),
+                        from: next,
+                        to,
+                        bytes,
+                    });
                 }
                 next = to;
                 i += take;
             }
         }
         hit
-    }
-
-    /// Chunks `i..` of `run`.
-    fn sub_run(&self, run: Run, i: u64) -> Run {
-        if i == 0 { run } else { Run { block: run.block + i * self.kvc.chunk_blocks, n: run.n - i, ..run } }
     }
 
     /// The tier instance (of `tiers`, in lookup order) that a lookup takes
@@ -501,8 +504,10 @@ impl KvConnector {
             }
             let mut i = 0;
             while i < run.n {
-                let Some((instance, take)) = self.holder(tiers, self.sub_run(run, i)) else { break 'walk };
-                held.push((instance, self.sub_run(run, i).first(take)));
+                let Some((instance, take)) = self.holder(tiers, run.skip(i, self.kvc.chunk_blocks)) else {
+                    break 'walk;
+                };
+                held.push((instance, run.skip(i, self.kvc.chunk_blocks).first(take)));
                 i += take;
                 end = (start + i * ct).min(run_end);
             }

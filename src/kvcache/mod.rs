@@ -123,14 +123,14 @@ impl EventChunks {
             EventChunks::Run(r) => {
                 debug_assert!(k < r.n);
                 // Last chunk first: the front is the highest chunks.
-                let front = Run { block: r.block + (r.n - k) * stride, n: k, ..*r };
-                r.n -= k;
+                let front = r.skip(r.n - k, stride);
+                *r = r.first(r.n - k);
                 EventChunks::Run(front)
             }
             EventChunks::RunUp(r) => {
                 debug_assert!(k < r.n);
-                let front = Run { n: k, ..*r };
-                (r.block, r.n) = (r.block + k * stride, r.n - k);
+                let front = r.first(k);
+                *r = r.skip(k, stride);
                 EventChunks::RunUp(front)
             }
         }
@@ -138,14 +138,12 @@ impl EventChunks {
 
     /// The chunks' keys as hashes, in order, for chunks of `stride` blocks.
     pub fn hashes(&self, stride: u64) -> impl Iterator<Item = BlockHash> + '_ {
-        let (one, run, up) = match *self {
-            EventChunks::One(h) => (Some(h), None, None),
-            EventChunks::Run(r) => (None, Some(r), None),
-            EventChunks::RunUp(r) => (None, None, Some(r)),
-        };
-        let down = run.into_iter().flat_map(move |r| (0..r.n).rev().map(move |i| r.key(i, stride).hash()));
-        let up = up.into_iter().flat_map(move |r| (0..r.n).map(move |i| r.key(i, stride).hash()));
-        one.into_iter().chain(down).chain(up)
+        let n = self.len();
+        (0..n).map(move |i| match self {
+            EventChunks::One(h) => *h,
+            EventChunks::Run(r) => r.key(n - 1 - i, stride).hash(),
+            EventChunks::RunUp(r) => r.key(i, stride).hash(),
+        })
     }
 }
 

@@ -71,13 +71,15 @@ impl Run {
         Run { n, ..self }
     }
 
+    /// Its chunks from the `i`-th on, for chunks of `stride` blocks.
+    pub fn skip(self, i: u64, stride: u64) -> Run {
+        if i == 0 { self } else { Run { block: self.block + i * stride, n: self.n - i, ..self } }
+    }
+
     /// Its `i`-th chunk, for chunks of `stride` blocks.
     pub fn key(&self, i: u64, stride: u64) -> ChunkKey {
-        if self.block == ChunkKey::EXACT {
-            ChunkKey::from_parts(self.chain, self.block)
-        } else {
-            ChunkKey::new(self.chain, self.block + i * stride)
-        }
+        let block = if self.block == ChunkKey::EXACT { ChunkKey::EXACT } else { self.block + i * stride };
+        ChunkKey::from_parts(self.chain, block)
     }
 }
 
@@ -107,7 +109,8 @@ impl Entry {
         self.q1 - self.q0
     }
 
-    /// The same chunks, state and lane as `o` would continue.
+    /// Whether the two can be one entry: the same lane, chunk size, pins
+    /// and readiness (the caller checks that their chunks adjoin).
     fn joins(&self, o: &Entry) -> bool {
         self.chain == o.chain
             && self.res == o.res
@@ -141,9 +144,9 @@ struct Lane {
 /// regression test (not a table column).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreOps {
-    /// Reservations asked for (a write of a chunk, held or not).
+    /// Reservations asked for (a write of a run of chunks, held or not).
     pub writes: u64,
-    /// Recency refreshes (a use of a held chunk).
+    /// Recency refreshes (a use of a run of chunks).
     pub refreshes: u64,
     /// Device operations (reads and writes) of the instance; filled in by
     /// the connector's report.
@@ -561,19 +564,19 @@ impl ChunkStore {
             // fewest victims they need.
             ((self.capacity + freed).saturating_sub(self.used) / bytes).min(n)
         };
-        let mut need = over(m, 0);
-        for (i, &mut (e, ref mut take)) in victims.iter_mut().enumerate() {
-            let b = u64::from(self.slab[e as usize].bytes).max(1);
-            *take = (*take).min(need.div_ceil(b));
-            need = need.saturating_sub(*take * b);
+        // The fewest victims the m chunks need (none if they fit as it is).
+        let mut need = if m == 0 { 0 } else { over(m, 0) };
+        let mut keep = 0;
+        for (e, take) in victims.iter_mut() {
             if need == 0 {
-                victims.truncate(i + 1);
                 break;
             }
+            let b = u64::from(self.slab[*e as usize].bytes).max(1);
+            *take = (*take).min(need.div_ceil(b));
+            need = need.saturating_sub(*take * b);
+            keep += 1;
         }
-        if m == 0 || over(m, 0) == 0 {
-            victims.clear();
-        }
+        victims.truncate(keep);
         if self.peak < self.capacity && !victims.is_empty() {
             // The most held on the way: reserving chunk by chunk, each one
             // evicts only what it needs before it is added.
@@ -591,9 +594,6 @@ impl ChunkStore {
             }
         }
         for &(e, take) in &victims {
-            if take == 0 {
-                continue;
-            }
             let x = self.slab[e as usize];
             let run = x.run(x.q1 - take, x.q1, self.stride);
             evicted.push((run, u64::from(x.bytes)));

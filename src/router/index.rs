@@ -10,7 +10,7 @@
 //! every worker.
 
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, EventChunks, KvEvent, KvEventKind, Tier};
+use crate::kvcache::{BlockHash, KvEvent, KvEventKind, Tier};
 use nohash_hasher::IntMap;
 use smallvec::SmallVec;
 
@@ -65,13 +65,8 @@ impl KvIndex {
 
     /// Applies one event from `worker`: each chunk it names in turn.
     pub fn apply(&mut self, worker: WorkerId, e: &KvEvent) {
-        match e.chunks {
-            EventChunks::One(h) => self.apply_one(worker, e, h),
-            EventChunks::Run(_) | EventChunks::RunUp(_) => {
-                for h in e.chunks.hashes(self.stride) {
-                    self.apply_one(worker, e, h);
-                }
-            }
+        for h in e.chunks.hashes(self.stride) {
+            self.apply_one(worker, e, h);
         }
     }
 
@@ -204,6 +199,7 @@ impl KvIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvcache::EventChunks;
 
     fn ev(tier: Tier, hash: u64, kind: KvEventKind) -> KvEvent {
         KvEvent { tier, chunks: EventChunks::One(BlockHash(hash)), kind }
