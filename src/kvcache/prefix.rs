@@ -154,10 +154,14 @@ impl PrefixCache {
     /// end a chunk — those events and evicted-block reports are made for —
     /// found by arithmetic, not by testing every block.
     fn reported(&self, first: u32, len: usize) -> impl Iterator<Item = usize> + use<> {
+        (self.first_reported(first)..len).step_by(self.stride as usize)
+    }
+
+    /// The first `k` whose block (at position `first + k`) ends a chunk:
+    /// `(first + k + 1) ≡ 0 (mod stride)`.
+    fn first_reported(&self, first: u32) -> usize {
         let s = self.stride as usize;
-        // (first + k + 1) ≡ 0 (mod s)
-        let k0 = (s - (first as usize + 1) % s) % s;
-        (k0..len).step_by(s)
+        (s - (first as usize + 1) % s) % s
     }
 
     /// Whether prefix caching is on.
@@ -178,6 +182,37 @@ impl PrefixCache {
     /// Cached blocks nobody references.
     pub fn evictable(&self) -> u64 {
         self.evictable
+    }
+
+    /// Evictable blocks [`Self::allocate`] can take, least recently used
+    /// first, before it takes one it tells of (a KV event or an evicted-block
+    /// report, see [`Self::record`]): all of them when it tells of none.
+    /// Counted from the least recently used leaf's tail on, leaf by leaf,
+    /// up to the first told-of block or the first leaf whose removal may put
+    /// its parent in the LRU set (which may then come next): a lower bound
+    /// there, exact otherwise. A run of decode steps allocates within it, so
+    /// that whatever it evicts is invisible and may happen late.
+    pub fn quietly_evictable(&self) -> u64 {
+        if !(self.events_on || self.evicted_on) {
+            return self.evictable;
+        }
+        let s = self.stride as usize;
+        let mut quiet = 0;
+        for &(_, i) in &self.lru {
+            let node = &self.nodes[i as usize];
+            let len = node.hashes.len();
+            // Blocks go from the tail; the last told-of one stops the count.
+            let k0 = self.first_reported(node.first_pos);
+            if k0 < len {
+                return quiet + ((len - 1 - k0) % s) as u64;
+            }
+            quiet += len as u64;
+            let parent = &self.nodes[node.parent as usize];
+            if node.parent != ROOT && parent.refs == 0 && parent.children == 1 {
+                break;
+            }
+        }
+        quiet
     }
 
     /// Blocks with no content.
@@ -735,6 +770,76 @@ mod tests {
         // Each names the chunks' hashes, first chunk first, as single events would.
         let hashes: Vec<BlockHash> = got.iter().flat_map(|e| e.hashes(2).collect::<Vec<_>>()).collect();
         assert_eq!(hashes, [blocks[1], blocks[3], blocks[5], blocks[7]]);
+    }
+
+    #[test]
+    fn quiet_evictions_stop_before_the_first_block_told_of() {
+        // Stride 4: positions 3, 7, … end chunks. A holds positions 0, 1 (no
+        // chunk end), B positions 0..6 (one, at 3), released after A.
+        let mut c = PrefixCache::new(16, true, SimDuration::ZERO);
+        c.record(true, false, 4);
+        c.allocate(8, SimTime(0), false);
+        let a = c.extend(Path::NONE, &hs(&[1, 2]), 0, &[], SimTime(0));
+        let b = c.extend(Path::NONE, &hs(&[11, 12, 13, 14, 15, 16]), 0, &[], SimTime(0));
+        c.release(a, SimTime(1));
+        c.release(b, SimTime(2));
+        c.events.clear();
+        // 8 free, then A's two blocks and B's positions 5, 4 before position 3.
+        assert_eq!((c.free(), c.quietly_evictable()), (8, 4));
+        c.allocate(12, SimTime(3), false);
+        assert!(c.events.is_empty());
+        c.allocate(1, SimTime(3), false);
+        assert_eq!(c.events.iter().map(|e| one(e).0).collect::<Vec<_>>(), [14]);
+        // Telling of nothing, every evictable block is quiet.
+        c.record(false, false, 4);
+        assert_eq!(c.quietly_evictable(), c.evictable());
+    }
+
+    #[test]
+    fn quiet_evictions_are_a_lower_bound_that_tells_of_nothing() {
+        // Random caches of sequences sharing prefixes, released in random
+        // order: allocating the quiet count block by block makes no event.
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut next = |n: u64| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        let mut quiet_cases = 0;
+        for case in 0..300 {
+            let stride = 1 + next(5) as u32;
+            let mut c = PrefixCache::new(400, true, SimDuration::ZERO);
+            c.record(true, case % 2 == 0, stride);
+            let mut seqs: Vec<Vec<BlockHash>> = Vec::new();
+            let mut paths = Vec::new();
+            for i in 0..1 + next(8) {
+                let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
+                    Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
+                    None => Vec::new(),
+                };
+                h.extend((0..1 + next(12)).map(|k| BlockHash(1000 * (case + 1) + 100 * i + k)));
+                c.allocate(h.len() as u64, SimTime(0), false);
+                paths.push(c.extend(Path::NONE, &h, 0, &[], SimTime(0)));
+                seqs.push(h);
+            }
+            let n = paths.len() as u64;
+            for t in 0..n {
+                let k = next(n) as usize;
+                if paths[k] != Path::NONE {
+                    c.release(std::mem::replace(&mut paths[k], Path::NONE), SimTime(1 + t));
+                }
+            }
+            let quiet = c.quietly_evictable();
+            assert!(quiet <= c.evictable());
+            quiet_cases += u32::from(quiet > 0);
+            c.allocate(c.free(), SimTime(99), false);
+            c.events.clear();
+            c.evicted.clear();
+            for _ in 0..quiet {
+                c.allocate(1, SimTime(99), false);
+            }
+            assert!(c.events.is_empty() && c.evicted.is_empty(), "case {case}: {quiet} quiet blocks told of one");
+        }
+        assert!(quiet_cases > 100, "only {quiet_cases} cases had quiet blocks");
     }
 
     #[test]

@@ -177,10 +177,7 @@ impl Worker {
         let last = self.decode.next_finish().min(self.decode.next_cross().saturating_sub(1)).max(s);
         // Blocks for the later sub-steps, without preemption; evictions only
         // where nobody is told about them.
-        let mut allowance = self.cache.free();
-        if !(cfg.publish_events || cfg.report_evictions) {
-            allowance += self.cache.evictable();
-        }
+        let allowance = self.cache.free() + self.cache.quietly_evictable();
         let n = self.decode.steps_within(s + 1, last - s, allowance);
         let run = &mut self.run;
         run.pieces.clear();
