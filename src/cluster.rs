@@ -395,8 +395,7 @@ impl<'a> Cluster<'a> {
         self.scratch.conn_out.events.extend(events.drain(..).map(|e| (w, e)));
         // Only reported when write-back on eviction is on.
         if !evicted.is_empty() {
-            let keys: Vec<_> = evicted.drain(..).map(|(h, pos)| worker.evicted_chunk(h, pos)).collect();
-            self.connector.save_evicted(now, w, keys.into_iter(), &mut self.scratch.conn_out);
+            self.connector.save_evicted(now, w, evicted.drain(..), &mut self.scratch.conn_out);
         }
         let cache = self.workers[w.index()].cache_mut();
         cache.events = events;

@@ -20,7 +20,7 @@
 //! chunk only: the router's view and the tiers both work in chunks, and this
 //! keeps the event volume 1/stride of the block traffic.
 
-use super::{BlockHash, ChainSpan, EventChunks, KvEvent, KvEventKind, Run, Tier};
+use super::{BlockHash, ChunkKey, EventChunks, KvEvent, KvEventKind, Run, Tier};
 use crate::time::{SimDuration, SimTime};
 use nohash_hasher::IntMap;
 use std::collections::BTreeSet;
@@ -80,8 +80,8 @@ pub struct PrefixCache {
     lru: BTreeSet<(SimTime, u32)>,
     /// Stored/removed events since the last drain (when `events_on`).
     pub events: Vec<KvEvent>,
-    /// Evicted blocks `(hash, position)` since the last drain (when `evicted_on`).
-    pub evicted: Vec<(BlockHash, u32)>,
+    /// Chunks whose last block was evicted since the last drain (when `evicted_on`).
+    pub evicted: Vec<ChunkKey>,
     events_on: bool,
     evicted_on: bool,
     stride: u32,
@@ -110,6 +110,39 @@ fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
 
 fn child_key(parent: u32, first: BlockHash) -> u64 {
     first.0 ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Pushes `kind` GPU events for the chunk-ending blocks (every `stride`-th
+/// position) among `hashes` (positions `first_pos`…): one per run of them on
+/// one chain, first chunk first — the chain read off each block's hash
+/// ([`ChunkKey::of_block`]).
+fn push_runs(events: &mut Vec<KvEvent>, hashes: &[BlockHash], first_pos: u32, stride: u32, kind: KvEventKind) {
+    let mut run: Option<Run> = None;
+    for k in reported(first_pos, hashes.len(), stride) {
+        let key = ChunkKey::of_block(hashes[k], u64::from(first_pos) + k as u64);
+        run = match run {
+            Some(r) if r.chain == key.chain => Some(Run { n: r.n + 1, ..r }),
+            done => {
+                events.extend(done.map(|r| KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(r), kind }));
+                Some(Run::one(key))
+            }
+        };
+    }
+    events.extend(run.map(|r| KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(r), kind }));
+}
+
+/// The indices `k` of `0..len` whose blocks (at positions `first + k`)
+/// end a chunk of `stride` blocks — those events and evicted-block reports
+/// are made for — found by arithmetic, not by testing every block.
+fn reported(first: u32, len: usize, stride: u32) -> impl Iterator<Item = usize> {
+    (first_reported(first, stride)..len).step_by(stride as usize)
+}
+
+/// The first `k` whose block (at position `first + k`) ends a chunk of
+/// `stride` blocks: `(first + k + 1) ≡ 0 (mod stride)`.
+fn first_reported(first: u32, stride: u32) -> usize {
+    let s = stride as usize;
+    (s - (first as usize + 1) % s) % s
 }
 
 impl PrefixCache {
@@ -150,20 +183,6 @@ impl PrefixCache {
         self.stride = stride.max(1);
     }
 
-    /// The indices `k` of `0..len` whose blocks (at positions `first + k`)
-    /// end a chunk — those events and evicted-block reports are made for —
-    /// found by arithmetic, not by testing every block.
-    fn reported(&self, first: u32, len: usize) -> impl Iterator<Item = usize> + use<> {
-        (self.first_reported(first)..len).step_by(self.stride as usize)
-    }
-
-    /// The first `k` whose block (at position `first + k`) ends a chunk:
-    /// `(first + k + 1) ≡ 0 (mod stride)`.
-    fn first_reported(&self, first: u32) -> usize {
-        let s = self.stride as usize;
-        (s - (first as usize + 1) % s) % s
-    }
-
     /// Whether prefix caching is on.
     pub fn enabled(&self) -> bool {
         self.enabled
@@ -202,7 +221,7 @@ impl PrefixCache {
             let node = &self.nodes[i as usize];
             let len = node.hashes.len();
             // Blocks go from the tail; the last told-of one stops the count.
-            let k0 = self.first_reported(node.first_pos);
+            let k0 = first_reported(node.first_pos, self.stride);
             if k0 < len {
                 return quiet + ((len - 1 - k0) % s) as u64;
             }
@@ -385,14 +404,7 @@ impl PrefixCache {
     /// one of the holder's private blocks. Blocks already resident are shared
     /// instead (the private copy is freed). Returns the extended path, or the
     /// same path when caching is off (the blocks stay private).
-    pub fn extend(
-        &mut self,
-        path: Path,
-        hashes: &[BlockHash],
-        first_pos: u32,
-        chains: &[ChainSpan],
-        now: SimTime,
-    ) -> Path {
+    pub fn extend(&mut self, path: Path, hashes: &[BlockHash], first_pos: u32, now: SimTime) -> Path {
         if !self.enabled || hashes.is_empty() {
             return path;
         }
@@ -403,7 +415,7 @@ impl PrefixCache {
             // Fast path: the holder alone owns a leaf it is growing.
             let n = &self.nodes[end as usize];
             if end != ROOT && n.refs == 1 && n.children == 0 {
-                self.emit_stored(&hashes[a..], pos, chains);
+                self.emit_stored(&hashes[a..], pos);
                 let n = &mut self.nodes[end as usize];
                 n.hashes.extend_from_slice(&hashes[a..]);
                 n.last_used = now;
@@ -433,7 +445,7 @@ impl PrefixCache {
                     a += l;
                 }
                 None => {
-                    self.emit_stored(&hashes[a..], pos, chains);
+                    self.emit_stored(&hashes[a..], pos);
                     let mut run = self.spare.pop().unwrap_or_default();
                     run.extend_from_slice(&hashes[a..]);
                     let node = Node {
@@ -463,38 +475,10 @@ impl PrefixCache {
         Path(end)
     }
 
-    /// Stored events for the chunk-ending blocks of `hashes` (positions
-    /// `first_pos`…): one per run of them on one chain when the sequence's
-    /// `chains` are given, else one per chunk.
-    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32, chains: &[ChainSpan]) {
-        if !self.events_on {
-            return;
-        }
-        let event = |chunks| KvEvent { tier: Tier::Gpu, chunks, kind: KvEventKind::Stored };
-        if chains.is_empty() {
-            for k in self.reported(first_pos, hashes.len()) {
-                self.events.push(event(EventChunks::One(hashes[k])));
-            }
-            return;
-        }
-        let mut span = 0;
-        let mut run: Option<Run> = None;
-        for k in self.reported(first_pos, hashes.len()) {
-            let b = u64::from(first_pos) + k as u64;
-            while chains[span].end <= b {
-                span += 1;
-            }
-            run = match run {
-                Some(r) if r.chain == chains[span].chain => Some(Run { n: r.n + 1, ..r }),
-                Some(r) => {
-                    self.events.push(event(EventChunks::RunUp(r)));
-                    Some(Run { chain: chains[span].chain, block: b, n: 1 })
-                }
-                None => Some(Run { chain: chains[span].chain, block: b, n: 1 }),
-            };
-        }
-        if let Some(r) = run {
-            self.events.push(event(EventChunks::RunUp(r)));
+    /// Stored events for the chunk-ending blocks of `hashes` (positions `first_pos`…).
+    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
+        if self.events_on {
+            push_runs(&mut self.events, hashes, first_pos, self.stride, KvEventKind::Stored);
         }
     }
 
@@ -542,20 +526,14 @@ impl PrefixCache {
             let take = ((n - self.free) as usize).min(self.nodes[i as usize].hashes.len());
             let node = &self.nodes[i as usize];
             let keep = node.hashes.len() - take;
-            if self.events_on || self.evicted_on {
-                for k in self.reported(node.first_pos + keep as u32, take) {
-                    let (hash, pos) = (node.hashes[keep + k], node.first_pos + (keep + k) as u32);
-                    if self.events_on {
-                        self.events.push(KvEvent {
-                            tier: Tier::Gpu,
-                            chunks: EventChunks::One(hash),
-                            kind: KvEventKind::Removed,
-                        });
-                    }
-                    if self.evicted_on {
-                        self.evicted.push((hash, pos));
-                    }
-                }
+            let (first, gone) = (node.first_pos + keep as u32, &node.hashes[keep..]);
+            if self.events_on {
+                push_runs(&mut self.events, gone, first, self.stride, KvEventKind::Removed);
+            }
+            if self.evicted_on {
+                let keys = reported(first, take, self.stride)
+                    .map(|k| ChunkKey::of_block(gone[k], u64::from(first) + k as u64));
+                self.evicted.extend(keys);
             }
             self.nodes[i as usize].hashes.truncate(keep);
             self.evictable -= take as u64;
@@ -591,12 +569,16 @@ mod tests {
     use super::*;
     use crate::kvcache::ChunkKey;
 
-    /// The hash a GPU event names.
+    /// The hash a GPU event of one chunk names (a test's made-up hashes
+    /// lie on chains of their own, one chunk each).
     fn one(e: &KvEvent) -> BlockHash {
-        match e.chunks {
-            EventChunks::One(h) => h,
-            _ => panic!("without the sequence's chains, the GPU names chunks one by one"),
-        }
+        assert_eq!(e.chunks.len(), 1);
+        e.chunks.hashes(1).next().expect("one chunk")
+    }
+
+    /// `(hash, position)` of each chunk reported evicted.
+    fn evicted(c: &PrefixCache) -> Vec<(BlockHash, u64)> {
+        c.evicted.iter().map(|k| (k.hash(), k.block)).collect()
     }
 
     fn hs(xs: &[u64]) -> Vec<BlockHash> {
@@ -622,7 +604,7 @@ mod tests {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         let t = SimTime(1);
         c.allocate(3, t, false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, &[], t);
+        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, t);
         assert_eq!(c.used(), 3); // two cached + one private
         c.release(p, t);
         c.free_private(1);
@@ -638,7 +620,7 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.record(true, true, 1);
         c.allocate(3, SimTime(0), false);
-        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, &[], SimTime(0))).collect();
+        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, SimTime(0))).collect();
         // Released in the order 2, 1, 3.
         c.release(paths[1], SimTime(1));
         c.release(paths[0], SimTime(2));
@@ -651,7 +633,7 @@ mod tests {
         let removed: Vec<u64> = c.events.iter().map(|e| one(e).0).collect();
         assert_eq!(removed, vec![2, 1]);
         assert!(c.events.iter().all(|e| e.kind == KvEventKind::Removed));
-        assert_eq!(c.evicted, vec![(BlockHash(2), 0), (BlockHash(1), 0)]);
+        assert_eq!(evicted(&c), [(BlockHash(2), 0), (BlockHash(1), 0)]);
         assert!(!c.can_allocate(2, SimTime(4), false), "only one evictable block is left");
     }
 
@@ -660,18 +642,18 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.allocate(3, SimTime(0), false);
         c.record(true, true, 1);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, &[], SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, SimTime(0));
         c.release(p, SimTime(1));
         c.allocate(1, SimTime(2), false);
         assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2, "the prefix survives, the tail block went");
-        assert_eq!(c.evicted, vec![(BlockHash(3), 12)], "block positions are kept for write-back");
+        assert_eq!(evicted(&c), [(BlockHash(3), 12)], "block positions are kept for write-back");
     }
 
     #[test]
     fn ttl_protects_recently_used_blocks() {
         let mut c = PrefixCache::new(1, true, SimDuration(100));
         c.allocate(1, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[9]), 0, &[], SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[9]), 0, SimTime(0));
         c.release(p, SimTime(10));
         assert!(!c.can_allocate(1, SimTime(109), false), "used at 10, protected until 110");
         assert!(c.can_allocate(1, SimTime(109), true), "unless the TTL yields");
@@ -682,8 +664,8 @@ mod tests {
     fn a_duplicate_computed_block_shares_the_resident_one() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(2, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[5]), 0, &[], SimTime(0));
-        let b = c.extend(Path::NONE, &hs(&[5]), 0, &[], SimTime(0)); // a second request computed the same block
+        let a = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0));
+        let b = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0)); // a second request computed the same block
         assert_eq!(c.used(), 1, "the duplicate's private block went back to the pool");
         c.release(a, SimTime(1));
         assert_eq!(c.evictable(), 0, "still referenced once");
@@ -695,7 +677,7 @@ mod tests {
     fn sharing_part_of_a_run_splits_it_and_keeps_the_shared_part() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(4, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, &[], SimTime(0));
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, SimTime(0));
         // B shares the first two blocks, then diverges.
         assert_eq!(c.lookup(&hs(&[1, 2, 9])), 2);
         let b = c.acquire(&hs(&[1, 2, 9]), 2, SimTime(1));
@@ -706,7 +688,7 @@ mod tests {
         c.free_private(2);
         // B extends its path with a new block after the split point.
         c.allocate(1, SimTime(3), false);
-        let b = c.extend(b, &hs(&[7]), 2, &[], SimTime(3));
+        let b = c.extend(b, &hs(&[7]), 2, SimTime(3));
         assert_eq!(c.lookup(&hs(&[1, 2, 7])), 3);
         c.release(b, SimTime(4));
         assert_eq!((c.used(), c.evictable()), (0, 3));
@@ -717,7 +699,7 @@ mod tests {
         let live = |c: &PrefixCache| c.nodes.len() - 1 - c.free_nodes.len();
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.allocate(8, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, &[], SimTime(0));
+        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
         // B and C hold the first 3 and 5 blocks: three runs.
         let b = c.acquire(&hs(&[1, 2, 3, 9]), 3, SimTime(1));
         let d = c.acquire(&hs(&[1, 2, 3, 4, 5, 9]), 5, SimTime(1));
@@ -742,7 +724,7 @@ mod tests {
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.record(true, true, 4);
         c.allocate(8, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, &[], SimTime(0));
+        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
         // Positions 3 and 7 end 4-block chunks.
         assert_eq!(c.events.iter().map(|e| one(e).0).collect::<Vec<_>>(), vec![4, 8]);
         c.events.clear();
@@ -750,19 +732,18 @@ mod tests {
         // Evicting 4 blocks takes positions 7, 6, 5, 4: one chunk end.
         c.allocate(4, SimTime(2), false);
         assert_eq!(c.events.iter().map(|e| (one(e).0, e.kind)).collect::<Vec<_>>(), vec![(8, KvEventKind::Removed)]);
-        assert_eq!(c.evicted, vec![(BlockHash(8), 7)]);
+        assert_eq!(evicted(&c), [(BlockHash(8), 7)]);
     }
 
     #[test]
-    fn with_the_sequences_chains_stored_chunks_are_one_event_per_chain() {
+    fn stored_and_evicted_chunks_are_one_event_per_chain_read_off_the_hashes() {
         // 2-block chunks ending at positions 1, 3, 5, 7; blocks 0..5 on chain
         // 10, 5..8 on chain 20.
-        let chains = [ChainSpan { chain: 10, end: 5 }, ChainSpan { chain: 20, end: 8 }];
         let blocks: Vec<BlockHash> = (0..8).map(|k| ChunkKey::new(if k < 5 { 10 } else { 20 }, k).hash()).collect();
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
-        c.record(true, false, 2);
+        c.record(true, true, 2);
         c.allocate(8, SimTime(0), false);
-        c.extend(Path::NONE, &blocks, 0, &chains, SimTime(0));
+        let p = c.extend(Path::NONE, &blocks, 0, SimTime(0));
         let run = |chain, block, n| EventChunks::RunUp(Run { chain, block, n });
         let got: Vec<EventChunks> = c.events.iter().map(|e| e.chunks).collect();
         // Positions 1, 3 on chain 10, then 5, 7 on chain 20.
@@ -770,6 +751,14 @@ mod tests {
         // Each names the chunks' hashes, first chunk first, as single events would.
         let hashes: Vec<BlockHash> = got.iter().flat_map(|e| e.hashes(2).collect::<Vec<_>>()).collect();
         assert_eq!(hashes, [blocks[1], blocks[3], blocks[5], blocks[7]]);
+        // Evicted whole: the same runs removed, and each chunk's key for write-back.
+        c.events.clear();
+        c.release(p, SimTime(1));
+        c.allocate(8, SimTime(2), false);
+        assert!(c.events.iter().all(|e| e.kind == KvEventKind::Removed));
+        assert_eq!(c.events.iter().map(|e| e.chunks).collect::<Vec<_>>(), [run(10, 1, 2), run(20, 5, 2)]);
+        let keys = [ChunkKey::new(10, 1), ChunkKey::new(10, 3), ChunkKey::new(20, 5), ChunkKey::new(20, 7)];
+        assert_eq!(c.evicted, keys);
     }
 
     #[test]
@@ -779,8 +768,8 @@ mod tests {
         let mut c = PrefixCache::new(16, true, SimDuration::ZERO);
         c.record(true, false, 4);
         c.allocate(8, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2]), 0, &[], SimTime(0));
-        let b = c.extend(Path::NONE, &hs(&[11, 12, 13, 14, 15, 16]), 0, &[], SimTime(0));
+        let a = c.extend(Path::NONE, &hs(&[1, 2]), 0, SimTime(0));
+        let b = c.extend(Path::NONE, &hs(&[11, 12, 13, 14, 15, 16]), 0, SimTime(0));
         c.release(a, SimTime(1));
         c.release(b, SimTime(2));
         c.events.clear();
@@ -818,7 +807,7 @@ mod tests {
                 };
                 h.extend((0..1 + next(12)).map(|k| BlockHash(1000 * (case + 1) + 100 * i + k)));
                 c.allocate(h.len() as u64, SimTime(0), false);
-                paths.push(c.extend(Path::NONE, &h, 0, &[], SimTime(0)));
+                paths.push(c.extend(Path::NONE, &h, 0, SimTime(0)));
                 seqs.push(h);
             }
             let n = paths.len() as u64;
@@ -846,7 +835,7 @@ mod tests {
     fn disabled_caching_never_matches() {
         let mut c = PrefixCache::new(2, false, SimDuration::ZERO);
         c.allocate(1, SimTime(0), false);
-        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, &[], SimTime(0)), Path::NONE);
+        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, SimTime(0)), Path::NONE);
         assert_eq!(c.lookup(&hs(&[1])), 0);
         c.free_private(1);
         assert_eq!(c.used(), 0);

@@ -92,7 +92,7 @@ use scheduler::{Room, WaitingQueue};
 
 use crate::engine::Version;
 use crate::ids::{RequestId, WorkerId};
-use crate::kvcache::{BlockHash, ChunkKey, ConnectorOutput, KvConnector, PrefixCache};
+use crate::kvcache::{ConnectorOutput, KvConnector, PrefixCache};
 use crate::metrics::{PeakSeconds, StepSpan};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
@@ -255,10 +255,6 @@ pub struct Worker {
     prefilling: Vec<RequestId>,
     decode: DecodeGroup,
     cache: PrefixCache,
-    /// With `report_evictions`: the chain of each cached chunk-ending
-    /// block, so that the tiers can key the chunk when the GPU evicts it
-    /// (the cache knows blocks by hash only).
-    chunk_chains: nohash_hasher::IntMap<BlockHash, u64>,
     step: Option<Step>,
     version: Version,
     step_index: u64,
@@ -309,7 +305,6 @@ impl Worker {
             prefilling: Vec::new(),
             decode: DecodeGroup::new(cfg.block_size, cfg.sliding_window),
             cache,
-            chunk_chains: Default::default(),
             step: None,
             version: Version::default(),
             step_index: 0,
@@ -353,13 +348,6 @@ impl Worker {
     /// The GPU prefix cache (the cluster drains its events).
     pub fn cache_mut(&mut self) -> &mut PrefixCache {
         &mut self.cache
-    }
-
-    /// The tiers' key of the chunk ending with block `hash` at position
-    /// `pos`, which the GPU has evicted (reported with `report_evictions`).
-    pub fn evicted_chunk(&mut self, hash: BlockHash, pos: u32) -> ChunkKey {
-        let chain = self.chunk_chains.remove(&hash).expect("an evicted chunk-ending block was registered");
-        ChunkKey::new(chain, u64::from(pos))
     }
 
     /// Start of the step in flight, if any.
@@ -548,17 +536,8 @@ impl Worker {
         let full = ((r.seq.computed / cfg.block_size) as usize).min(r.blocks.len());
         let from = r.seq.registered as usize;
         if from < full && self.cache.enabled() {
-            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, &r.chains, now);
+            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, now);
             r.seq.registered = full as u64;
-            if cfg.report_evictions {
-                let (stride, mut span) = (cfg.event_stride as usize, 0);
-                for k in ((from + 1).next_multiple_of(stride) - 1..full).step_by(stride) {
-                    while r.chains[span].end <= k as u64 {
-                        span += 1;
-                    }
-                    self.chunk_chains.insert(r.blocks[k], r.chains[span].chain);
-                }
-            }
         }
     }
 
