@@ -52,6 +52,9 @@ pub struct RunOutput {
     /// Step prices the workers computed (a decode run's pieces priced at
     /// their ends count two each; for benchmarks and tests, no table has it).
     pub priced_steps: u64,
+    /// KV events the router's index applied, each naming a run of chunks
+    /// (for benchmarks and tests; no table has it).
+    pub index_updates: u64,
 }
 
 /// Run totals over the requests that have left the arena (and, at the
@@ -557,6 +560,7 @@ impl Recorder {
             routing_wall_s: end.router.wall_s(),
             store_ops,
             priced_steps: end.workers.iter().map(Worker::priced_steps).sum(),
+            index_updates: end.router.index_updates(),
         }
     }
 

@@ -18,6 +18,7 @@ pub use hash::{
     BlockHash, ChainSpan, ChunkKey, Content, LeadingChain, Segment, block_hashes, chained_blocks, content_id, exact_key,
 };
 pub use prefix::{Path, PrefixCache};
+pub(crate) use store::Lane;
 pub use store::{ChunkStore, EvictionPolicy, Run, StoreOps};
 
 /// A cache tier, fastest first.
@@ -93,21 +94,23 @@ pub struct KvEvent {
 /// Which chunks a [`KvEvent`] is about, in the order they changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventChunks {
-    /// One chunk, by the hash of its last block (the GPU's events).
-    One(BlockHash),
     /// A run of a chain's chunks, last chunk first (the tiers' events).
     Run(Run),
-    /// A run of a chain's chunks, first chunk first (the GPU's stored events).
+    /// A run of a chain's chunks, first chunk first (the GPU's events).
     RunUp(Run),
 }
 
 impl EventChunks {
+    /// The run named.
+    pub fn run(&self) -> Run {
+        match *self {
+            EventChunks::Run(r) | EventChunks::RunUp(r) => r,
+        }
+    }
+
     /// Chunks named.
     pub fn len(&self) -> u64 {
-        match self {
-            EventChunks::One(_) => 1,
-            EventChunks::Run(r) | EventChunks::RunUp(r) => r.n,
-        }
+        self.run().n
     }
 
     /// Names no chunk.
@@ -119,7 +122,6 @@ impl EventChunks {
     /// for chunks of `stride` blocks.
     pub fn split_front(&mut self, k: u64, stride: u64) -> EventChunks {
         match self {
-            EventChunks::One(_) => unreachable!("one chunk is not split"),
             EventChunks::Run(r) => {
                 debug_assert!(k < r.n);
                 // Last chunk first: the front is the highest chunks.
@@ -140,7 +142,6 @@ impl EventChunks {
     pub fn hashes(&self, stride: u64) -> impl Iterator<Item = BlockHash> + '_ {
         let n = self.len();
         (0..n).map(move |i| match self {
-            EventChunks::One(h) => *h,
             EventChunks::Run(r) => r.key(n - 1 - i, stride).hash(),
             EventChunks::RunUp(r) => r.key(i, stride).hash(),
         })

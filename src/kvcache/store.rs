@@ -130,14 +130,30 @@ fn lane_key(chain: u64, res: u64) -> u64 {
     chain ^ res.wrapping_add(1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// A run's place among the entries: its lane and chunk indices.
+/// A run's place among the chunks a store or the router's index holds:
+/// its lane (a chain and a residue of its chunks' last blocks) and its
+/// chunk indices `q0..q1` there.
 #[derive(Clone, Copy, Debug)]
-struct Lane {
-    key: u64,
+pub(crate) struct Lane {
+    /// The lane's key in a hash map.
+    pub key: u64,
     chain: u64,
     res: u64,
-    q0: u64,
-    q1: u64,
+    /// Its first chunk's index in the lane.
+    pub q0: u64,
+    /// One past its last chunk's.
+    pub q1: u64,
+}
+
+impl Lane {
+    /// Run `r`'s lane and chunk range, for chunks of `stride` blocks.
+    pub fn of(r: Run, stride: u64) -> Lane {
+        let (res, q0) =
+            if r.block == ChunkKey::EXACT { (ChunkKey::EXACT, 0) } else { (r.block % stride, r.block / stride) };
+        let key = lane_key(r.chain, res);
+        let n = if res == ChunkKey::EXACT { r.n.min(1) } else { r.n };
+        Lane { key, chain: r.chain, res, q0, q1: q0 + n }
+    }
 }
 
 /// Work a store did, counted for the benchmarks and the work-per-request
@@ -233,14 +249,7 @@ impl ChunkStore {
 
     /// Run `r`'s lane and chunk range.
     fn lane(&self, r: Run) -> Lane {
-        let (res, q0) = if r.block == ChunkKey::EXACT {
-            (ChunkKey::EXACT, 0)
-        } else {
-            (r.block % self.stride, r.block / self.stride)
-        };
-        let key = lane_key(r.chain, res);
-        let n = if res == ChunkKey::EXACT { r.n.min(1) } else { r.n };
-        Lane { key, chain: r.chain, res, q0, q1: q0 + n }
+        Lane::of(r, self.stride)
     }
 
     /// In lane `l`'s entries: `Ok(i)` if entry `i` covers chunk `q`, else

@@ -18,7 +18,7 @@ use super::least_loaded::Fewest;
 use super::pd::PdRule;
 use super::{Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
-use crate::kvcache::{BlockHash, ChunkedSeq, KvEvent, KvcConfig};
+use crate::kvcache::{ChunkedSeq, KvEvent, KvcConfig, Run};
 use crate::metrics::LatencyHistogram;
 use crate::rng::StreamRng;
 use crate::time::{SimDuration, SimTime};
@@ -82,7 +82,8 @@ pub struct Router<'a> {
     /// Each worker's busy time at its last load report.
     reported_busy: Vec<SimDuration>,
     scores: Vec<Match>,
-    keys: Vec<BlockHash>,
+    /// Scratch: the runs of the request being scored.
+    runs: Vec<Run>,
     /// Each prefill worker's pending prefill work: prompt tokens, net of
     /// their cached prefixes, of the requests routed there not yet handed over.
     pending_prefill: Vec<u64>,
@@ -90,6 +91,8 @@ pub struct Router<'a> {
     pending: Vec<Vec<(SimTime, KvEvent)>>,
     kv_events: u64,
     kv_batches: u64,
+    /// Events the index applied (each a run of chunks).
+    index_updates: u64,
     /// Wall time spent routing and collecting, when profiling (never read by the simulation).
     wall: Option<std::time::Duration>,
 }
@@ -120,11 +123,12 @@ impl<'a> Router<'a> {
             draining: false,
             reported_busy: Vec::new(),
             scores: Vec::new(),
-            keys: Vec::new(),
+            runs: Vec::new(),
             pending_prefill: Vec::new(),
             pending: Vec::new(),
             kv_events: 0,
             kv_batches: 0,
+            index_updates: 0,
             wall: None,
         }
     }
@@ -216,10 +220,10 @@ impl<'a> Router<'a> {
             return 0;
         }
         // The chunks the connector would look up.
-        self.keys.clear();
-        self.keys.extend(self.kvc.chunks(&r.seq, 0).map(|(key, _, _)| key.hash()));
-        self.index.score(&self.keys, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
-        self.keys.len() as u32
+        self.runs.clear();
+        self.runs.extend(self.kvc.runs(&r.seq, 0).map(|(run, _, _)| run));
+        self.index.score(&self.runs, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
+        self.runs.iter().map(|r| r.n).sum::<u64>() as u32
     }
 
     /// The policy's choice among the workers in `among`.
@@ -339,7 +343,10 @@ impl<'a> Router<'a> {
             // many chunks counting one per chunk (split where a batch ends).
             // Events of one flush share their age: record runs of equal ages at once.
             let mut run = (SimDuration(0), 0);
-            let mut budget = u64::from(self.cfg.max_event_batch);
+            // Batches applied in no time are one: events are split only where
+            // a batch that takes time ends.
+            let timed = self.cfg.batch_time.0 > 0;
+            let mut budget = if timed { u64::from(self.cfg.max_event_batch) } else { u64::MAX };
             while budget > 0 {
                 let Some((w, at, msg)) = self.inbox.pop_front() else { break };
                 match msg {
@@ -352,6 +359,7 @@ impl<'a> Router<'a> {
                         let k = e.chunks.len();
                         budget -= k;
                         self.index.apply(w, &e);
+                        self.index_updates += 1;
                         let age = now - at;
                         if age != run.0 && run.1 > 0 {
                             stale.record_n(run.0, run.1);
@@ -368,7 +376,7 @@ impl<'a> Router<'a> {
             if run.1 > 0 {
                 stale.record_n(run.0, run.1);
             }
-            if self.cfg.batch_time.0 > 0 && !self.inbox.is_empty() {
+            if timed && !self.inbox.is_empty() {
                 self.draining = true;
                 return Some(now + self.cfg.batch_time);
             }
@@ -379,6 +387,11 @@ impl<'a> Router<'a> {
     /// Chunks the index says worker `w` holds.
     pub fn chunks_indexed(&self, w: WorkerId) -> u64 {
         self.index.held_by(w)
+    }
+
+    /// Events the index applied so far, each naming a run of chunks.
+    pub fn index_updates(&self) -> u64 {
+        self.index_updates
     }
 
     /// KV events published (sent or still gathered) and batches sent.
@@ -441,7 +454,7 @@ mod tests {
     /// A GPU stored event for block `n` (1-based) of the chain of [`view`].
     fn stored(n: u64) -> KvEvent {
         let key = crate::kvcache::ChunkKey::new(CHAINS[0].chain, n - 1);
-        KvEvent { tier: Tier::Gpu, chunks: EventChunks::One(key.hash()), kind: KvEventKind::Stored }
+        KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(Run::one(key)), kind: KvEventKind::Stored }
     }
 
     fn at(n: u64) -> SimTime {
