@@ -8,7 +8,7 @@
 //! writes and how a prefilled request moves to its decode worker are the
 //! KV layer's and the router's rules, carried out here.
 //!
-//! KV flow per request: on reaching a worker its block hashes are computed;
+//! KV flow per request: on reaching a worker its blocks' chains are found;
 //! the worker's scheduler decides, with the KV connector, what the request
 //! already has (GPU prefix, then the tiers) and starts loads; the connector's
 //! device timers, finished loads and finished saves come back here as
@@ -234,12 +234,12 @@ impl<'a> Cluster<'a> {
 
     /// Routes the request and queues it at its first worker (the caller kicks it).
     fn route(&mut self, id: RequestId) -> WorkerId {
-        let (r, memo) = (&mut self.arena.requests[id.index()], &mut self.arena.memo);
-        // The block hashes are the request's, needed by any worker whatever
+        let r = &mut self.arena.requests[id.index()];
+        // The block chains are the request's, needed by any worker whatever
         // the policy — unless nothing reads them (no prefix caching, no
         // tier, no KV index): then it has none.
         if self.hashes_read {
-            r.hash_blocks(self.scenario.worker.block_size as u32, memo);
+            r.hash_blocks(self.scenario.worker.block_size as u32);
         }
         let view = RequestView {
             seq: r.chunked(r.seq.num_tokens, self.scenario.worker.block_size),

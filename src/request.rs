@@ -6,7 +6,7 @@
 //! ever in flight at once, not as many as were simulated.
 
 use crate::ids::{RequestId, StageId, WorkerId};
-use crate::kvcache::{BlockHash, ChainSpan, ChunkedSeq, Content, LeadingChain, chained_blocks, exact_key};
+use crate::kvcache::{BlockHash, ChainSpan, ChunkedSeq, Content, chains_of, exact_key};
 use crate::time::{SimDuration, SimTime};
 use crate::workload::{Label, NewRequest};
 
@@ -19,8 +19,6 @@ pub struct Arena {
     pub free_slots: Vec<u32>,
     /// Requests generated so far (the next one's serial).
     pub generated: u32,
-    /// The leading chain's block hashes, shared by requests' hashing.
-    pub memo: LeadingChain,
 }
 
 impl Arena {
@@ -42,10 +40,9 @@ impl Arena {
         }
     }
 
-    /// Gives the request's slot back; its content and hashes go now.
+    /// Gives the request's slot back; its content and chains go now.
     pub fn free(&mut self, id: RequestId) {
         let r = &mut self.requests[id.index()];
-        r.blocks = Vec::new();
         r.chains = Default::default();
         r.content = crate::kvcache::Content::default();
         self.free_slots.push(id.0);
@@ -82,13 +79,12 @@ pub struct Request {
     pub output_id: u64,
     /// What the workload says it is.
     pub label: Label,
-    /// Hashes of the full blocks of prompt + output (computed when it reaches
-    /// a worker, dropped when it finishes).
-    pub blocks: Vec<BlockHash>,
-    /// The chains `blocks` lie on (computed with them; a few, so inline).
+    /// The chains the full blocks of prompt + output lie on (computed when
+    /// it reaches a worker, dropped when it finishes; a few, so inline):
+    /// block `k`'s hash is its chain's and `k`'s ([`crate::kvcache::block_hash`]).
     pub chains: smallvec::SmallVec<[ChainSpan; 4]>,
     /// [`exact_key`] of its prompt, when the prompt ends inside a block
-    /// (computed with `blocks`).
+    /// (computed with `chains`).
     pub prompt_tail: Option<BlockHash>,
     /// The worker the router chose.
     pub worker: Option<WorkerId>,
@@ -160,7 +156,6 @@ impl Request {
             content,
             output_id,
             label,
-            blocks: Vec::new(),
             chains: Default::default(),
             prompt_tail: None,
             worker: None,
@@ -180,34 +175,30 @@ impl Request {
         }
     }
 
-    /// Computes the hashes of the full blocks of its prompt and output
-    /// (`block_size` tokens each) into `blocks`, sized once.
-    pub fn hash_blocks(&mut self, block_size: u32, memo: &mut LeadingChain) {
+    /// Finds the chains of the full blocks of its prompt and output
+    /// (`block_size` tokens each), which name their hashes.
+    pub fn hash_blocks(&mut self, block_size: u32) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
-        let tokens = u64::from(self.prompt_tokens) + u64::from(self.output_tokens);
-        self.blocks.clear();
-        self.blocks.reserve_exact((tokens / u64::from(block_size)) as usize);
         self.chains.clear();
-        chained_blocks(
-            self.content.segments.iter().chain(Some(&output)),
-            block_size,
-            &mut self.blocks,
-            &mut self.chains,
-            memo,
-        );
+        chains_of(self.content.segments.iter().chain(Some(&output)), block_size, &mut self.chains);
         self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
+    }
+
+    /// Full blocks of prompt + output.
+    pub fn full_blocks(&self) -> u64 {
+        self.chains.last().map_or(0, |s| s.end)
     }
 
     fn exact_key(&self, n: u64, block_size: u64) -> Option<BlockHash> {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
-        exact_key(self.content.segments.iter().chain(Some(&output)), n, block_size, &self.blocks)
+        exact_key(self.content.segments.iter().chain(Some(&output)), n, block_size, &self.chains)
     }
 
     /// Its first `n` tokens (prompt, then output) as the tiers see them.
     pub fn chunked(&self, n: u64, block_size: u64) -> ChunkedSeq<'_> {
         let tail = if n == u64::from(self.prompt_tokens) {
             self.prompt_tail
-        } else if (n / block_size) as usize > self.blocks.len() {
+        } else if n / block_size > self.full_blocks() {
             None // not hashed: nothing reads its keys
         } else {
             self.exact_key(n, block_size)

@@ -940,7 +940,7 @@ pub(crate) mod testing {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvcache::{ChainSpan, PartialChunks, TierConfig, chained_blocks, content_id};
+    use crate::kvcache::{ChainSpan, PartialChunks, TierConfig, chains_of, content_id};
     use crate::time::SimDuration;
 
     const W: WorkerId = WorkerId(0);
@@ -1005,9 +1005,9 @@ mod tests {
     /// `tokens` tokens of content `key`: the chains of its full blocks and the key of their exact run.
     fn exact(key: u64, tokens: u32) -> (Vec<ChainSpan>, Option<BlockHash>) {
         let segs = [crate::kvcache::Segment { id: content_id("test", key), tokens }];
-        let (mut b, mut chains) = (Vec::new(), Vec::new());
-        chained_blocks(&segs, 16, &mut b, &mut chains, &mut Default::default());
-        let tail = crate::kvcache::exact_key(&segs, u64::from(tokens), 16, &b);
+        let mut chains = Vec::new();
+        chains_of(&segs, 16, &mut chains);
+        let tail = crate::kvcache::exact_key(&segs, u64::from(tokens), 16, &chains);
         (chains, tail)
     }
 

@@ -90,89 +90,44 @@ pub fn block_hashes<'a>(
     max_blocks: usize,
     out: &mut Vec<BlockHash>,
 ) {
-    hash_chained(content, block_size, max_blocks, out, |_| {}, None);
+    let mut spans = Vec::new();
+    chains_of(content, block_size, &mut spans);
+    let (mut k, mut left) = (0, max_blocks as u64);
+    for s in spans {
+        let end = s.end.min(k + left);
+        out.extend((k..end).map(|k| ChunkKey::new(s.chain, k).hash()));
+        left -= end - k;
+        k = s.end;
+    }
 }
 
-/// [`block_hashes`] of every full block, and the chains they lie on:
-/// `spans`, one per chain holding at least one of them, in order. The
-/// blocks of the leading chain are copied from `memo` where it has them.
-pub fn chained_blocks<'a>(
+/// The chains the full blocks of `content` (blocks of `block_size` tokens)
+/// lie on: `spans`, one per chain holding at least one of them, in order —
+/// all a sequence's block hashes follow from them ([`block_hash`]), so
+/// they are found in O(segments), whatever the number of blocks.
+pub fn chains_of<'a>(
     content: impl IntoIterator<Item = &'a Segment>,
     block_size: u32,
-    out: &mut Vec<BlockHash>,
     spans: &mut impl Extend<ChainSpan>,
-    memo: &mut LeadingChain,
-) {
-    hash_chained(content, block_size, usize::MAX, out, |s| spans.extend([s]), Some(memo));
-}
-
-/// The hashes of the blocks of the leading chain last hashed. A block on a
-/// content's first chain hashes the same whatever follows, so requests that
-/// open with the same segment — a shared system prompt, the original Opal's
-/// single sequence, a trace's first run of ids — copy those hashes instead
-/// of computing them. It holds at most one segment's blocks.
-#[derive(Debug, Default)]
-pub struct LeadingChain {
-    chain: u64,
-    blocks: Vec<BlockHash>,
-}
-
-fn hash_chained<'a>(
-    content: impl IntoIterator<Item = &'a Segment>,
-    block_size: u32,
-    max_blocks: usize,
-    out: &mut Vec<BlockHash>,
-    mut on_span: impl FnMut(ChainSpan),
-    mut memo: Option<&mut LeadingChain>,
 ) {
     let b = u64::from(block_size);
-    let base = out.len();
-    let limit = base.saturating_add(max_blocks);
     let mut anchor = CHAIN_ROOT;
     let mut pos = 0u64;
     for seg in content.into_iter().filter(|s| s.tokens > 0) {
         let end = pos + u64::from(seg.tokens);
         let c = chain_key(anchor, seg.id);
         // Blocks k with (k + 1)·b in (pos, end].
-        let (mut from, to) = (pos / b, end / b);
-        let room = limit.saturating_sub(out.len()) as u64;
-        let to = to.min(from + room);
-        let first = from;
-        // The leading chain: copy what the memory has (it starts at block 0).
-        let memo_here = if pos == 0 { memo.take() } else { None };
-        if let Some(m) = &memo_here
-            && m.chain == c
-        {
-            let known = (m.blocks.len() as u64).min(to);
-            out.extend_from_slice(&m.blocks[..known as usize]);
-            from = known;
-        }
-        // Block k's hash, the multiplication by K1 stepped as an addition.
-        let mut m = from.wrapping_mul(K1);
-        let computed = out.len();
-        out.extend((from..to).map(|_| {
-            let h = mixed(c ^ m);
-            m = m.wrapping_add(K1);
-            h
-        }));
-        if let Some(memo) = memo_here
-            && to > from
-        {
-            if memo.chain != c {
-                memo.chain = c;
-                memo.blocks.clear();
-            }
-            memo.blocks.extend_from_slice(&out[computed..]);
-        }
-        if to > first {
-            on_span(ChainSpan { chain: c, end: to });
-        }
-        if out.len() >= limit {
-            return;
+        if end / b > pos / b {
+            spans.extend([ChainSpan { chain: c, end: end / b }]);
         }
         anchor = next_anchor(c, seg.tokens);
         pos = end;
     }
+}
+
+/// The hash of block `k` of a sequence whose full blocks lie on `chains`.
+pub fn block_hash(chains: &[ChainSpan], k: u64) -> BlockHash {
+    ChunkKey::new(chains[chains.partition_point(|s| s.end <= k)].chain, k).hash()
 }
 
 /// The blocks of a sequence that lie on one chain: those before `end`
@@ -291,7 +246,8 @@ fn piece(h: u64, id: u64, offset: u64, take: u64) -> u64 {
 /// The key of the exact token run `[0, n)` of `content` when `n` ends
 /// inside a block (`n % block_size != 0`): the chain after the pieces of
 /// the block `n` falls in, up to token `n`, from the hash of the last full
-/// block before it (`blocks`, the content's full-block hashes). Equal only
+/// block before it (found from `chains`, those of the content's full
+/// blocks). Equal only
 /// for equal runs of equal length — LMCache's key of a last, partial chunk
 /// (the hash of its exact tokens in their prefix). `None` when `n` is a
 /// block boundary (the block's own hash is the key).
@@ -299,14 +255,14 @@ pub fn exact_key<'a>(
     content: impl IntoIterator<Item = &'a Segment>,
     n: u64,
     block_size: u64,
-    blocks: &[BlockHash],
+    chains: &[ChainSpan],
 ) -> Option<BlockHash> {
     if n.is_multiple_of(block_size) {
         return None;
     }
     let k = n / block_size;
     let start = k * block_size;
-    let mut h = if k == 0 { CHAIN_ROOT } else { blocks[k as usize - 1].0 };
+    let mut h = if k == 0 { CHAIN_ROOT } else { block_hash(chains, k - 1).0 };
     let mut pos = 0u64;
     for seg in content {
         let end = pos + u64::from(seg.tokens);
@@ -397,30 +353,23 @@ mod tests {
             state = mix(state, 3);
             state % m
         };
-        // One memory for all: leading chains repeat, grow and change.
-        let (mut memo, mut copied) = (LeadingChain::default(), 0);
         for _ in 0..500 {
             let segs: Vec<Segment> =
                 (0..1 + next(5)).map(|_| Segment { id: next(4), tokens: next(70) as u32 }).collect();
             let b = [1, 16, 32][next(3) as usize];
-            let (mut blocks, mut spans) = (Vec::new(), Vec::new());
-            let before = memo.chain;
-            chained_blocks(&segs, b, &mut blocks, &mut spans, &mut memo);
-            if spans.first().is_some_and(|s| s.chain == before) {
-                copied += 1;
-            }
-            let mut plain = Vec::new();
-            block_hashes(&segs, b, usize::MAX, &mut plain);
-            assert_eq!(blocks, plain);
+            let mut spans = Vec::new();
+            chains_of(&segs, b, &mut spans);
+            let mut blocks = Vec::new();
+            block_hashes(&segs, b, usize::MAX, &mut blocks);
             assert_eq!(spans.last().map_or(0, |s| s.end), blocks.len() as u64);
             for (k, &h) in blocks.iter().enumerate() {
                 let span = spans.iter().find(|s| s.end > k as u64).expect("every block is on a chain");
                 assert_eq!(ChunkKey::new(span.chain, k as u64).hash(), h, "{segs:?} block {k}");
+                assert_eq!(block_hash(&spans, k as u64), h);
             }
             // One span per chain: a span ends where the next segment's blocks start.
             assert!(spans.windows(2).all(|w| w[0].end < w[1].end && w[0].chain != w[1].chain));
         }
-        assert!(copied > 50, "the memory was used ({copied} times)");
         assert_eq!(ChunkKey::exact(BlockHash(7)).hash(), BlockHash(7));
     }
 
@@ -479,9 +428,9 @@ mod tests {
         let b = [Segment { id: 1, tokens: 40 }, Segment { id: 2, tokens: 30 }];
         let c = [Segment { id: 3, tokens: 40 }];
         let key = |segs: &[Segment], n| {
-            let mut blocks = Vec::new();
-            block_hashes(segs, 16, usize::MAX, &mut blocks);
-            exact_key(segs, n, 16, &blocks)
+            let mut chains = Vec::new();
+            chains_of(segs, 16, &mut chains);
+            exact_key(segs, n, 16, &chains)
         };
         // Tokens 0..40 of segment 1, whatever follows them.
         assert_eq!(key(&a, 40), key(&b, 40));

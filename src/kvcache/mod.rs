@@ -15,9 +15,9 @@ mod store;
 
 pub use connector::{ConnectorOutput, ExternalHit, KvConnector, LoadDone};
 pub use hash::{
-    BlockHash, ChainSpan, ChunkKey, Content, LeadingChain, Segment, block_hashes, chained_blocks, content_id, exact_key,
+    BlockHash, ChainSpan, ChunkKey, Content, Segment, block_hash, block_hashes, chains_of, content_id, exact_key,
 };
-pub use prefix::{Path, PrefixCache};
+pub use prefix::{Hit, Path, PrefixCache};
 pub(crate) use store::Lane;
 pub use store::{ChunkStore, EvictionPolicy, Run, StoreOps};
 

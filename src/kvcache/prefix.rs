@@ -4,8 +4,11 @@
 //! Blocks are *free* (no content), *private* (allocated to one request, not
 //! yet hashed: being computed, or a partial last block), or *cached* (full,
 //! hashed, reference-counted). Cached blocks live in tree nodes; a node holds
-//! a run of consecutive blocks of one prefix chain (their hashes, in order),
-//! and every block of a node has the same reference count, so a request
+//! a run of consecutive blocks of one prefix, kept as the chains they lie
+//! on (a block's hash is its chain's and its position's, [`ChunkKey`], so
+//! two blocks at one position are equal exactly when their chains are, and
+//! no per-block hash is kept or computed), and every block of a node has
+//! the same reference count, so a request
 //! holds a *path* of whole nodes from the root (nodes are split where
 //! holders diverge). Work per request is proportional to the segments it
 //! shares, not to its blocks.
@@ -20,9 +23,10 @@
 //! chunk only: the router's view and the tiers both work in chunks, and this
 //! keeps the event volume 1/stride of the block traffic.
 
-use super::{BlockHash, ChunkKey, EventChunks, KvEvent, KvEventKind, Run, Tier};
+use super::{BlockHash, ChainSpan, ChunkKey, EventChunks, KvEvent, KvEventKind, Run, Tier};
 use crate::time::{SimDuration, SimTime};
 use nohash_hasher::IntMap;
+use smallvec::SmallVec;
 use std::collections::BTreeSet;
 
 /// A request's hold on the cache: the last node of its path (`NONE`: nothing held).
@@ -34,6 +38,28 @@ impl Path {
     pub const NONE: Path = Path(u32::MAX);
 }
 
+/// A resident prefix [`PrefixCache::lookup`] found, which
+/// [`PrefixCache::acquire`] takes without walking the tree again — as long
+/// as the cache has not changed in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hit {
+    blocks: u64,
+    /// The last node matched whole.
+    end: u32,
+    /// The node matched in part, and how far.
+    partial: Option<(u32, u64)>,
+}
+
+impl Hit {
+    /// Nothing resident.
+    pub const NONE: Hit = Hit { blocks: 0, end: ROOT, partial: None };
+
+    /// Blocks resident.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+}
+
 impl Default for Path {
     fn default() -> Self {
         Path::NONE
@@ -42,9 +68,9 @@ impl Default for Path {
 
 const ROOT: u32 = 0;
 
-/// Hash buffers kept for reuse: nodes come and go about one for one, so a
-/// few suffice, and a bound keeps idle capacity small on many workers.
-const MAX_SPARE: usize = 16;
+/// The chains of a node's blocks: `(chain, end)` with absolute block
+/// positions, the last ending where the node does.
+type Spans = SmallVec<[ChainSpan; 1]>;
 
 #[derive(Clone, Debug, Default)]
 struct Node {
@@ -54,12 +80,39 @@ struct Node {
     key: BlockHash,
     /// Sequence position of the first block.
     first_pos: u32,
-    hashes: Vec<BlockHash>,
+    /// Blocks.
+    len: u32,
+    /// The chains they lie on.
+    spans: Spans,
     refs: u32,
     children: u32,
     last_used: SimTime,
     /// Whether it is in the LRU set (an unreferenced leaf).
     in_lru: bool,
+}
+
+impl Node {
+    /// One past its last block's position.
+    fn end(&self) -> u64 {
+        u64::from(self.first_pos) + u64::from(self.len)
+    }
+}
+
+/// Appends to `out` the chains of blocks `from..to` of `chains`, merging
+/// with `out`'s last span where it goes on.
+fn push_spans(out: &mut Spans, chains: &[ChainSpan], from: u64, to: u64) {
+    let mut i = chains.partition_point(|s| s.end <= from);
+    while from < to && i < chains.len() {
+        let span = ChainSpan { chain: chains[i].chain, end: chains[i].end.min(to) };
+        match out.last_mut() {
+            Some(l) if l.chain == span.chain => l.end = span.end,
+            _ => out.push(span),
+        }
+        if chains[i].end >= to {
+            break;
+        }
+        i += 1;
+    }
 }
 
 /// The GPU KV block pool of one worker.
@@ -72,9 +125,6 @@ pub struct PrefixCache {
     evictable: u64,
     nodes: Vec<Node>,
     free_nodes: Vec<u32>,
-    /// Hash buffers of removed nodes, reused by new ones (so a cache in
-    /// steady state seldom allocates); at most [`MAX_SPARE`].
-    spare: Vec<Vec<BlockHash>>,
     /// (parent node, first block hash) → child node.
     children: IntMap<u64, u32>,
     lru: BTreeSet<(SimTime, u32)>,
@@ -89,60 +139,63 @@ pub struct PrefixCache {
     epoch: u64,
 }
 
-/// How many leading blocks two runs starting at the same sequence position
-/// share. Block hashes are chained (a block's hash covers every block before
-/// it), so runs that agree at some block agree at every earlier one: one
-/// comparison decides when the shorter run matches whole, and a binary
-/// search finds the divergence otherwise.
-fn common_prefix(a: &[BlockHash], b: &[BlockHash]) -> usize {
-    let m = a.len().min(b.len());
-    if m == 0 || a[m - 1] == b[m - 1] {
-        return m;
+/// How many of blocks `from..to` of `chains` node `n` holds from its
+/// first block on (`from` being its first block's position): blocks at one
+/// position are equal exactly when their chains are, and a chain covers
+/// everything before it, so the first block whose chains differ ends the
+/// match — found by stepping over the spans of either, not the blocks.
+///
+/// `i` is the index of the span of `chains` holding `from` (or one before
+/// it), moved on to the one holding the first block not matched.
+fn common_prefix(n: &Node, chains: &[ChainSpan], i: &mut usize, from: u64, to: u64) -> u64 {
+    let to = to.min(n.end());
+    let mut p = from;
+    while chains[*i].end <= p {
+        *i += 1;
     }
-    // a[..lo] matches, a[hi - 1] does not.
-    let (mut lo, mut hi) = (0, m);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if a[mid - 1] == b[mid - 1] { lo = mid } else { hi = mid }
+    for s in &n.spans {
+        while p < s.end.min(to) {
+            if chains[*i].chain != s.chain {
+                return p - from;
+            }
+            p = s.end.min(chains[*i].end).min(to);
+            if p == chains[*i].end && *i + 1 < chains.len() {
+                *i += 1;
+            }
+        }
     }
-    lo
+    p - from
 }
 
 fn child_key(parent: u32, first: BlockHash) -> u64 {
     first.0 ^ u64::from(parent).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
-/// Pushes `kind` GPU events for the chunk-ending blocks (every `stride`-th
-/// position) among `hashes` (positions `first_pos`…): one per run of them on
-/// one chain, first chunk first — the chain read off each block's hash
-/// ([`ChunkKey::of_block`]).
-fn push_runs(events: &mut Vec<KvEvent>, hashes: &[BlockHash], first_pos: u32, stride: u32, kind: KvEventKind) {
-    let mut run: Option<Run> = None;
-    for k in reported(first_pos, hashes.len(), stride) {
-        let key = ChunkKey::of_block(hashes[k], u64::from(first_pos) + k as u64);
-        run = match run {
-            Some(r) if r.chain == key.chain => Some(Run { n: r.n + 1, ..r }),
-            done => {
-                events.extend(done.map(|r| KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(r), kind }));
-                Some(Run::one(key))
-            }
-        };
-    }
-    events.extend(run.map(|r| KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(r), kind }));
+/// The runs of chunk-ending blocks (every `stride`-th position) among
+/// blocks `from..to` of a sequence whose blocks lie on `chains` (spans
+/// with absolute ends, the first holding `from`): one per chain, in order.
+fn reported_runs(chains: &[ChainSpan], from: u64, to: u64, stride: u32) -> impl Iterator<Item = Run> + '_ {
+    let i = chains.partition_point(|s| s.end <= from);
+    let mut a = from;
+    chains[i..].iter().take_while(move |_| a < to).filter_map(move |s| {
+        let b = s.end.min(to);
+        let f = a + first_reported(a, stride) as u64;
+        a = b;
+        (f < b).then(|| Run { chain: s.chain, block: f, n: (b - 1 - f) / u64::from(stride) + 1 })
+    })
 }
 
-/// The indices `k` of `0..len` whose blocks (at positions `first + k`)
-/// end a chunk of `stride` blocks — those events and evicted-block reports
-/// are made for — found by arithmetic, not by testing every block.
-fn reported(first: u32, len: usize, stride: u32) -> impl Iterator<Item = usize> {
-    (first_reported(first, stride)..len).step_by(stride as usize)
+/// Pushes a `kind` GPU event per run of [`reported_runs`], first chunk first.
+fn push_runs(events: &mut Vec<KvEvent>, chains: &[ChainSpan], from: u64, to: u64, stride: u32, kind: KvEventKind) {
+    let runs = reported_runs(chains, from, to, stride);
+    events.extend(runs.map(|r| KvEvent { tier: Tier::Gpu, chunks: EventChunks::RunUp(r), kind }));
 }
 
 /// The first `k` whose block (at position `first + k`) ends a chunk of
 /// `stride` blocks: `(first + k + 1) ≡ 0 (mod stride)`.
-fn first_reported(first: u32, stride: u32) -> usize {
-    let s = stride as usize;
-    (s - (first as usize + 1) % s) % s
+fn first_reported(first: u64, stride: u32) -> usize {
+    let s = u64::from(stride);
+    ((s - (first + 1) % s) % s) as usize
 }
 
 impl PrefixCache {
@@ -157,7 +210,6 @@ impl PrefixCache {
             evictable: 0,
             nodes: vec![Node { parent: ROOT, ..Node::default() }],
             free_nodes: Vec::new(),
-            spare: Vec::new(),
             children: IntMap::default(),
             lru: BTreeSet::new(),
             events: Vec::new(),
@@ -219,9 +271,9 @@ impl PrefixCache {
         let mut quiet = 0;
         for &(_, i) in &self.lru {
             let node = &self.nodes[i as usize];
-            let len = node.hashes.len();
+            let len = node.len as usize;
             // Blocks go from the tail; the last told-of one stops the count.
-            let k0 = first_reported(node.first_pos, self.stride);
+            let k0 = first_reported(u64::from(node.first_pos), self.stride);
             if k0 < len {
                 return quiet + ((len - 1 - k0) % s) as u64;
             }
@@ -243,48 +295,56 @@ impl PrefixCache {
         self.children.get(&child_key(parent, first)).copied()
     }
 
-    /// Walks the longest resident prefix of `hashes`: `(blocks matched, last
-    /// fully matched node, partial (node, blocks) into the next one)`.
-    fn walk(&self, hashes: &[BlockHash]) -> (usize, u32, Option<(u32, usize)>) {
-        let mut node = ROOT;
-        let mut pos = 0;
-        while pos < hashes.len() {
-            let Some(c) = self.child(node, hashes[pos]) else { break };
-            let run = &self.nodes[c as usize].hashes;
-            let l = common_prefix(run, &hashes[pos..]);
+    /// Walks the longest resident prefix of the first `n` blocks of a
+    /// sequence whose blocks lie on `chains`.
+    fn walk(&self, chains: &[ChainSpan], n: u64) -> Hit {
+        let (mut node, mut pos, mut i) = (ROOT, 0, 0);
+        while pos < n {
+            while chains[i].end <= pos {
+                i += 1;
+            }
+            let Some(c) = self.child(node, ChunkKey::new(chains[i].chain, pos).hash()) else { break };
+            let run = &self.nodes[c as usize];
+            // Most nodes lie on one chain, the one the sequence is on here.
+            let whole = n.min(run.end());
+            let l = if run.spans.len() == 1 && run.spans[0].chain == chains[i].chain && chains[i].end >= whole {
+                whole - pos
+            } else {
+                common_prefix(run, chains, &mut i, pos, n)
+            };
             pos += l;
-            if l < run.len() {
-                return (pos, node, Some((c, l)));
+            if l < u64::from(run.len) {
+                return Hit { blocks: pos, end: node, partial: Some((c, l)) };
             }
             node = c;
         }
-        (pos, node, None)
+        Hit { blocks: pos, end: node, partial: None }
     }
 
-    /// How many leading `hashes` are resident.
-    pub fn lookup(&self, hashes: &[BlockHash]) -> usize {
-        if !self.enabled || hashes.is_empty() {
-            return 0;
+    /// The resident prefix of the first `n` blocks of a sequence whose
+    /// blocks lie on `chains`.
+    pub fn lookup(&self, chains: &[ChainSpan], n: u64) -> Hit {
+        if !self.enabled || n == 0 {
+            return Hit::NONE;
         }
-        self.walk(hashes).0
+        self.walk(chains, n)
     }
 
-    /// Takes a reference on the first `n` of `hashes` (all resident: `n` ≤
-    /// [`Self::lookup`]) and returns the holder's path.
-    pub fn acquire(&mut self, hashes: &[BlockHash], n: usize, now: SimTime) -> Path {
-        if n == 0 {
+    /// Takes a reference on the blocks of `hit` (found by [`Self::lookup`]
+    /// on the cache as it is) and returns the holder's path.
+    pub fn acquire(&mut self, hit: Hit, now: SimTime) -> Path {
+        if hit.blocks == 0 {
             return Path::NONE;
         }
-        let (matched, mut end, partial) = self.walk(&hashes[..n]);
-        debug_assert_eq!(matched, n, "acquired blocks are resident");
-        if let Some((c, l)) = partial {
+        let mut end = hit.end;
+        if let Some((c, l)) = hit.partial {
             end = self.split(c, l);
         }
         let mut i = end;
         while i != ROOT {
             let node = &mut self.nodes[i as usize];
             if node.refs == 0 {
-                self.evictable -= node.hashes.len() as u64;
+                self.evictable -= u64::from(node.len);
                 if node.in_lru {
                     node.in_lru = false;
                     let key = (node.last_used, i);
@@ -303,17 +363,21 @@ impl PrefixCache {
     /// node between `c` and its parent; `c` keeps the tail, its children and
     /// its LRU entry, so paths ending at or below `c` stay valid. Returns the
     /// head.
-    fn split(&mut self, c: u32, l: usize) -> u32 {
-        debug_assert!(l > 0 && l < self.nodes[c as usize].hashes.len());
-        let mut tail_hashes = self.spare.pop().unwrap_or_default();
+    fn split(&mut self, c: u32, l: u64) -> u32 {
         let old = &mut self.nodes[c as usize];
-        tail_hashes.extend_from_slice(&old.hashes[l..]);
-        old.hashes.truncate(l);
+        debug_assert!(l > 0 && l < u64::from(old.len));
+        let cut = u64::from(old.first_pos) + l;
+        // The head's chains up to the cut, the tail's from it.
+        let mut head_spans = Spans::new();
+        push_spans(&mut head_spans, &old.spans, u64::from(old.first_pos), cut);
+        let at = old.spans.partition_point(|s| s.end <= cut);
+        old.spans.drain(..at);
         let head = Node {
             parent: old.parent,
             key: old.key,
             first_pos: old.first_pos,
-            hashes: std::mem::replace(&mut old.hashes, tail_hashes),
+            len: l as u32,
+            spans: head_spans,
             refs: old.refs,
             children: 1,
             last_used: old.last_used,
@@ -325,8 +389,9 @@ impl PrefixCache {
         self.children.insert(child_key(parent, key), h);
         let tail = &mut self.nodes[c as usize];
         tail.parent = h;
-        tail.first_pos += l as u32;
-        tail.key = tail.hashes[0];
+        tail.first_pos = cut as u32;
+        tail.len -= l as u32;
+        tail.key = ChunkKey::new(tail.spans[0].chain, cut).hash();
         let tail_key = tail.key;
         self.children.insert(child_key(h, tail_key), c);
         h
@@ -358,7 +423,7 @@ impl PrefixCache {
             node.refs -= 1;
             node.last_used = now;
             if node.refs == 0 {
-                self.evictable += node.hashes.len() as u64;
+                self.evictable += u64::from(node.len);
                 self.epoch += 1;
                 if node.children == 0 {
                     node.in_lru = true;
@@ -388,48 +453,50 @@ impl PrefixCache {
             self.children.remove(&child_key(p, self.nodes[c as usize].key));
             self.children.insert(child_key(head.parent, head.key), c);
             let node = &mut self.nodes[c as usize];
-            head.hashes.extend_from_slice(&node.hashes);
-            std::mem::swap(&mut node.hashes, &mut head.hashes);
+            let end = node.end();
+            push_spans(&mut head.spans, &node.spans, u64::from(node.first_pos), end);
+            node.spans = head.spans;
             (node.parent, node.key, node.first_pos) = (head.parent, head.key, head.first_pos);
-            if self.spare.len() < MAX_SPARE {
-                head.hashes.clear();
-                self.spare.push(head.hashes);
-            }
+            node.len += head.len;
             self.free_nodes.push(p);
         }
     }
 
-    /// Registers computed blocks `hashes` (sequence positions `first_pos`…)
-    /// right after `path` (which must end where they start), each replacing
-    /// one of the holder's private blocks. Blocks already resident are shared
-    /// instead (the private copy is freed). Returns the extended path, or the
-    /// same path when caching is off (the blocks stay private).
-    pub fn extend(&mut self, path: Path, hashes: &[BlockHash], first_pos: u32, now: SimTime) -> Path {
-        if !self.enabled || hashes.is_empty() {
+    /// Registers computed blocks `from..to` of a sequence whose blocks lie
+    /// on `chains` right after `path` (which must end where they start),
+    /// each replacing one of the holder's private blocks. Blocks already
+    /// resident are shared instead (the private copy is freed). Returns the
+    /// extended path, or the same path when caching is off (the blocks stay
+    /// private).
+    pub fn extend(&mut self, path: Path, chains: &[ChainSpan], from: u64, to: u64, now: SimTime) -> Path {
+        if !self.enabled || from >= to {
             return path;
         }
         let mut end = if path == Path::NONE { ROOT } else { path.0 };
-        let mut a = 0;
-        while a < hashes.len() {
-            let pos = first_pos + a as u32;
+        let (mut a, mut i) = (from, chains.partition_point(|s| s.end <= from));
+        while a < to {
             // Fast path: the holder alone owns a leaf it is growing.
             let n = &self.nodes[end as usize];
             if end != ROOT && n.refs == 1 && n.children == 0 {
-                self.emit_stored(&hashes[a..], pos);
+                self.emit_stored(chains, a, to);
                 let n = &mut self.nodes[end as usize];
-                n.hashes.extend_from_slice(&hashes[a..]);
+                push_spans(&mut n.spans, chains, a, to);
+                n.len += (to - a) as u32;
                 n.last_used = now;
                 break;
             }
-            match self.child(end, hashes[a]) {
+            while chains[i].end <= a {
+                i += 1;
+            }
+            let first = ChunkKey::new(chains[i].chain, a).hash();
+            match self.child(end, first) {
                 Some(c) => {
                     // Resident already: share the matching run.
-                    let run = &self.nodes[c as usize].hashes;
-                    let l = common_prefix(run, &hashes[a..]);
-                    let head = if l < run.len() { self.split(c, l) } else { c };
+                    let l = common_prefix(&self.nodes[c as usize], chains, &mut i, a, to);
+                    let head = if l < u64::from(self.nodes[c as usize].len) { self.split(c, l) } else { c };
                     let node = &mut self.nodes[head as usize];
                     if node.refs == 0 {
-                        self.evictable -= node.hashes.len() as u64;
+                        self.evictable -= u64::from(node.len);
                         if node.in_lru {
                             node.in_lru = false;
                             let key = (node.last_used, head);
@@ -439,27 +506,28 @@ impl PrefixCache {
                     let node = &mut self.nodes[head as usize];
                     node.refs += 1;
                     node.last_used = now;
-                    self.free += l as u64;
+                    self.free += l;
                     self.epoch += 1;
                     end = head;
                     a += l;
                 }
                 None => {
-                    self.emit_stored(&hashes[a..], pos);
-                    let mut run = self.spare.pop().unwrap_or_default();
-                    run.extend_from_slice(&hashes[a..]);
+                    self.emit_stored(chains, a, to);
+                    let mut spans = Spans::new();
+                    push_spans(&mut spans, chains, a, to);
                     let node = Node {
                         parent: end,
-                        key: hashes[a],
-                        first_pos: pos,
-                        hashes: run,
+                        key: first,
+                        first_pos: a as u32,
+                        len: (to - a) as u32,
+                        spans,
                         refs: 1,
                         children: 0,
                         last_used: now,
                         in_lru: false,
                     };
                     let c = self.new_node(node);
-                    self.children.insert(child_key(end, hashes[a]), c);
+                    self.children.insert(child_key(end, first), c);
                     let parent = &mut self.nodes[end as usize];
                     parent.children += 1;
                     if parent.in_lru {
@@ -475,10 +543,10 @@ impl PrefixCache {
         Path(end)
     }
 
-    /// Stored events for the chunk-ending blocks of `hashes` (positions `first_pos`…).
-    fn emit_stored(&mut self, hashes: &[BlockHash], first_pos: u32) {
+    /// Stored events for the chunk-ending blocks among `from..to` of `chains`.
+    fn emit_stored(&mut self, chains: &[ChainSpan], from: u64, to: u64) {
         if self.events_on {
-            push_runs(&mut self.events, hashes, first_pos, self.stride, KvEventKind::Stored);
+            push_runs(&mut self.events, chains, from, to, self.stride, KvEventKind::Stored);
         }
     }
 
@@ -508,7 +576,7 @@ impl PrefixCache {
             if t + self.ttl > now {
                 break;
             }
-            got += self.nodes[i as usize].hashes.len() as u64;
+            got += u64::from(self.nodes[i as usize].len);
             if got >= need {
                 return true;
             }
@@ -523,22 +591,26 @@ impl PrefixCache {
         while self.free < n {
             let &(t, i) = self.lru.first().expect("allocate without can_allocate");
             assert!(ignore_ttl || self.ttl.0 == 0 || t + self.ttl <= now, "allocate without can_allocate");
-            let take = ((n - self.free) as usize).min(self.nodes[i as usize].hashes.len());
-            let node = &self.nodes[i as usize];
-            let keep = node.hashes.len() - take;
-            let (first, gone) = (node.first_pos + keep as u32, &node.hashes[keep..]);
+            let node = &mut self.nodes[i as usize];
+            let take = (n - self.free).min(u64::from(node.len));
+            let (end, keep) = (node.end(), node.end() - take);
             if self.events_on {
-                push_runs(&mut self.events, gone, first, self.stride, KvEventKind::Removed);
+                push_runs(&mut self.events, &node.spans, keep, end, self.stride, KvEventKind::Removed);
             }
             if self.evicted_on {
-                let keys = reported(first, take, self.stride)
-                    .map(|k| ChunkKey::of_block(gone[k], u64::from(first) + k as u64));
-                self.evicted.extend(keys);
+                for r in reported_runs(&node.spans, keep, end, self.stride) {
+                    self.evicted.extend((0..r.n).map(|k| ChunkKey::new(r.chain, r.block + k * u64::from(self.stride))));
+                }
             }
-            self.nodes[i as usize].hashes.truncate(keep);
-            self.evictable -= take as u64;
-            self.free += take as u64;
-            if keep == 0 {
+            node.len -= take as u32;
+            node.spans.truncate(node.spans.partition_point(|s| s.end < keep) + 1);
+            if let Some(last) = node.spans.last_mut() {
+                last.end = keep;
+            }
+            let gone = node.len == 0;
+            self.evictable -= take;
+            self.free += take;
+            if gone {
                 self.remove_leaf(i);
             }
         }
@@ -546,11 +618,7 @@ impl PrefixCache {
     }
 
     fn remove_leaf(&mut self, i: u32) {
-        let mut node = std::mem::take(&mut self.nodes[i as usize]);
-        if self.spare.len() < MAX_SPARE {
-            node.hashes.clear();
-            self.spare.push(std::mem::take(&mut node.hashes));
-        }
+        let node = std::mem::take(&mut self.nodes[i as usize]);
         self.lru.remove(&(node.last_used, i));
         self.children.remove(&child_key(node.parent, node.key));
         self.free_nodes.push(i);
@@ -569,34 +637,59 @@ mod tests {
     use super::*;
     use crate::kvcache::ChunkKey;
 
-    /// The hash a GPU event of one chunk names (a test's made-up hashes
-    /// lie on chains of their own, one chunk each).
+    /// A made-up sequence: block `k` on chain `xs[k]` (the tests give a
+    /// prefix's blocks the same ids and different prefixes different ones,
+    /// as chains are: a chain stands for everything before it).
+    fn hs(xs: &[u64]) -> Vec<ChainSpan> {
+        let mut out = Spans::new();
+        for (k, &x) in xs.iter().enumerate() {
+            push_spans(&mut out, &[ChainSpan { chain: x, end: k as u64 + 1 }], k as u64, k as u64 + 1);
+        }
+        out.to_vec()
+    }
+
+    /// Registers blocks `from..` of sequence `xs` after `path`.
+    fn ext(c: &mut PrefixCache, path: Path, xs: &[u64], from: u64, now: SimTime) -> Path {
+        c.extend(path, &hs(xs), from, xs.len() as u64, now)
+    }
+
+    /// Blocks of sequence `xs` resident.
+    fn look(c: &PrefixCache, xs: &[u64]) -> u64 {
+        c.lookup(&hs(xs), xs.len() as u64).blocks()
+    }
+
+    /// Takes a reference on the first `n` blocks of sequence `xs`.
+    fn take(c: &mut PrefixCache, xs: &[u64], n: u64, now: SimTime) -> Path {
+        let hit = c.lookup(&hs(xs), n);
+        assert_eq!(hit.blocks(), n, "acquired blocks are resident");
+        c.acquire(hit, now)
+    }
+
+    /// The chain a GPU event of one chunk names (a made-up block's id).
     fn one(e: &KvEvent) -> BlockHash {
         assert_eq!(e.chunks.len(), 1);
-        e.chunks.hashes(1).next().expect("one chunk")
+        BlockHash(e.chunks.run().chain)
     }
 
-    /// `(hash, position)` of each chunk reported evicted.
+    /// `(chain, position)` of each chunk reported evicted.
     fn evicted(c: &PrefixCache) -> Vec<(BlockHash, u64)> {
-        c.evicted.iter().map(|k| (k.hash(), k.block)).collect()
-    }
-
-    fn hs(xs: &[u64]) -> Vec<BlockHash> {
-        xs.iter().map(|&x| BlockHash(x)).collect()
+        c.evicted.iter().map(|k| (BlockHash(k.chain), k.block)).collect()
     }
 
     #[test]
-    fn common_prefix_finds_where_chained_runs_diverge() {
-        assert_eq!(common_prefix(&hs(&[1, 2, 3, 4]), &hs(&[1, 2, 3, 4, 5])), 4);
-        // (Chained hashes never agree again once they differ.)
-        assert_eq!(common_prefix(&hs(&[1, 2, 3, 4, 5, 6]), &hs(&[1, 2, 9, 8, 7, 16, 5])), 2);
-        assert_eq!(common_prefix(&hs(&[1]), &hs(&[2])), 0);
-        assert_eq!(common_prefix(&hs(&[]), &hs(&[1])), 0);
-        for l in 0..9 {
-            let a: Vec<u64> = (1..=8).collect();
-            let b: Vec<u64> = (1..=8).map(|x| if x > l { x + 100 } else { x }).collect();
-            assert_eq!(common_prefix(&hs(&a), &hs(&b)), l as usize);
-        }
+    fn common_prefix_finds_where_chains_diverge() {
+        // A node of blocks 0..8: chain 1 up to 3, chain 2 up to 6, chain 3.
+        let spans = [(1, 3), (2, 6), (3, 8)].map(|(chain, end)| ChainSpan { chain, end });
+        let node = Node { len: 8, spans: spans.into_iter().collect(), ..Node::default() };
+        let common = |xs: &[(u64, u64)], to: u64| {
+            let chains: Vec<ChainSpan> = xs.iter().map(|&(chain, end)| ChainSpan { chain, end }).collect();
+            common_prefix(&node, &chains, &mut 0, 0, to)
+        };
+        assert_eq!(common(&[(1, 3), (2, 6), (3, 9)], 9), 8, "the node whole");
+        assert_eq!(common(&[(1, 3), (2, 6), (3, 9)], 5), 5, "as far as asked");
+        assert_eq!(common(&[(1, 3), (2, 4), (7, 9)], 9), 4, "diverging inside a span");
+        assert_eq!(common(&[(1, 2), (5, 9)], 9), 2, "a span ending early");
+        assert_eq!(common(&[(4, 9)], 9), 0);
     }
 
     #[test]
@@ -604,14 +697,14 @@ mod tests {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         let t = SimTime(1);
         c.allocate(3, t, false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2]), 0, t);
+        let p = ext(&mut c, Path::NONE, &[1, 2], 0, t);
         assert_eq!(c.used(), 3); // two cached + one private
         c.release(p, t);
         c.free_private(1);
         assert_eq!((c.used(), c.evictable()), (0, 2));
         // A new request finds the 2-block prefix but not a third block.
-        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2);
-        c.acquire(&hs(&[1, 2, 3]), 2, t);
+        assert_eq!(look(&c, &[1, 2, 3]), 2);
+        take(&mut c, &[1, 2, 3], 2, t);
         assert_eq!((c.used(), c.evictable()), (2, 0));
     }
 
@@ -620,7 +713,7 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.record(true, true, 1);
         c.allocate(3, SimTime(0), false);
-        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| c.extend(Path::NONE, &hs(&[x]), 0, SimTime(0))).collect();
+        let paths: Vec<Path> = [1, 2, 3].iter().map(|&x| ext(&mut c, Path::NONE, &[x], 0, SimTime(0))).collect();
         // Released in the order 2, 1, 3.
         c.release(paths[1], SimTime(1));
         c.release(paths[0], SimTime(2));
@@ -628,8 +721,8 @@ mod tests {
         c.events.clear();
         assert!(c.can_allocate(2, SimTime(4), false));
         c.allocate(2, SimTime(4), false);
-        assert_eq!(c.lookup(&hs(&[3])), 1);
-        assert_eq!(c.lookup(&hs(&[2])) + c.lookup(&hs(&[1])), 0);
+        assert_eq!(look(&c, &[3]), 1);
+        assert_eq!(look(&c, &[2]) + look(&c, &[1]), 0);
         let removed: Vec<u64> = c.events.iter().map(|e| one(e).0).collect();
         assert_eq!(removed, vec![2, 1]);
         assert!(c.events.iter().all(|e| e.kind == KvEventKind::Removed));
@@ -642,10 +735,12 @@ mod tests {
         let mut c = PrefixCache::new(3, true, SimDuration::ZERO);
         c.allocate(3, SimTime(0), false);
         c.record(true, true, 1);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3]), 10, SimTime(0));
+        let seq = [99, 99, 99, 99, 99, 99, 99, 99, 99, 99, 1, 2, 3];
+        let p = ext(&mut c, Path::NONE, &seq, 10, SimTime(0));
         c.release(p, SimTime(1));
         c.allocate(1, SimTime(2), false);
-        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2, "the prefix survives, the tail block went");
+        let live: Vec<(u32, u32)> = c.nodes.iter().filter(|n| n.len > 0).map(|n| (n.first_pos, n.len)).collect();
+        assert_eq!(live, [(10, 2)], "the prefix survives, the tail block went");
         assert_eq!(evicted(&c), [(BlockHash(3), 12)], "block positions are kept for write-back");
     }
 
@@ -653,7 +748,7 @@ mod tests {
     fn ttl_protects_recently_used_blocks() {
         let mut c = PrefixCache::new(1, true, SimDuration(100));
         c.allocate(1, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[9]), 0, SimTime(0));
+        let p = ext(&mut c, Path::NONE, &[9], 0, SimTime(0));
         c.release(p, SimTime(10));
         assert!(!c.can_allocate(1, SimTime(109), false), "used at 10, protected until 110");
         assert!(c.can_allocate(1, SimTime(109), true), "unless the TTL yields");
@@ -664,8 +759,8 @@ mod tests {
     fn a_duplicate_computed_block_shares_the_resident_one() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(2, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0));
-        let b = c.extend(Path::NONE, &hs(&[5]), 0, SimTime(0)); // a second request computed the same block
+        let a = ext(&mut c, Path::NONE, &[5], 0, SimTime(0));
+        let b = ext(&mut c, Path::NONE, &[5], 0, SimTime(0)); // a second request computed the same block
         assert_eq!(c.used(), 1, "the duplicate's private block went back to the pool");
         c.release(a, SimTime(1));
         assert_eq!(c.evictable(), 0, "still referenced once");
@@ -677,19 +772,19 @@ mod tests {
     fn sharing_part_of_a_run_splits_it_and_keeps_the_shared_part() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         c.allocate(4, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4]), 0, SimTime(0));
+        let a = ext(&mut c, Path::NONE, &[1, 2, 3, 4], 0, SimTime(0));
         // B shares the first two blocks, then diverges.
-        assert_eq!(c.lookup(&hs(&[1, 2, 9])), 2);
-        let b = c.acquire(&hs(&[1, 2, 9]), 2, SimTime(1));
+        assert_eq!(look(&c, &[1, 2, 9]), 2);
+        let b = take(&mut c, &[1, 2, 9], 2, SimTime(1));
         c.release(a, SimTime(2));
         assert_eq!((c.used(), c.evictable()), (2, 2), "blocks 3, 4 are A's alone");
         c.allocate(2, SimTime(3), false);
-        assert_eq!(c.lookup(&hs(&[1, 2, 3])), 2);
+        assert_eq!(look(&c, &[1, 2, 3]), 2);
         c.free_private(2);
         // B extends its path with a new block after the split point.
         c.allocate(1, SimTime(3), false);
-        let b = c.extend(b, &hs(&[7]), 2, SimTime(3));
-        assert_eq!(c.lookup(&hs(&[1, 2, 7])), 3);
+        let b = ext(&mut c, b, &[1, 2, 7], 2, SimTime(3));
+        assert_eq!(look(&c, &[1, 2, 7]), 3);
         c.release(b, SimTime(4));
         assert_eq!((c.used(), c.evictable()), (0, 3));
     }
@@ -699,10 +794,10 @@ mod tests {
         let live = |c: &PrefixCache| c.nodes.len() - 1 - c.free_nodes.len();
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.allocate(8, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        let a = ext(&mut c, Path::NONE, &[1, 2, 3, 4, 5, 6, 7, 8], 0, SimTime(0));
         // B and C hold the first 3 and 5 blocks: three runs.
-        let b = c.acquire(&hs(&[1, 2, 3, 9]), 3, SimTime(1));
-        let d = c.acquire(&hs(&[1, 2, 3, 4, 5, 9]), 5, SimTime(1));
+        let b = take(&mut c, &[1, 2, 3, 9], 3, SimTime(1));
+        let d = take(&mut c, &[1, 2, 3, 4, 5, 9], 5, SimTime(1));
         assert_eq!(live(&c), 3);
         // B lets go: [0, 3) and [3, 5) have the same holders (A, C) but not the same last use.
         c.release(b, SimTime(2));
@@ -713,9 +808,9 @@ mod tests {
         assert_eq!(live(&c), 2, "[0, 5) held by A alone, then [5, 8)");
         c.release(a, SimTime(3));
         assert_eq!(live(&c), 1);
-        assert_eq!((c.used(), c.evictable(), c.lookup(&hs(&[1, 2, 3, 4, 5, 6, 7, 8]))), (0, 8, 8));
+        assert_eq!((c.used(), c.evictable(), look(&c, &[1, 2, 3, 4, 5, 6, 7, 8])), (0, 8, 8));
         c.allocate(3, SimTime(4), false);
-        assert_eq!(c.lookup(&hs(&[1, 2, 3, 4, 5, 6, 7, 8])), 5);
+        assert_eq!(look(&c, &[1, 2, 3, 4, 5, 6, 7, 8]), 5);
         assert_eq!(live(&c), 1);
     }
 
@@ -724,7 +819,7 @@ mod tests {
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.record(true, true, 4);
         c.allocate(8, SimTime(0), false);
-        let p = c.extend(Path::NONE, &hs(&[1, 2, 3, 4, 5, 6, 7, 8]), 0, SimTime(0));
+        let p = ext(&mut c, Path::NONE, &[1, 2, 3, 4, 5, 6, 7, 8], 0, SimTime(0));
         // Positions 3 and 7 end 4-block chunks.
         assert_eq!(c.events.iter().map(|e| one(e).0).collect::<Vec<_>>(), vec![4, 8]);
         c.events.clear();
@@ -739,18 +834,19 @@ mod tests {
     fn stored_and_evicted_chunks_are_one_event_per_chain_read_off_the_hashes() {
         // 2-block chunks ending at positions 1, 3, 5, 7; blocks 0..5 on chain
         // 10, 5..8 on chain 20.
-        let blocks: Vec<BlockHash> = (0..8).map(|k| ChunkKey::new(if k < 5 { 10 } else { 20 }, k).hash()).collect();
+        let chains = [ChainSpan { chain: 10, end: 5 }, ChainSpan { chain: 20, end: 8 }];
         let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
         c.record(true, true, 2);
         c.allocate(8, SimTime(0), false);
-        let p = c.extend(Path::NONE, &blocks, 0, SimTime(0));
+        let p = c.extend(Path::NONE, &chains, 0, 8, SimTime(0));
         let run = |chain, block, n| EventChunks::RunUp(Run { chain, block, n });
         let got: Vec<EventChunks> = c.events.iter().map(|e| e.chunks).collect();
         // Positions 1, 3 on chain 10, then 5, 7 on chain 20.
         assert_eq!(got, [run(10, 1, 2), run(20, 5, 2)]);
         // Each names the chunks' hashes, first chunk first, as single events would.
         let hashes: Vec<BlockHash> = got.iter().flat_map(|e| e.hashes(2).collect::<Vec<_>>()).collect();
-        assert_eq!(hashes, [blocks[1], blocks[3], blocks[5], blocks[7]]);
+        let keys = [ChunkKey::new(10, 1), ChunkKey::new(10, 3), ChunkKey::new(20, 5), ChunkKey::new(20, 7)];
+        assert_eq!(hashes, keys.map(ChunkKey::hash));
         // Evicted whole: the same runs removed, and each chunk's key for write-back.
         c.events.clear();
         c.release(p, SimTime(1));
@@ -768,8 +864,8 @@ mod tests {
         let mut c = PrefixCache::new(16, true, SimDuration::ZERO);
         c.record(true, false, 4);
         c.allocate(8, SimTime(0), false);
-        let a = c.extend(Path::NONE, &hs(&[1, 2]), 0, SimTime(0));
-        let b = c.extend(Path::NONE, &hs(&[11, 12, 13, 14, 15, 16]), 0, SimTime(0));
+        let a = ext(&mut c, Path::NONE, &[1, 2], 0, SimTime(0));
+        let b = ext(&mut c, Path::NONE, &[11, 12, 13, 14, 15, 16], 0, SimTime(0));
         c.release(a, SimTime(1));
         c.release(b, SimTime(2));
         c.events.clear();
@@ -798,16 +894,16 @@ mod tests {
             let stride = 1 + next(5) as u32;
             let mut c = PrefixCache::new(400, true, SimDuration::ZERO);
             c.record(true, case % 2 == 0, stride);
-            let mut seqs: Vec<Vec<BlockHash>> = Vec::new();
+            let mut seqs: Vec<Vec<u64>> = Vec::new();
             let mut paths = Vec::new();
             for i in 0..1 + next(8) {
                 let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
                     Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
                     None => Vec::new(),
                 };
-                h.extend((0..1 + next(12)).map(|k| BlockHash(1000 * (case + 1) + 100 * i + k)));
+                h.extend((0..1 + next(12)).map(|k| 1000 * (case + 1) + 100 * i + k));
                 c.allocate(h.len() as u64, SimTime(0), false);
-                paths.push(c.extend(Path::NONE, &h, 0, SimTime(0)));
+                paths.push(ext(&mut c, Path::NONE, &h, 0, SimTime(0)));
                 seqs.push(h);
             }
             let n = paths.len() as u64;
@@ -835,8 +931,8 @@ mod tests {
     fn disabled_caching_never_matches() {
         let mut c = PrefixCache::new(2, false, SimDuration::ZERO);
         c.allocate(1, SimTime(0), false);
-        assert_eq!(c.extend(Path::NONE, &hs(&[1]), 0, SimTime(0)), Path::NONE);
-        assert_eq!(c.lookup(&hs(&[1])), 0);
+        assert_eq!(ext(&mut c, Path::NONE, &[1], 0, SimTime(0)), Path::NONE);
+        assert_eq!(look(&c, &[1]), 0);
         c.free_private(1);
         assert_eq!(c.used(), 0);
     }

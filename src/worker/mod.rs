@@ -533,11 +533,11 @@ impl Worker {
     /// Registers the request's newly computed full blocks in the prefix cache.
     fn register_blocks(&mut self, id: RequestId, now: SimTime, reqs: &mut [Request], cfg: &WorkerConfig) {
         let r = &mut reqs[id.index()];
-        let full = ((r.seq.computed / cfg.block_size) as usize).min(r.blocks.len());
-        let from = r.seq.registered as usize;
+        let full = (r.seq.computed / cfg.block_size).min(r.full_blocks());
+        let from = r.seq.registered;
         if from < full && self.cache.enabled() {
-            r.seq.path = self.cache.extend(r.seq.path, &r.blocks[from..full], from as u32, now);
-            r.seq.registered = full as u64;
+            r.seq.path = self.cache.extend(r.seq.path, &r.chains, from, full, now);
+            r.seq.registered = full;
         }
     }
 
@@ -835,7 +835,7 @@ mod tests {
                     label: Label::None,
                 };
                 let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
-                r.hash_blocks(16, &mut Default::default());
+                r.hash_blocks(16);
                 r
             })
             .collect()

@@ -4,7 +4,7 @@
 
 use super::{Pass, Scheduler, SlotMode, Worker, WorkerConfig};
 use crate::ids::RequestId;
-use crate::kvcache::{ConnectorOutput, ExternalHit, KvConnector, LoadDone, Tier};
+use crate::kvcache::{ConnectorOutput, ExternalHit, Hit, KvConnector, LoadDone, Tier};
 use crate::request::{Request, RequestStatus, SeqState};
 use crate::time::SimTime;
 use crate::worker::perf::PrefillChunk;
@@ -158,7 +158,7 @@ impl Worker {
                 holders -= 1;
                 if pass == Pass::Admit
                     && self.has_room(*budget, cfg)
-                    && self.admit(now, pos, 0, promised, budget, reqs, cfg, conn, idle)
+                    && self.admit(now, pos, Hit::NONE, promised, budget, reqs, cfg, conn, idle)
                 {
                     continue;
                 }
@@ -186,9 +186,9 @@ impl Worker {
             }
             // What it already has: the GPU prefix, then what the tiers hold beyond it.
             let r = &reqs[id.index()];
-            let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.blocks.len());
-            let local = self.cache.lookup(&r.blocks[..max]);
-            let external = conn.lookup(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local as u64);
+            let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.full_blocks() as usize);
+            let local = self.cache.lookup(&r.chains, max as u64);
+            let external = conn.lookup(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local.blocks());
             if external.tokens > 0 {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.
@@ -218,14 +218,14 @@ impl Worker {
     }
 
     /// Starts loading the `external` tokens the tiers hold for new request
-    /// `id` beyond its `local` GPU-prefix blocks, if it can have an I/O slot
+    /// `id` beyond its `local` GPU prefix (as just looked up), if it can have an I/O slot
     /// and the GPU blocks for them; false (and nothing held) if not.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn start_load(
         &mut self,
         now: SimTime,
         id: RequestId,
-        local: usize,
+        local: Hit,
         external: ExternalHit,
         promised: u64,
         reqs: &mut [Request],
@@ -238,7 +238,7 @@ impl Worker {
         if !r.seq.holds_io_slot && self.waiting.io_in_use >= cfg.io_slots {
             return false;
         }
-        let g = local as u64;
+        let g = local.blocks();
         let computed = g * cfg.block_size + external.tokens;
         let need = cfg.blocks_for(computed) - g;
         // vLLM allocates the loaded tokens' blocks and the first chunk's in
@@ -252,7 +252,7 @@ impl Worker {
             return false;
         }
         // Taking the GPU prefix can only shrink what is allocatable.
-        let path = self.cache.acquire(&r.blocks, local, now);
+        let path = self.cache.acquire(local, now);
         if !self.cache.can_allocate(with_chunk, now, idle) {
             self.cache.release(path, now);
             return false;
@@ -283,7 +283,7 @@ impl Worker {
 
     /// Admits the waiting request at `pos` into the running batch with its
     /// first prefill chunk, if the chunk fits: a loaded request brings what
-    /// it loaded, a new one takes its `local` GPU-prefix blocks. Its hits are
+    /// it loaded, a new one takes its `local` GPU prefix (as just looked up). Its hits are
     /// credited (first admission and total). False (and nothing changed) if
     /// it does not fit.
     #[allow(clippy::too_many_arguments)]
@@ -291,7 +291,7 @@ impl Worker {
         &mut self,
         now: SimTime,
         pos: usize,
-        local: usize,
+        local: Hit,
         promised: u64,
         budget: &mut u64,
         reqs: &mut [Request],
@@ -305,7 +305,7 @@ impl Worker {
             return false;
         }
         let holding = r.seq.computed > 0;
-        let c = if holding { r.seq.computed } else { local as u64 * cfg.block_size };
+        let c = if holding { r.seq.computed } else { local.blocks() * cfg.block_size };
         let remaining = r.seq.num_tokens - c;
         let chunk = remaining.min(*budget);
         // Blocks left free at admission: those promised to the KV holders
@@ -318,8 +318,8 @@ impl Worker {
         }
         if !holding {
             // Taking the hit blocks can only shrink what is allocatable.
-            r.seq.path = self.cache.acquire(&r.blocks, local, now);
-            r.seq.registered = local as u64;
+            r.seq.path = self.cache.acquire(local, now);
+            r.seq.registered = local.blocks();
             r.seq.computed = c;
             if !self.cache.can_allocate(need + keep, now, idle) {
                 self.release_blocks(id, now, reqs, cfg);
@@ -327,7 +327,8 @@ impl Worker {
                 return false;
             }
             let r = &mut reqs[id.index()];
-            r.seq.tier_prefix = conn.admitted(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local as u64);
+            r.seq.tier_prefix =
+                conn.admitted(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local.blocks());
             r.seq.hit = [0; 4];
             r.seq.hit[Tier::Gpu.index()] = c;
         }
