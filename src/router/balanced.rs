@@ -47,7 +47,7 @@ pub struct Balanced {
 }
 
 impl Policy for Balanced {
-    const NEEDS: Needs = Needs { loads: true, kv_index: true, load_reports: true };
+    const NEEDS: Needs = Needs { loads: true, kv_index: true, load_reports: true, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let p = &self.params;

@@ -222,7 +222,8 @@ impl<'a> Router<'a> {
         // The chunks the connector would look up.
         self.runs.clear();
         self.runs.extend(self.kvc.runs(&r.seq, 0).map(|(run, _, _)| run));
-        self.index.score(&self.runs, self.loads.len(), &self.cfg.tier_weights, &mut self.scores);
+        let weights = self.needs.tier_weights.then_some(&self.cfg.tier_weights);
+        self.index.score(&self.runs, self.loads.len(), weights, &mut self.scores);
         self.runs.iter().map(|r| r.n).sum::<u64>() as u32
     }
 

@@ -172,43 +172,81 @@ impl KvIndex {
     }
 
     /// For each of `workers` workers, the leading run of the chunks `runs`
-    /// name (in order) it could serve, with each chunk weighted by
-    /// `weights[tier]` of the fastest tier it is in there (DFS if only the
-    /// DFS has it). Written into `out` (indexed by worker). While the DFS
-    /// holds the prefix every worker is a candidate; that common part is
-    /// added once at the end, so the work is proportional to the local
-    /// holders of the matched chunks.
-    pub fn score(&mut self, runs: &[Run], workers: usize, weights: &[f64; 4], out: &mut Vec<Match>) {
+    /// name (in order) it could serve — and, given tier `weights`, each
+    /// chunk weighted by `weights[tier]` of the fastest tier it is in there
+    /// (DFS if only the DFS has it; without them `weighted` stays 0).
+    /// Written into `out` (indexed by worker). While the DFS holds the
+    /// prefix every worker is a candidate; that common part is added once
+    /// at the end, so the work is proportional to the local holders of the
+    /// matched chunks — and, without weights, to their ranges, not chunks.
+    pub fn score(&mut self, runs: &[Run], workers: usize, weights: Option<&[f64; 4]>, out: &mut Vec<Match>) {
         out.clear();
         out.resize(workers, Match::default());
-        let dfs_w = weights[Tier::Dfs.index()];
-        let weight = |bits: u8| Tier::ALL.iter().find(|t| bits & bit(**t) != 0).map_or(dfs_w, |t| weights[t.index()]);
         self.spans.clear();
         self.spans.extend(runs.iter().map(|&r| Lane::of(r, self.stride)));
         let lanes = &self.lanes;
         let holders = |l: &Lane| lanes.get(&l.key);
-        // Phase 1: the chunks the DFS holds from the first on; every worker
-        // can read them there, and local copies add their tier's advantage.
-        let (mut common, mut common_weight) = (0u32, 0.0);
+        // Phase 1: the chunks the DFS holds from the first on.
+        let mut common = 0u32;
         let mut first = (self.spans.len(), 0);
-        'dfs: for (s, l) in self.spans.iter().enumerate() {
+        for (s, l) in self.spans.iter().enumerate() {
             let (a, b) = range(l);
-            let dfs = holders(l).map_or(&[][..], |h| &h.dfs[..]);
-            let mut i = 0;
-            for q in a..b {
-                if bits_at(dfs, &mut i, q) == 0 {
-                    first = (s, q);
-                    break 'dfs;
-                }
-                common += 1;
-                common_weight += dfs_w;
+            let to = reach(holders(l).map_or(&[][..], |h| &h.dfs[..]), &[], a, b);
+            common += to - a;
+            if to < b {
+                first = (s, to);
+                break;
             }
         }
-        // Each local holder's advantage there, in chunk order.
+        // Phase 2 starts at the first chunk not in the DFS: its holders.
+        self.alive.clear();
+        if let Some(h) = self.spans.get(first.0).and_then(holders) {
+            let holds = |segs: &Segs| bits_at(segs, &mut 0, first.1) != 0;
+            self.alive.extend(h.workers.iter().filter(|(w, segs)| (*w as usize) < workers && holds(segs)).map(|x| x.0));
+        }
+        // Each candidate goes on while it (or the DFS) holds the next chunk.
+        for &w in &self.alive {
+            let m = &mut out[w as usize];
+            for (s, l) in self.spans.iter().enumerate().skip(first.0) {
+                let Some(h) = holders(l) else { break };
+                let (a, b) = range(l);
+                let a = if s == first.0 { first.1 } else { a };
+                let to = reach(worker_segs(h, w), &h.dfs, a, b);
+                m.chunks += to - a;
+                if to < b {
+                    break;
+                }
+            }
+        }
+        if let Some(weights) = weights {
+            self.weigh(holders, first, weights, out);
+        }
+        for m in out.iter_mut() {
+            m.chunks += common;
+        }
+    }
+
+    /// [`Self::score`]'s tier weights, chunk by chunk (each worker's
+    /// weights summed in chunk order, the DFS prefix's added last, so that
+    /// equal holdings weigh exactly alike): the DFS prefix's chunks (up to
+    /// `first`) weigh the DFS's weight for everyone, local copies adding
+    /// their tier's advantage; then each candidate's chunks while it (or
+    /// the DFS) holds them.
+    fn weigh<'a>(
+        &self,
+        holders: impl Fn(&Lane) -> Option<&'a LaneHolders>,
+        first: (usize, u32),
+        weights: &[f64; 4],
+        out: &mut [Match],
+    ) {
+        let dfs_w = weights[Tier::Dfs.index()];
+        let weight = |bits: u8| Tier::ALL.iter().find(|t| bits & bit(**t) != 0).map_or(dfs_w, |t| weights[t.index()]);
+        let mut common_weight = 0.0;
         for (s, l) in self.spans.iter().enumerate().take(first.0 + 1) {
-            let Some(h) = holders(l) else { continue };
             let (a, b) = range(l);
             let b = if s == first.0 { first.1 } else { b };
+            (a..b).for_each(|_| common_weight += dfs_w);
+            let Some(h) = holders(l) else { continue };
             for (w, segs) in &h.workers {
                 let Some(m) = out.get_mut(*w as usize) else { continue };
                 for seg in segs.iter().filter(|x| x.q1 > a && x.q0 < b) {
@@ -218,42 +256,50 @@ impl KvIndex {
                 }
             }
         }
-        // Phase 2: from the first chunk not in the DFS on, the workers that
-        // hold it go on while they (or the DFS) hold the next.
-        if first.0 < self.spans.len() {
-            let (s0, q0) = first;
-            self.alive.clear();
-            if let Some(h) = holders(&self.spans[s0]) {
-                let holds = |segs: &Segs| bits_at(segs, &mut 0, q0) != 0;
-                self.alive
-                    .extend(h.workers.iter().filter(|(w, segs)| (*w as usize) < workers && holds(segs)).map(|x| x.0));
-            }
-            for &w in &self.alive {
-                let m = &mut out[w as usize];
-                'chunks: for (s, l) in self.spans.iter().enumerate().skip(s0) {
-                    let (a, b) = range(l);
-                    let a = if s == s0 { q0 } else { a };
-                    let Some(h) = holders(l) else { break };
-                    let segs = h.workers.binary_search_by_key(&w, |x| x.0).map_or(&[][..], |i| &h.workers[i].1[..]);
-                    let (mut i, mut j) = (0, 0);
-                    for q in a..b {
-                        let bits = bits_at(segs, &mut i, q);
-                        if bits == 0 && bits_at(&h.dfs, &mut j, q) == 0 {
-                            break 'chunks;
-                        }
-                        m.chunks += 1;
-                        m.weighted += weight(bits);
+        for &w in &self.alive {
+            let m = &mut out[w as usize];
+            'chunks: for (s, l) in self.spans.iter().enumerate().skip(first.0) {
+                let Some(h) = holders(l) else { break };
+                let (a, b) = range(l);
+                let a = if s == first.0 { first.1 } else { a };
+                let (segs, mut i, mut j) = (worker_segs(h, w), 0, 0);
+                for q in a..b {
+                    let bits = bits_at(segs, &mut i, q);
+                    if bits == 0 && bits_at(&h.dfs, &mut j, q) == 0 {
+                        break 'chunks;
                     }
+                    m.weighted += weight(bits);
                 }
             }
         }
-        if common > 0 {
+        if common_weight > 0.0 {
             for m in out.iter_mut() {
-                m.chunks += common;
                 m.weighted += common_weight;
             }
         }
     }
+}
+
+/// Worker `w`'s ranges in a lane (none if it holds nothing there).
+fn worker_segs(h: &LaneHolders, w: u32) -> &[Seg] {
+    h.workers.binary_search_by_key(&w, |x| x.0).map_or(&[][..], |i| &h.workers[i].1[..])
+}
+
+/// How far from chunk `a` (up to `b`) the chunks are held, one after
+/// another, by `x` or `y`: range by range.
+fn reach(x: &[Seg], y: &[Seg], a: u32, b: u32) -> u32 {
+    let end_of = |segs: &[Seg], q: u32| {
+        let i = segs.partition_point(|s| s.q1 <= q);
+        segs.get(i).filter(|s| s.q0 <= q).map(|s| s.q1)
+    };
+    let mut q = a;
+    while q < b {
+        match end_of(x, q).max(end_of(y, q)) {
+            Some(e) => q = e.min(b),
+            None => break,
+        }
+    }
+    q
 }
 
 #[cfg(test)]
@@ -304,7 +350,7 @@ mod tests {
         ix.apply(WorkerId(2), &ev(Tier::Gpu, 1, 1, 1, KvEventKind::Stored));
         ix.apply(WorkerId(0), &ev(Tier::Dfs, 1, 3, 1, KvEventKind::Stored));
         let mut out = Vec::new();
-        ix.score(&runs(&[(1, 0, 5)]), 3, &W, &mut out);
+        ix.score(&runs(&[(1, 0, 5)]), 3, Some(&W), &mut out);
         // Worker 0: 0, 1, 2 (GPU) + 3 (DFS) = 4 chunks, weight 1+1+1+0.1.
         assert_eq!(out[0], Match { chunks: 4, weighted: 3.1 });
         // Worker 1: 0, 1 (CPU) then 2 is missing: 2 chunks, 0.5 + 0.5.
@@ -315,7 +361,7 @@ mod tests {
         ix2.apply(WorkerId(0), &ev(Tier::Gpu, 1, 0, 2, KvEventKind::Stored));
         ix2.apply(WorkerId(0), &ev(Tier::Gpu, 2, 2, 1, KvEventKind::Stored));
         ix2.apply(WorkerId(0), &ev(Tier::Dfs, 2, 3, 1, KvEventKind::Stored));
-        ix2.score(&runs(&[(1, 0, 2), (2, 2, 3)]), 1, &W, &mut out);
+        ix2.score(&runs(&[(1, 0, 2), (2, 2, 3)]), 1, Some(&W), &mut out);
         assert_eq!(out[0], Match { chunks: 4, weighted: 3.1 });
     }
 
@@ -324,14 +370,14 @@ mod tests {
         let mut ix = KvIndex::new(STRIDE);
         ix.apply(WorkerId(3), &ev(Tier::Dfs, 9, 0, 1, KvEventKind::Stored));
         let mut out = Vec::new();
-        ix.score(&runs(&[(9, 0, 1)]), 4, &W, &mut out);
+        ix.score(&runs(&[(9, 0, 1)]), 4, Some(&W), &mut out);
         assert!(out.iter().all(|m| m.chunks == 1 && m.weighted == 0.1));
         ix.apply(WorkerId(0), &ev(Tier::Gpu, 9, 0, 1, KvEventKind::Stored));
-        ix.score(&runs(&[(9, 0, 1)]), 4, &W, &mut out);
+        ix.score(&runs(&[(9, 0, 1)]), 4, Some(&W), &mut out);
         assert_eq!(out[0].weighted, 1.0, "the local GPU copy is the fastest");
         ix.apply(WorkerId(3), &ev(Tier::Dfs, 9, 0, 1, KvEventKind::Removed));
         ix.apply(WorkerId(0), &ev(Tier::Gpu, 9, 0, 1, KvEventKind::Removed));
-        ix.score(&runs(&[(9, 0, 1)]), 4, &W, &mut out);
+        ix.score(&runs(&[(9, 0, 1)]), 4, Some(&W), &mut out);
         assert!(out.iter().all(|m| m.chunks == 0), "removed everywhere: nobody scores");
     }
 
@@ -443,8 +489,13 @@ mod tests {
                 .flat_map(|r| (0..r.n).map(|i| ChunkKey::new(r.chain, r.block + i * STRIDE).hash()))
                 .collect();
             let workers = 4 + next(2) as usize;
-            ix.score(&req, workers, &W, &mut out);
-            assert_eq!(out, oracle.score(&keys, workers), "step {step}");
+            ix.score(&req, workers, Some(&W), &mut out);
+            let expected = oracle.score(&keys, workers);
+            assert_eq!(out, expected, "step {step}");
+            // Without weights, the same chunks, range by range.
+            ix.score(&req, workers, None, &mut out);
+            let chunks: Vec<Match> = expected.iter().map(|m| Match { chunks: m.chunks, weighted: 0.0 }).collect();
+            assert_eq!(out, chunks, "step {step}, unweighted");
         }
         assert!(ix.lanes.len() <= 6, "three chains, two residues each");
     }

@@ -10,7 +10,7 @@ use crate::rng::StreamRng;
 pub struct LeastLoaded;
 
 impl Policy for LeastLoaded {
-    const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false };
+    const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
         ctx.fewest

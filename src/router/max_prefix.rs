@@ -11,7 +11,7 @@ use crate::rng::StreamRng;
 pub struct MaxPrefix;
 
 impl Policy for MaxPrefix {
-    const NEEDS: Needs = Needs { loads: false, kv_index: true, load_reports: false };
+    const NEEDS: Needs = Needs { loads: false, kv_index: true, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         best_with_random_ties(ctx.workers, |i| ctx.prefix_fraction(i), rng)

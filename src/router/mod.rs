@@ -102,6 +102,8 @@ pub struct Needs {
     pub kv_index: bool,
     /// Workers' periodic load reports (system events).
     pub load_reports: bool,
+    /// The KV index's matches weighed by the tier holding each chunk.
+    pub tier_weights: bool,
 }
 
 /// A routing policy.

@@ -11,7 +11,7 @@ use rand::RngExt;
 pub struct PowerOfTwo;
 
 impl Policy for PowerOfTwo {
-    const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false };
+    const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let n = ctx.workers.len();

@@ -10,7 +10,7 @@ use rand::RngExt;
 pub struct Random;
 
 impl Policy for Random {
-    const NEEDS: Needs = Needs { loads: false, kv_index: false, load_reports: false };
+    const NEEDS: Needs = Needs { loads: false, kv_index: false, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         ctx.workers[rng.random_range(0..ctx.workers.len())].id

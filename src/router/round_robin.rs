@@ -11,7 +11,7 @@ pub struct RoundRobin {
 }
 
 impl Policy for RoundRobin {
-    const NEEDS: Needs = Needs { loads: false, kv_index: false, load_reports: false };
+    const NEEDS: Needs = Needs { loads: false, kv_index: false, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
         let i = self.next % ctx.workers.len();

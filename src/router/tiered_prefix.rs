@@ -12,7 +12,7 @@ use crate::rng::StreamRng;
 pub struct TieredPrefix;
 
 impl Policy for TieredPrefix {
-    const NEEDS: Needs = Needs { loads: false, kv_index: true, load_reports: false };
+    const NEEDS: Needs = Needs { loads: false, kv_index: true, load_reports: false, tier_weights: true };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         best_with_random_ties(ctx.workers, |i| ctx.prefix.get(i).map_or(0.0, |m| m.weighted), rng)
