@@ -275,7 +275,7 @@ pub struct RouterParams {
     pub max_workers: u32,
     /// Seconds between the router's event collections when its queue is empty (0: as events arrive).
     pub periodic_infra_update_collection_time: f64,
-    /// Most events applied per batch.
+    /// Most events applied per batch (an event of n chunks counting n), when a batch takes time.
     pub max_event_batch_size: u32,
     /// Seconds one event batch takes to apply (0: instantly, as Opal).
     pub event_batch_time: f64,

@@ -204,7 +204,7 @@ pub struct RouterConfig {
     pub policy: PolicyKind,
     /// How often the router collects events when its queue is empty (zero: as they arrive).
     pub collection_interval: SimDuration,
-    /// Most events applied per batch.
+    /// Most events applied per batch (an event of n chunks counting n), when a batch takes time.
     pub max_event_batch: u32,
     /// Time one batch takes to apply.
     pub batch_time: SimDuration,
