@@ -177,7 +177,7 @@ impl Request {
 
     /// Finds the chains of the full blocks of its prompt and output
     /// (`block_size` tokens each), which name their hashes.
-    pub fn hash_blocks(&mut self, block_size: u32) {
+    pub fn find_chains(&mut self, block_size: u32) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
         self.chains.clear();
         chains_of(self.content.segments.iter().chain(Some(&output)), block_size, &mut self.chains);

@@ -170,14 +170,6 @@ impl ChunkKey {
         if block == Self::EXACT { Self::exact(BlockHash(chain)) } else { Self::new(chain, block) }
     }
 
-    /// The key of the chunk ending with block `block` whose hash is `hash`:
-    /// a block hash names its chain and index, and the two are recovered
-    /// from it ([`mixed`] is a bijection), so the GPU, which keeps blocks by
-    /// hash only, can name what it stores and evicts as runs of a chain.
-    pub fn of_block(hash: BlockHash, block: u64) -> ChunkKey {
-        ChunkKey { chain: unmixed(hash) ^ block.wrapping_mul(K1), block, hash }
-    }
-
     /// A partial chunk keyed by its exact tokens.
     pub fn exact(key: BlockHash) -> ChunkKey {
         ChunkKey { chain: key.0, block: Self::EXACT, hash: key }
@@ -194,34 +186,18 @@ impl ChunkKey {
 const K1: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// `mixed(c ^ k·K1)` is the hash of block `k` on chain `c`: a bijection of
-/// `k` for each chain (so the blocks of one segment never share a hash),
-/// multiplied and folded so that its low bits — where the hash tables
-/// index — depend on every bit.
+/// `k` for each chain (so the blocks of one segment never share a hash) and
+/// of `c` for each `k` (so blocks at one position hash equal exactly when
+/// their chains are equal — what lets the GPU cache compare chains instead
+/// of hashes), multiplied and folded so that its low bits — where the hash
+/// tables index — depend on every bit.
 fn mixed(y: u64) -> BlockHash {
     let x = y.wrapping_mul(M);
     BlockHash(x ^ (x >> 29))
 }
 
-/// The odd multiplier of [`mixed`], and its inverse modulo 2⁶⁴ (five Newton
-/// steps `v ← v·(2 − M·v)` from `v = M`, each doubling the correct low bits
-/// from the three an odd number starts with).
+/// The odd multiplier of [`mixed`].
 const M: u64 = 0xbf58_476d_1ce4_e5b9;
-const M_INV: u64 = {
-    let mut v = M;
-    let mut i = 0;
-    while i < 5 {
-        v = v.wrapping_mul(2u64.wrapping_sub(M.wrapping_mul(v)));
-        i += 1;
-    }
-    v
-};
-
-/// The `y` with `mixed(y) = h`: `x ^ (x >> 29)` undone by folding the
-/// shifted bits back twice (29 · 3 > 64), then the multiplication by its inverse.
-fn unmixed(h: BlockHash) -> u64 {
-    let x = h.0 ^ (h.0 >> 29) ^ (h.0 >> 58);
-    x.wrapping_mul(M_INV)
-}
 
 /// The starting value of every content's chain of segments ("opalkvc1").
 const CHAIN_ROOT: u64 = 0x6f70_616c_6b76_6331;
@@ -297,13 +273,21 @@ mod tests {
 
     #[test]
     fn a_block_hash_gives_back_its_chain() {
-        assert_eq!(M.wrapping_mul(M_INV), 1);
+        // `mixed` is a bijection, shown by its inverse: the odd multiplier's
+        // inverse modulo 2⁶⁴ (five Newton steps `v ← v·(2 − M·v)`, each
+        // doubling the correct low bits from the three an odd number starts
+        // with), after `x ^ (x >> 29)` is undone by folding the shifted bits
+        // back twice (29 · 3 > 64). So a block's hash names its chain at its
+        // position, and equal hashes there mean equal chains.
+        let m_inv = (0..5).fold(M, |v: u64, _| v.wrapping_mul(2u64.wrapping_sub(M.wrapping_mul(v))));
+        assert_eq!(M.wrapping_mul(m_inv), 1);
+        let unmixed = |h: BlockHash| (h.0 ^ (h.0 >> 29) ^ (h.0 >> 58)).wrapping_mul(m_inv);
         let mut x = 0x853c_49e6_748f_ea9b_u64;
         for _ in 0..10_000 {
             x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
             let (chain, block) = (x.rotate_left(17), x >> 40);
             let key = ChunkKey::new(chain, block);
-            assert_eq!(ChunkKey::of_block(key.hash(), block), key);
+            assert_eq!(unmixed(key.hash()) ^ block.wrapping_mul(K1), key.chain);
         }
     }
 

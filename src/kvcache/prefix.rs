@@ -44,6 +44,8 @@ impl Path {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hit {
     blocks: u64,
+    /// The cache's [`PrefixCache::changes`] when it was found.
+    changes: u64,
     /// The last node matched whole.
     end: u32,
     /// The node matched in part, and how far.
@@ -52,7 +54,7 @@ pub struct Hit {
 
 impl Hit {
     /// Nothing resident.
-    pub const NONE: Hit = Hit { blocks: 0, end: ROOT, partial: None };
+    pub const NONE: Hit = Hit { blocks: 0, changes: 0, end: ROOT, partial: None };
 
     /// Blocks resident.
     pub fn blocks(&self) -> u64 {
@@ -137,6 +139,9 @@ pub struct PrefixCache {
     stride: u32,
     /// Bumped whenever blocks become free or evictable.
     epoch: u64,
+    /// Bumped by every change of the tree (what a [`Hit`] points into):
+    /// an acquire takes a hit only from the cache it was found on.
+    changes: u64,
 }
 
 /// How many of blocks `from..to` of `chains` node `n` holds from its
@@ -218,6 +223,7 @@ impl PrefixCache {
             evicted_on: false,
             stride: 1,
             epoch: 0,
+            changes: 0,
         }
     }
 
@@ -314,11 +320,11 @@ impl PrefixCache {
             };
             pos += l;
             if l < u64::from(run.len) {
-                return Hit { blocks: pos, end: node, partial: Some((c, l)) };
+                return Hit { blocks: pos, changes: self.changes, end: node, partial: Some((c, l)) };
             }
             node = c;
         }
-        Hit { blocks: pos, end: node, partial: None }
+        Hit { blocks: pos, changes: self.changes, end: node, partial: None }
     }
 
     /// The resident prefix of the first `n` blocks of a sequence whose
@@ -336,6 +342,8 @@ impl PrefixCache {
         if hit.blocks == 0 {
             return Path::NONE;
         }
+        debug_assert_eq!(hit.changes, self.changes, "a hit is taken from the cache it was found on");
+        self.changes += 1;
         let mut end = hit.end;
         if let Some((c, l)) = hit.partial {
             end = self.split(c, l);
@@ -417,6 +425,7 @@ impl PrefixCache {
         if i == Path::NONE.0 {
             return;
         }
+        self.changes += 1;
         while i != ROOT {
             let node = &mut self.nodes[i as usize];
             debug_assert!(node.refs > 0, "released a node nobody holds");
@@ -472,6 +481,7 @@ impl PrefixCache {
         if !self.enabled || from >= to {
             return path;
         }
+        self.changes += 1;
         let mut end = if path == Path::NONE { ROOT } else { path.0 };
         let (mut a, mut i) = (from, chains.partition_point(|s| s.end <= from));
         while a < to {
@@ -591,6 +601,7 @@ impl PrefixCache {
         while self.free < n {
             let &(t, i) = self.lru.first().expect("allocate without can_allocate");
             assert!(ignore_ttl || self.ttl.0 == 0 || t + self.ttl <= now, "allocate without can_allocate");
+            self.changes += 1;
             let node = &mut self.nodes[i as usize];
             let take = (n - self.free).min(u64::from(node.len));
             let (end, keep) = (node.end(), node.end() - take);
@@ -598,8 +609,9 @@ impl PrefixCache {
                 push_runs(&mut self.events, &node.spans, keep, end, self.stride, KvEventKind::Removed);
             }
             if self.evicted_on {
+                let stride = u64::from(self.stride);
                 for r in reported_runs(&node.spans, keep, end, self.stride) {
-                    self.evicted.extend((0..r.n).map(|k| ChunkKey::new(r.chain, r.block + k * u64::from(self.stride))));
+                    self.evicted.extend((0..r.n).map(|k| r.key(k, stride)));
                 }
             }
             node.len -= take as u32;
@@ -925,6 +937,20 @@ mod tests {
             assert!(c.events.is_empty() && c.evicted.is_empty(), "case {case}: {quiet} quiet blocks told of one");
         }
         assert!(quiet_cases > 100, "only {quiet_cases} cases had quiet blocks");
+    }
+
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "a hit is taken from the cache it was found on")]
+    fn a_hit_found_before_the_cache_changed_is_refused() {
+        let mut c = PrefixCache::new(8, true, SimDuration::ZERO);
+        c.allocate(2, SimTime(0), false);
+        let p = ext(&mut c, Path::NONE, &[1, 2], 0, SimTime(0));
+        c.release(p, SimTime(1));
+        let hit = c.lookup(&hs(&[1, 2]), 2);
+        c.allocate(1, SimTime(2), false);
+        ext(&mut c, Path::NONE, &[3], 0, SimTime(2));
+        c.acquire(hit, SimTime(3));
     }
 
     #[test]

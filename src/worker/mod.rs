@@ -835,7 +835,7 @@ mod tests {
                     label: Label::None,
                 };
                 let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
-                r.hash_blocks(16);
+                r.find_chains(16);
                 r
             })
             .collect()
