@@ -48,29 +48,36 @@ pub struct VidurProfile {
 
 /// The attention grids of an `attention.csv` (its rows of `shape`).
 fn attention_grids(text: &str, what: &str, shape: VidurShape) -> Result<(Option<Grid>, Option<Grid>), String> {
-    let (headers, records) = rows(text, what)?;
-    let col = |name: &str| headers.iter().position(|h| h == name);
-    let prefill_flag =
-        col("is_prefill").ok_or_else(|| format!("{what}: no column `is_prefill` (a Vidur attention.csv has it)"))?;
+    let mut csv = Csv::new(text, what)?;
+    let prefill_flag = csv
+        .index("is_prefill")
+        .ok_or_else(|| format!("{what}: no column `is_prefill` (a Vidur attention.csv has it)"))?;
+    let [q_heads, kv_heads, hidden, tp, kv, chunk, prefill_ms, batch, decode_ms] = [
+        "n_q_head",
+        "n_kv_head",
+        "n_embd",
+        "num_tensor_parallel_workers",
+        "kv_cache_size",
+        "prefill_chunk_size",
+        "time_stats.attn_prefill.median",
+        "batch_size",
+        "time_stats.attn_decode.median",
+    ]
+    .map(|name| csv.column(name));
     let (mut prefill, mut decode) = (Node::default(), Node::default());
     let (mut any_p, mut any_d) = (false, false);
-    for (line, rec) in &records {
-        let n = |name: &str| number(&headers, rec, name, what, *line);
-        let row = (
-            n("n_q_head")? as u64,
-            n("n_kv_head")? as u64,
-            n("n_embd")? as u64,
-            n("num_tensor_parallel_workers")? as u32,
-        );
+    while csv.next()? {
+        let row =
+            (csv.num(&q_heads)? as u64, csv.num(&kv_heads)? as u64, csv.num(&hidden)? as u64, csv.num(&tp)? as u32);
         if row != (shape.heads, shape.kv_heads, shape.hidden, shape.tp) {
             continue;
         }
-        let kv = n("kv_cache_size")? as i64;
-        if rec.get(prefill_flag).unwrap_or("").eq_ignore_ascii_case("true") {
-            prefill.insert(&[n("prefill_chunk_size")? as i64, kv], n("time_stats.attn_prefill.median")? / 1e3);
+        let kv = csv.num(&kv)? as i64;
+        if csv.cell(prefill_flag).eq_ignore_ascii_case("true") {
+            prefill.insert(&[csv.num(&chunk)? as i64, kv], csv.num(&prefill_ms)? / 1e3);
             any_p = true;
         } else {
-            decode.insert(&[n("batch_size")? as i64, kv], n("time_stats.attn_decode.median")? / 1e3);
+            decode.insert(&[csv.num(&batch)? as i64, kv], csv.num(&decode_ms)? / 1e3);
             any_d = true;
         }
     }
@@ -114,34 +121,66 @@ fn interp(curve: &OpCurve, x: f64) -> f64 {
     y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 }
 
-/// Reads a CSV's rows as (header → cell) lookups, naming the file and line in errors.
-fn rows(text: &str, what: &str) -> Result<(csv::StringRecord, Vec<(u64, csv::StringRecord)>), String> {
-    let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::All).from_reader(text.as_bytes());
-    let headers = reader.headers().map_err(|e| format!("{what}: {e}"))?.clone();
-    let mut out = Vec::new();
-    for record in reader.records() {
-        let record = record.map_err(|e| format!("{what}: {e}"))?;
-        out.push((record.position().map_or(0, |p| p.line()), record));
-    }
-    Ok((headers, out))
+/// A Vidur CSV read row by row: its columns are looked up by name once,
+/// and only the cells read are trimmed and parsed (trimming every cell of
+/// every row, and finding each column by name in each row, cost 30 M
+/// instructions on a 1,750-row profile: most of a Vidur-profile run).
+struct Csv<'a> {
+    reader: csv::Reader<&'a [u8]>,
+    headers: csv::StringRecord,
+    record: csv::StringRecord,
+    what: &'a str,
 }
 
-/// The value of column `name` of `record` as a number (`what:line` in errors).
-fn number(
-    headers: &csv::StringRecord,
-    record: &csv::StringRecord,
-    name: &str,
-    what: &str,
-    line: u64,
-) -> Result<f64, String> {
-    let i = headers
-        .iter()
-        .position(|h| h == name)
-        .ok_or_else(|| format!("{what}: no column `{name}` (Vidur's profiles have it)"))?;
-    let cell = record.get(i).unwrap_or("").trim();
-    match cell.parse::<f64>() {
-        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => Err(format!("{what}:{line}: column `{name}`: {cell:?} is not a finite number ≥ 0")),
+/// A column of a [`Csv`] by name: its index, or the error its absence gives
+/// when a row needs it.
+struct Column<'n> {
+    name: &'n str,
+    index: Option<usize>,
+}
+
+impl<'a> Csv<'a> {
+    /// The CSV `text` (`what` names it in errors), positioned before its first row.
+    fn new(text: &'a str, what: &'a str) -> Result<Csv<'a>, String> {
+        let mut reader = csv::ReaderBuilder::new().trim(csv::Trim::Headers).from_reader(text.as_bytes());
+        let headers = reader.headers().map_err(|e| format!("{what}: {e}"))?.clone();
+        Ok(Csv { reader, headers, record: csv::StringRecord::new(), what })
+    }
+
+    /// The index of the column `name`.
+    fn index(&self, name: &str) -> Option<usize> {
+        self.headers.iter().position(|h| h == name)
+    }
+
+    /// The column `name` (an error only when a row reads it).
+    fn column<'n>(&self, name: &'n str) -> Column<'n> {
+        Column { name, index: self.index(name) }
+    }
+
+    /// Moves to the next row (`false` at the end).
+    fn next(&mut self) -> Result<bool, String> {
+        self.reader.read_record(&mut self.record).map_err(|e| format!("{}: {e}", self.what))
+    }
+
+    /// The current row's cell `i`, trimmed (empty if the row is short).
+    fn cell(&self, i: usize) -> &str {
+        self.record.get(i).unwrap_or("").trim()
+    }
+
+    /// The current row's value of `column` as a number (`what:line` in errors).
+    fn num(&self, column: &Column) -> Result<f64, String> {
+        let (what, name) = (self.what, column.name);
+        let i = column.index.ok_or_else(|| format!("{what}: no column `{name}` (Vidur's profiles have it)"))?;
+        let cell = self.cell(i);
+        // Most cells are whole numbers: read as such (exact below 2⁵³, and
+        // rounded as the float parse rounds above), the rest as floats.
+        match cell.parse::<u64>().map(|v| v as f64).or_else(|_| cell.parse::<f64>()) {
+            Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+            _ => {
+                let line = self.record.position().map_or(0, |p| p.line());
+                Err(format!("{what}:{line}: column `{name}`: {cell:?} is not a finite number ≥ 0"))
+            }
+        }
     }
 }
 
@@ -168,25 +207,29 @@ impl VidurProfile {
         attention: Option<(&str, &str)>,
         shape: VidurShape,
     ) -> Result<VidurProfile, String> {
-        let (headers, records) = rows(mlp, what)?;
+        let mut csv = Csv::new(mlp, what)?;
+        let [heads, kv_heads, hidden, intermediate, tp, tokens] =
+            ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tensor_parallel_workers", "num_tokens"]
+                .map(|name| csv.column(name));
+        let names = OPS.map(|op| format!("time_stats.{op}.median"));
+        let medians = names.each_ref().map(|name| csv.column(name));
         let mut ops: Vec<OpCurve> = vec![Vec::new(); OPS.len()];
         let mut seen = std::collections::BTreeSet::new();
-        for (line, rec) in &records {
-            let n = |name: &str| number(&headers, rec, name, what, *line);
+        while csv.next()? {
             let row = VidurShape {
-                heads: n("n_head")? as u64,
-                kv_heads: n("n_kv_head")? as u64,
-                hidden: n("n_embd")? as u64,
-                intermediate: n("n_expanded_embd")? as u64,
-                tp: n("num_tensor_parallel_workers")? as u32,
+                heads: csv.num(&heads)? as u64,
+                kv_heads: csv.num(&kv_heads)? as u64,
+                hidden: csv.num(&hidden)? as u64,
+                intermediate: csv.num(&intermediate)? as u64,
+                tp: csv.num(&tp)? as u32,
             };
             seen.insert((row.heads, row.kv_heads, row.hidden, row.intermediate, row.tp));
             if row != shape {
                 continue;
             }
-            let tokens = n("num_tokens")?;
-            for (curve, op) in ops.iter_mut().zip(OPS) {
-                let ms = n(&format!("time_stats.{op}.median"))?;
+            let tokens = csv.num(&tokens)?;
+            for (curve, median) in ops.iter_mut().zip(&medians) {
+                let ms = csv.num(median)?;
                 if !curve.iter().any(|p| p.0 == tokens) {
                     curve.push((tokens, ms / 1e3));
                 }
