@@ -246,9 +246,11 @@ impl Recorder {
         self.series.on_busy(now - out.duration, now);
         self.series.on_tokens(now, out.prompt_tokens, out.generated_tokens);
         self.series.on_peak(now, out.peak);
-        self.latencies.get_mut(LatencyMetric::Itl).record_n(out.duration, out.gaps_of_duration);
+        let itl = self.latencies.get_mut(LatencyMetric::Itl);
+        itl.record_n(out.duration, out.gaps_of_duration);
+        itl.record_n(out.pause_gap, out.gaps_of_pause);
         for &gap in &out.gaps {
-            self.latencies.get_mut(LatencyMetric::Itl).record(gap);
+            itl.record(gap);
         }
         for &(_, gap) in &out.first_decodes {
             self.latencies.get_mut(LatencyMetric::FirstDecode).record(gap);

@@ -193,12 +193,19 @@ pub struct StepOutcome {
     /// Of those, the ones whose inter-token gap is the step's `duration`
     /// (all of them, unless the decoders sat out a pause before it).
     pub gaps_of_duration: u64,
+    /// Of those, after a pause (vLLM v0's prefill-only steps, during which
+    /// the decoders wait), the ones that waited the whole pause: their gap
+    /// is [`Self::pause_gap`] (one HDR record of that many, not one each).
+    pub gaps_of_pause: u64,
+    /// The gap of a decoder that waited through the whole pause: from the
+    /// pause's start to the step's end.
+    pub pause_gap: SimDuration,
     /// Requests whose first token came out of this step.
     pub first_tokens: Vec<RequestId>,
     /// Every other inter-token gap a token of this step closed: those of
-    /// recomputed (previously preempted) requests, and after a pause — vLLM
-    /// v0's prefill-only steps, during which the decoders wait — each
-    /// decoder's, from its last token (as `vllm bench serve` measures ITL).
+    /// recomputed (previously preempted) requests, and after a pause each
+    /// decoder's that joined during it, from its last token (as `vllm bench
+    /// serve` measures ITL).
     pub gaps: Vec<SimDuration>,
     /// Requests prefilled elsewhere whose decode worker produced its first
     /// token in this step (the client's first token), with the time since
@@ -224,6 +231,7 @@ impl StepOutcome {
         self.duration = SimDuration::ZERO;
         self.decodes = 0;
         self.gaps_of_duration = 0;
+        self.gaps_of_pause = 0;
         self.first_tokens.clear();
         self.gaps.clear();
         self.first_decodes.clear();
@@ -472,8 +480,13 @@ impl Worker {
             match self.paused_since.take() {
                 None => out.gaps_of_duration = step.decodes,
                 Some(p) => {
-                    let gaps = self.decode.members().iter().map(|id| now - p.max(reqs[id.index()].seq.last_token_at));
-                    out.gaps.extend(gaps);
+                    out.pause_gap = now - p;
+                    for id in self.decode.members() {
+                        match reqs[id.index()].seq.last_token_at {
+                            last if last <= p => out.gaps_of_pause += 1,
+                            last => out.gaps.push(now - last),
+                        }
+                    }
                 }
             }
         } else if !self.decode.is_empty() {
@@ -1214,10 +1227,9 @@ mod tests {
         let (t, v) = poll(&mut w, t, &mut reqs, &cfg).unwrap();
         assert_eq!(t, SimTime(5_400_000));
         w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
-        let mut gaps = out.gaps.clone();
-        gaps.sort();
         assert_eq!((out.decodes, out.gaps_of_duration), (2, 0));
-        assert_eq!(gaps, [SimDuration(1_400_000), SimDuration(4_400_000)]);
+        assert_eq!((out.gaps_of_pause, out.pause_gap), (1, SimDuration(4_400_000)), "A waited it all");
+        assert_eq!(out.gaps, [SimDuration(1_400_000)], "B joined in it");
         // Back to back again: A's last gap is its step's duration.
         let (t2, v) = poll(&mut w, t, &mut reqs, &cfg).unwrap();
         w.finish_step(t2, v, &mut reqs, &cfg, &mut out).unwrap();
