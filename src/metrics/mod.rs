@@ -43,22 +43,20 @@ pub struct LatencyHistogram {
 
 impl Default for LatencyHistogram {
     fn default() -> Self {
-        LatencyHistogram {
-            hist: Histogram::new(3).expect("3 significant digits is valid"),
-            sum_ns: 0,
-            count: 0,
-            max_ns: 0,
-            min_ns: u64::MAX,
-        }
+        LatencyHistogram::with_digits(3)
     }
 }
 
 impl LatencyHistogram {
     /// An empty histogram to `digits` significant digits (the default has 3).
     pub fn with_digits(digits: u8) -> LatencyHistogram {
+        // (Not `..Default::default()`: that builds, zeroes and drops a 3-digit histogram.)
         LatencyHistogram {
             hist: Histogram::new(digits).expect("1 to 5 significant digits are valid"),
-            ..LatencyHistogram::default()
+            sum_ns: 0,
+            count: 0,
+            max_ns: 0,
+            min_ns: u64::MAX,
         }
     }
 

@@ -296,19 +296,30 @@ fn push_rows<R: Row>(b: &mut TableBuilder, id: Cell<'_>, rows: &[R]) {
 /// the length, then the V2 encoding zlib-compressed at the default level —
 /// but one V2 serializer and one compressor per thread are reused: setting
 /// up a fresh compressor (as that serializer does for every histogram)
-/// costs more than compressing a histogram.
+/// costs more than compressing a histogram. The bytes of the shortest
+/// encodings (an empty histogram's, a few values') are kept and reused:
+/// resetting the compressor alone is 100 k instructions, and half of a
+/// run's histograms are usually empty.
 pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
     use flate2::{Compress, Compression, FlushCompress, Status};
     use hdrhistogram::serialization::{Serializer, V2Serializer};
     /// `V2_COMPRESSED_COOKIE` of `hdrhistogram::serialization` (not exported).
     const COOKIE: u32 = 0x1c84_9304 | 0x10;
+    /// Encodings at most this long are kept, at most [`KEPT`] of them.
+    const SHORT: usize = 64;
+    const KEPT: usize = 16;
+    type Kept = Vec<(Vec<u8>, Vec<u8>)>;
     thread_local! {
-        static CODEC: std::cell::RefCell<(V2Serializer, Compress, Vec<u8>)> =
-            std::cell::RefCell::new((V2Serializer::new(), Compress::new(Compression::default(), true), Vec::new()));
+        static CODEC: std::cell::RefCell<(V2Serializer, Compress, Vec<u8>, Kept)> = std::cell::RefCell::new(
+            (V2Serializer::new(), Compress::new(Compression::default(), true), Vec::new(), Vec::new()),
+        );
     }
-    CODEC.with_borrow_mut(|(v2, z, plain)| {
+    CODEC.with_borrow_mut(|(v2, z, plain, kept)| {
         plain.clear();
         v2.serialize(h, plain).expect("serializing into memory cannot fail");
+        if let Some((_, bytes)) = kept.iter().find(|(p, _)| p == plain) {
+            return bytes.clone();
+        }
         let mut out = Vec::with_capacity(8 + plain.len() + 64);
         out.extend_from_slice(&COOKIE.to_be_bytes());
         out.extend_from_slice(&[0; 4]);
@@ -323,6 +334,9 @@ pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
         }
         let len = (out.len() - 8) as u32;
         out[4..8].copy_from_slice(&len.to_be_bytes());
+        if plain.len() <= SHORT && kept.len() < KEPT {
+            kept.push((plain.clone(), out.clone()));
+        }
         out
     })
 }
@@ -380,11 +394,20 @@ fn zstd1() -> Compression {
 /// files are temporary (nothing but the merge reads them), with no
 /// dictionaries and no statistics, but compressed alike: written plain
 /// they took about five times the disk of the tables they merge into.
+/// A small final table (one batch of fewer than [`SMALL_TABLE_VALUES`]
+/// values: a short sweep's runs, stages and workers) is written plain, with
+/// statistics per column chunk only: a zstd frame and a page index on a
+/// handful of values are larger than the values, and a context per column
+/// chunk cost 3 M instructions of every one-run process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FileKind {
     Final,
+    Small,
     Part,
 }
+
+/// Below this many values (rows × columns) in one batch a final table is [`FileKind::Small`].
+const SMALL_TABLE_VALUES: usize = 4096;
 
 fn writer_props(kind: FileKind, schema: &arrow_schema::Schema) -> WriterProperties {
     let b = WriterProperties::builder().set_max_row_group_row_count(Some(65_536)).set_dictionary_enabled(false);
@@ -395,6 +418,9 @@ fn writer_props(kind: FileKind, schema: &arrow_schema::Schema) -> WriterProperti
             .filter(|f| f.data_type() == &arrow_schema::DataType::Utf8)
             .fold(b, |b, f| b.set_column_dictionary_enabled(ColumnPath::from(f.name().as_str()), true))
             .set_compression(zstd1()),
+        FileKind::Small => {
+            b.set_compression(Compression::UNCOMPRESSED).set_statistics_enabled(EnabledStatistics::Chunk)
+        }
         FileKind::Part => b.set_compression(zstd1()).set_statistics_enabled(EnabledStatistics::None),
     }
     .build()
@@ -422,11 +448,18 @@ fn write_atomic(
     schema: arrow_schema::SchemaRef,
     batches: impl IntoIterator<Item = Result<RecordBatch, OutputError>>,
 ) -> Result<(), OutputError> {
+    let mut batches = batches.into_iter();
+    let head = batches.by_ref().take(2).collect::<Result<Vec<_>, _>>()?;
+    let values: usize = head.iter().map(|b| b.num_rows() * b.num_columns()).sum();
+    let kind = match kind {
+        FileKind::Final if head.len() < 2 && values < SMALL_TABLE_VALUES => FileKind::Small,
+        kind => kind,
+    };
     let tmp = path.with_extension(format!("parquet.tmp-{}", std::process::id()));
     let file = File::create(&tmp).map_err(|e| oerr(&tmp, "cannot create", e))?;
     let props = writer_props(kind, &schema);
     let mut w = ArrowWriter::try_new(file, schema, Some(props)).map_err(|e| oerr(&tmp, "cannot start Parquet", e))?;
-    for b in batches {
+    for b in head.into_iter().map(Ok).chain(batches) {
         w.write(&b?).map_err(|e| oerr(&tmp, "cannot write", e))?;
     }
     let file = w.into_inner().map_err(|e| oerr(&tmp, "cannot finish Parquet", e))?;
@@ -1114,9 +1147,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("opal-props-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let columns = [("name".to_string(), ColType::Str), ("x".to_string(), ColType::F64)];
-        let rows: Vec<Vec<Cell>> = (0..100).map(|i| vec![Cell::Str("a"), Cell::F64(f64::from(i % 3))]).collect();
+        // 2,100 rows of 2 columns: above SMALL_TABLE_VALUES.
+        let rows: Vec<Vec<Cell>> = (0..2100).map(|i| vec![Cell::Str("a"), Cell::F64(f64::from(i % 3))]).collect();
         let fin = dir.join("final.parquet");
         write_rows(&fin, &columns, &rows).unwrap();
+        let small = dir.join("small.parquet");
+        write_rows(&small, &columns, &rows[..2047]).unwrap();
         let part = dir.join("part.parquet");
         let batch = {
             let mut b = TableBuilder::new(&columns);
@@ -1136,6 +1172,14 @@ mod tests {
         };
         let zstd = Compression::ZSTD(ZstdLevel::try_new(1).unwrap());
         assert_eq!(chunks(&fin), [(true, zstd, true), (false, zstd, true)]);
+        // A small table: plain, statistics per chunk, no page index.
+        let plain = (false, Compression::UNCOMPRESSED, true);
+        assert_eq!(chunks(&small), [plain, plain]);
+        let index = |path: &Path| {
+            let reader = SerializedFileReader::new(File::open(path).unwrap()).unwrap();
+            reader.metadata().row_group(0).columns().iter().any(|c| c.column_index_offset().is_some())
+        };
+        assert!(index(&fin) && !index(&small), "a page index for the large table only");
         // Parts: no dictionaries, no statistics, but zstd (plain, they took
         // about five times the disk of the tables they merge into).
         let part_chunk = (false, zstd, false);
@@ -1157,10 +1201,11 @@ mod tests {
     #[test]
     fn hdr_bytes_are_the_crates_compressed_v2_with_one_compressor_reused() {
         // Histograms empty, small and wide (several compressor calls), one
-        // after another on one thread: the bytes V2DeflateSerializer writes.
+        // after another on one thread, then the short ones again (their
+        // kept bytes): the bytes V2DeflateSerializer writes.
         use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
         let mut x = 0x9e37_79b9_u64;
-        for n in [0u64, 1, 5, 300, 20_000] {
+        for n in [0u64, 1, 5, 300, 20_000, 0, 1, 5] {
             let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
             for _ in 0..n {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);

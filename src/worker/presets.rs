@@ -69,20 +69,19 @@ impl ModelArch {
     /// The preset called `name` (case-insensitive; Hugging Face ids and
     /// `-instruct`-style variants of the same architecture are accepted).
     pub fn preset(name: &str) -> Option<ModelArch> {
-        // Parsed once per process: a sweep resolves the model at every grid point.
-        static PARSED: std::sync::OnceLock<Vec<ModelArch>> = std::sync::OnceLock::new();
+        // Each parsed once per process, when first named (a sweep resolves the
+        // model at every grid point; parsing every preset took 1.8 M instructions).
+        use std::sync::OnceLock;
+        static PARSED: OnceLock<Vec<OnceLock<ModelArch>>> = OnceLock::new();
         let key = canonical(name);
         let i = MODELS.iter().position(|p| p.name == key || p.aliases.contains(&key.as_str()))?;
-        let parsed = PARSED.get_or_init(|| {
-            MODELS
-                .iter()
-                .map(|p| {
-                    config::parse(p.config, p.name)
-                        .unwrap_or_else(|e| panic!("the shipped preset {} does not parse: {e}", p.name))
-                })
-                .collect()
+        let cells = PARSED.get_or_init(|| MODELS.iter().map(|_| OnceLock::new()).collect());
+        let p = &MODELS[i];
+        let parsed = cells[i].get_or_init(|| {
+            config::parse(p.config, p.name)
+                .unwrap_or_else(|e| panic!("the shipped preset {} does not parse: {e}", p.name))
         });
-        Some(parsed[i].clone())
+        Some(parsed.clone())
     }
 
     /// Names of all model presets.
