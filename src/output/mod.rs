@@ -296,17 +296,16 @@ fn push_rows<R: Row>(b: &mut TableBuilder, id: Cell<'_>, rows: &[R]) {
 /// the length, then the V2 encoding zlib-compressed at the default level —
 /// but one V2 serializer and one compressor per thread are reused: setting
 /// up a fresh compressor (as that serializer does for every histogram)
-/// costs more than compressing a histogram. The bytes of the shortest
-/// encodings (an empty histogram's, a few values') are kept and reused:
-/// resetting the compressor alone is 100 k instructions, and half of a
-/// run's histograms are usually empty.
+/// costs more than compressing a histogram. The bytes of the last few
+/// encodings are kept and reused when the same one comes again: resetting
+/// the compressor alone is 100 k instructions, half of a run's histograms
+/// are usually empty, and a one-stage run's stage histograms are its own.
 pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
     use flate2::{Compress, Compression, FlushCompress, Status};
     use hdrhistogram::serialization::{Serializer, V2Serializer};
     /// `V2_COMPRESSED_COOKIE` of `hdrhistogram::serialization` (not exported).
     const COOKIE: u32 = 0x1c84_9304 | 0x10;
-    /// Encodings at most this long are kept, at most [`KEPT`] of them.
-    const SHORT: usize = 64;
+    /// The last this many encodings are kept.
     const KEPT: usize = 16;
     type Kept = Vec<(Vec<u8>, Vec<u8>)>;
     thread_local! {
@@ -334,9 +333,10 @@ pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
         }
         let len = (out.len() - 8) as u32;
         out[4..8].copy_from_slice(&len.to_be_bytes());
-        if plain.len() <= SHORT && kept.len() < KEPT {
-            kept.push((plain.clone(), out.clone()));
+        if kept.len() == KEPT {
+            kept.remove(0);
         }
+        kept.push((plain.clone(), out.clone()));
         out
     })
 }
@@ -395,10 +395,11 @@ fn zstd1() -> Compression {
 /// dictionaries and no statistics, but compressed alike: written plain
 /// they took about five times the disk of the tables they merge into.
 /// A small final table (one batch of fewer than [`SMALL_TABLE_VALUES`]
-/// values: a short sweep's runs, stages and workers) is written plain, with
-/// statistics per column chunk only: a zstd frame and a page index on a
-/// handful of values are larger than the values, and a context per column
-/// chunk cost 3 M instructions of every one-run process.
+/// values: a short sweep's runs, stages and workers) is written plain,
+/// without statistics or a page index: a zstd frame, statistics and page
+/// indexes on a handful of values are larger than the values (a reader
+/// reads the whole table anyway), and they cost 4.7 M instructions of
+/// every one-run process (a zstd context per column chunk 3 M).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FileKind {
     Final,
@@ -418,9 +419,10 @@ fn writer_props(kind: FileKind, schema: &arrow_schema::Schema) -> WriterProperti
             .filter(|f| f.data_type() == &arrow_schema::DataType::Utf8)
             .fold(b, |b, f| b.set_column_dictionary_enabled(ColumnPath::from(f.name().as_str()), true))
             .set_compression(zstd1()),
-        FileKind::Small => {
-            b.set_compression(Compression::UNCOMPRESSED).set_statistics_enabled(EnabledStatistics::Chunk)
-        }
+        FileKind::Small => b
+            .set_compression(Compression::UNCOMPRESSED)
+            .set_statistics_enabled(EnabledStatistics::None)
+            .set_offset_index_disabled(true),
         FileKind::Part => b.set_compression(zstd1()).set_statistics_enabled(EnabledStatistics::None),
     }
     .build()
@@ -1172,14 +1174,17 @@ mod tests {
         };
         let zstd = Compression::ZSTD(ZstdLevel::try_new(1).unwrap());
         assert_eq!(chunks(&fin), [(true, zstd, true), (false, zstd, true)]);
-        // A small table: plain, statistics per chunk, no page index.
-        let plain = (false, Compression::UNCOMPRESSED, true);
+        // A small table: plain, no statistics, no page index.
+        let plain = (false, Compression::UNCOMPRESSED, false);
         assert_eq!(chunks(&small), [plain, plain]);
         let index = |path: &Path| {
             let reader = SerializedFileReader::new(File::open(path).unwrap()).unwrap();
-            reader.metadata().row_group(0).columns().iter().any(|c| c.column_index_offset().is_some())
+            let columns = reader.metadata().row_group(0).columns().to_vec();
+            columns.iter().any(|c| c.column_index_offset().is_some() || c.offset_index_offset().is_some())
         };
         assert!(index(&fin) && !index(&small), "a page index for the large table only");
+        let back = read_table(&small).unwrap();
+        assert_eq!(back.iter().map(RecordBatch::num_rows).sum::<usize>(), 2047, "read back whole");
         // Parts: no dictionaries, no statistics, but zstd (plain, they took
         // about five times the disk of the tables they merge into).
         let part_chunk = (false, zstd, false);
@@ -1201,19 +1206,26 @@ mod tests {
     #[test]
     fn hdr_bytes_are_the_crates_compressed_v2_with_one_compressor_reused() {
         // Histograms empty, small and wide (several compressor calls), one
-        // after another on one thread, then the short ones again (their
-        // kept bytes): the bytes V2DeflateSerializer writes.
+        // after another on one thread, then some again (their kept bytes),
+        // then 20 others (the first ones no longer kept) and the first again:
+        // the bytes V2DeflateSerializer writes.
         use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
         let mut x = 0x9e37_79b9_u64;
-        for n in [0u64, 1, 5, 300, 20_000, 0, 1, 5] {
+        let mut made = |n: u64| {
             let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
             for _ in 0..n {
                 x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
                 h.record_n((x >> 20) % 3_600_000_000, 1 + (x >> 60)).unwrap();
             }
+            h
+        };
+        let first: Vec<_> = [0u64, 1, 5, 300, 20_000].into_iter().map(&mut made).collect();
+        let others: Vec<_> = (0..20).map(|n| made(n + 2)).collect();
+        let order = first.iter().chain(first.iter().rev()).chain(&others).chain(&first);
+        for h in order {
             let mut theirs = Vec::new();
-            V2DeflateSerializer::new().serialize(&h, &mut theirs).unwrap();
-            assert_eq!(serialize_hdr(&h), theirs, "{n} values");
+            V2DeflateSerializer::new().serialize(h, &mut theirs).unwrap();
+            assert_eq!(serialize_hdr(h), theirs, "{} values", h.len());
         }
     }
 }

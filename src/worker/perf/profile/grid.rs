@@ -45,20 +45,22 @@ pub(super) struct Grid {
 impl Grid {
     /// The grid of `root`.
     pub fn new(root: Node) -> Grid {
-        let mut points = Vec::new();
-        root.leaves(&mut Vec::new(), &mut points);
-        let dims = points.first().map_or(0, |p| p.0.len());
+        // Every point's coordinates, one after another (no vector per point):
+        // (where its coordinates start in `flat`, how many, its latency).
+        let (mut flat, mut points) = (Vec::new(), Vec::new());
+        root.leaves(&mut Vec::new(), &mut flat, &mut points);
+        let dims = points.first().map_or(0, |p| p.1);
         let ranges = (0..dims)
             .map(|d| {
-                let v = points.iter().filter_map(|p| p.0.get(d).copied());
+                let v = points.iter().filter(|p| d < p.1).map(|p| flat[p.0 + d]);
                 (v.clone().fold(f64::INFINITY, f64::min), v.fold(f64::NEG_INFINITY, f64::max))
             })
             .collect();
         // Points of another dimension (a malformed table) are left out of the hold.
-        let points: Vec<(Vec<f64>, f64)> = points.into_iter().filter(|p| p.0.len() == dims).collect();
-        let coords: Vec<f64> = points.iter().flat_map(|p| p.0.iter().copied()).collect();
+        let points = points.iter().filter(|p| p.1 == dims);
+        let coords: Vec<f64> = points.clone().flat_map(|p| flat[p.0..p.0 + dims].iter().copied()).collect();
         let logs: Vec<f64> = coords.iter().map(|&x| log(x)).collect();
-        let latency: Vec<f64> = points.iter().map(|p| p.1).collect();
+        let latency: Vec<f64> = points.map(|p| p.2).collect();
         let distinct = |a: usize| {
             let mut v: Vec<u64> = (0..latency.len()).map(|i| logs[i * dims + a].to_bits()).collect();
             v.sort_unstable();
@@ -171,13 +173,16 @@ impl Node {
         }
     }
 
-    fn leaves(&self, path: &mut Vec<f64>, out: &mut Vec<(Vec<f64>, f64)>) {
+    /// Every valued node under this one, in key order: its path's
+    /// coordinates appended to `flat`, and (their start, count, value) to `out`.
+    fn leaves(&self, path: &mut Vec<f64>, flat: &mut Vec<f64>, out: &mut Vec<(usize, usize, f64)>) {
         if let Some(v) = self.value {
-            out.push((path.clone(), v));
+            out.push((flat.len(), path.len(), v));
+            flat.extend_from_slice(path);
         }
         for (&k, child) in &self.children {
             path.push(k as f64);
-            child.leaves(path, out);
+            child.leaves(path, flat, out);
             path.pop();
         }
     }
