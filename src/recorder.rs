@@ -140,7 +140,9 @@ pub struct Recorder {
     sc25: Vec<Sc25Request>,
     worker_stats: Vec<WorkerStats>,
     latencies: Latencies,
-    /// Per workload stage, in `scenario.stages` order.
+    /// Per workload stage, in `scenario.stages` order. With one stage its
+    /// latency histograms are the run's: they are copied at the end, not
+    /// recorded twice.
     stage_tallies: Vec<StageTally>,
     series: TimeSeries,
     in_system: InSystem,
@@ -264,9 +266,11 @@ impl Recorder {
         self.latencies.get_mut(LatencyMetric::Ttft).record(ttft);
         let wait = r.first_scheduled.expect("a request with a token was scheduled") - r.arrival;
         self.latencies.get_mut(LatencyMetric::QueueWait).record(wait);
-        let tally = &mut self.stage_tallies[r.stage.index()];
-        tally.ttft.record(ttft);
-        tally.queue_wait.record(wait);
+        if self.stage_tallies.len() > 1 {
+            let tally = &mut self.stage_tallies[r.stage.index()];
+            tally.ttft.record(ttft);
+            tally.queue_wait.record(wait);
+        }
         self.series.on_first_token(now, ttft, &r.hit_tokens);
         self.steady.on_first_token(r.serial, r.arrival, ttft, wait);
     }
@@ -281,7 +285,9 @@ impl Recorder {
     pub fn on_last_token(&mut self, r: &Request) {
         if let Some(tpot) = tpot(r) {
             self.latencies.get_mut(LatencyMetric::Tpot).record(tpot);
-            self.stage_tallies[r.stage.index()].tpot.record(tpot);
+            if self.stage_tallies.len() > 1 {
+                self.stage_tallies[r.stage.index()].tpot.record(tpot);
+            }
             self.steady.record(r.serial, Steady::Tpot, tpot);
         }
     }
@@ -321,8 +327,11 @@ impl Recorder {
         self.completed += 1;
         self.completed_prompt_tokens += u64::from(r.prompt_tokens);
         self.completed_output_tokens += u64::from(r.output_tokens);
+        let several = self.stage_tallies.len() > 1;
         let tally = &mut self.stage_tallies[r.stage.index()];
-        tally.e2e.record(e2e);
+        if several {
+            tally.e2e.record(e2e);
+        }
         tally.completed += 1;
         tally.prompt_tokens += u64::from(r.prompt_tokens);
         tally.output_tokens += u64::from(r.output_tokens);
@@ -390,6 +399,12 @@ impl Recorder {
     /// `live` are the requests still in the arena (they count as they
     /// stand); `generated` is how many requests the run generated.
     pub fn finish<'r>(mut self, end: &RunEnd<'_>, live: impl Iterator<Item = &'r Request>) -> RunOutput {
+        if let [tally] = &mut self.stage_tallies[..] {
+            tally.ttft = self.latencies.get(LatencyMetric::Ttft).clone();
+            tally.queue_wait = self.latencies.get(LatencyMetric::QueueWait).clone();
+            tally.tpot = self.latencies.get(LatencyMetric::Tpot).clone();
+            tally.e2e = self.latencies.get(LatencyMetric::E2e).clone();
+        }
         let (s, at, workers) = (end.scenario, end.stats.end_time, end.workers);
         let secs = at.as_secs_f64();
         let per_s = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };

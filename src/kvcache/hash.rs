@@ -31,8 +31,9 @@ pub struct Segment {
 /// The token content of a sequence, as segments.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Content {
-    /// Segments in order.
-    pub segments: Vec<Segment>,
+    /// Segments in order (most prompts have one or two — a shared prefix
+    /// and their own tokens — kept inline, without an allocation).
+    pub segments: smallvec::SmallVec<[Segment; 2]>,
 }
 
 impl Content {

@@ -182,6 +182,9 @@ impl KvIndex {
     pub fn score(&mut self, runs: &[Run], workers: usize, weights: Option<&[f64; 4]>, out: &mut Vec<Match>) {
         out.clear();
         out.resize(workers, Match::default());
+        if self.lanes.is_empty() {
+            return; // Nothing held anywhere (no prefix caching and no tiers, or not yet).
+        }
         self.spans.clear();
         self.spans.extend(runs.iter().map(|&r| Lane::of(r, self.stride)));
         let lanes = &self.lanes;
