@@ -112,9 +112,11 @@ pub struct KvIndex {
     lanes: IntMap<u64, LaneHolders>,
     /// Chunks each worker holds (any tier).
     per_worker: Vec<u64>,
-    /// Scratch for scoring: the request's runs' lanes, and the candidates.
+    /// Scratch for scoring: the request's runs' lanes, the candidates, and
+    /// those still matching.
     spans: Vec<Lane>,
     alive: Vec<u32>,
+    going: Vec<u32>,
 }
 
 /// A lane range as the index keeps it (chunk indices fit in 32 bits: a
@@ -207,19 +209,26 @@ impl KvIndex {
             let holds = |segs: &Segs| bits_at(segs, &mut 0, first.1) != 0;
             self.alive.extend(h.workers.iter().filter(|(w, segs)| (*w as usize) < workers && holds(segs)).map(|x| x.0));
         }
-        // Each candidate goes on while it (or the DFS) holds the next chunk.
-        for &w in &self.alive {
-            let m = &mut out[w as usize];
-            for (s, l) in self.spans.iter().enumerate().skip(first.0) {
-                let Some(h) = holders(l) else { break };
-                let (a, b) = range(l);
-                let a = if s == first.0 { first.1 } else { a };
-                let to = reach(worker_segs(h, w), &h.dfs, a, b);
-                m.chunks += to - a;
-                if to < b {
-                    break;
+        // Each candidate goes on while it (or the DFS) holds the next chunk:
+        // span by span, each span's holders found once, and the candidates
+        // still going (in worker order, as a lane's holders are) met in one
+        // merge with them.
+        self.going.clear();
+        self.going.extend_from_slice(&self.alive);
+        for (s, l) in self.spans.iter().enumerate().skip(first.0) {
+            let Some(h) = holders(l).filter(|_| !self.going.is_empty()) else { break };
+            let (a, b) = range(l);
+            let a = if s == first.0 { first.1 } else { a };
+            let mut j = 0;
+            self.going.retain(|&w| {
+                while h.workers.get(j).is_some_and(|x| x.0 < w) {
+                    j += 1;
                 }
-            }
+                let segs = h.workers.get(j).filter(|x| x.0 == w).map_or(&[][..], |x| &x.1[..]);
+                let to = reach(segs, &h.dfs, a, b);
+                out[w as usize].chunks += to - a;
+                to == b
+            });
         }
         if let Some(weights) = weights {
             self.weigh(holders, first, weights, out);
