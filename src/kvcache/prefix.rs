@@ -137,7 +137,7 @@ pub struct PrefixCache {
     events_on: bool,
     evicted_on: bool,
     stride: u32,
-    /// Bumped whenever blocks become free or evictable.
+    /// Bumped whenever blocks become free, evictable or cached.
     epoch: u64,
     /// Bumped by every change of the tree (what a [`Hit`] points into):
     /// an acquire takes a hit only from the cache it was found on.
@@ -227,8 +227,10 @@ impl PrefixCache {
         }
     }
 
-    /// Changes whenever blocks are freed or become evictable: an allocation
-    /// that failed cannot succeed before it changes (or time passes a TTL).
+    /// Changes whenever blocks are freed, become evictable or are cached:
+    /// an allocation that failed cannot succeed before it changes (or time
+    /// passes a TTL) — newly cached blocks can lengthen a request's hit and
+    /// so shrink what it needs.
     pub fn epoch(&self) -> u64 {
         self.epoch
     }
@@ -482,6 +484,9 @@ impl PrefixCache {
             return path;
         }
         self.changes += 1;
+        // Newly cached blocks can lengthen a waiting request's hit (and so
+        // shrink what it needs): a failed allocation may succeed now.
+        self.epoch += 1;
         let mut end = if path == Path::NONE { ROOT } else { path.0 };
         let (mut a, mut i) = (from, chains.partition_point(|s| s.end <= from));
         while a < to {

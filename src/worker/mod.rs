@@ -1035,6 +1035,28 @@ mod tests {
     }
 
     #[test]
+    fn a_blocked_load_is_looked_at_again_when_blocks_it_would_hit_are_cached() {
+        // 10 blocks. The tier is given 96 tokens of content 7 at 0 (6 chunks
+        // of one block, readable from 0.96 ms). A (96 tokens of content 7,
+        // 20 out) arrives at 0, before they are readable, and computes them
+        // in one step of 96 × 100 µs → 9.6 ms, holding 6 blocks. B (100
+        // tokens of content 7, 1 out) arrives at 2 ms: it would load 6
+        // blocks and compute 4 tokens in a 7th, with 4 free, so it waits.
+        // At 9.6 ms A's blocks are cached (nothing freed): B now finds the
+        // 96 tokens in the GPU and needs 1 block for its last 4 (A's first
+        // decode takes 1 of the 4 free): it is admitted there, not when A
+        // finishes and frees its blocks.
+        let reqs = arena_keyed(&[(96, 1), (96, 20), (100, 1)], |_| 7);
+        let mut h = Harness::new(toy(10, 8), 1, reqs);
+        h.seed(0);
+        h.run(&[(SimTime::ZERO, 1), (SimTime(2 * MS), 2)]);
+        let (a, b) = (&h.reqs[1], &h.reqs[2]);
+        assert_eq!(a.hit_tokens, [0, 0, 0, 0], "A computed its prompt");
+        assert_eq!(b.first_scheduled, Some(SimTime(9_600_000)), "A finished at {:?}", a.finished);
+        assert_eq!(b.hit_tokens, [96, 0, 0, 0], "B hit A's blocks, not the tier");
+    }
+
+    #[test]
     fn a_requests_status_follows_vllms_from_waiting_through_its_load_to_finished() {
         use RequestStatus::*;
         // The tier holds 32 tokens of content 7; the request (48 tokens of it, 3 out) loads them.
