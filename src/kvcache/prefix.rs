@@ -119,6 +119,7 @@ fn push_spans(out: &mut Spans, chains: &[ChainSpan], from: u64, to: u64) {
 
 /// The GPU KV block pool of one worker.
 #[derive(Debug)]
+#[cfg_attr(test, derive(Clone))]
 pub struct PrefixCache {
     enabled: bool,
     ttl: SimDuration,
@@ -599,6 +600,60 @@ impl PrefixCache {
         false
     }
 
+    /// Whether `n` blocks could be allocated with `hit` (found by
+    /// [`Self::lookup`] on the cache as it is) taken — its unreferenced
+    /// blocks no longer evictable — without taking it. vLLM's
+    /// `allocate_slots` (`vllm/v1/core/kv_cache_manager.py`) counts a hit's
+    /// evictable blocks among those to allocate and touches the hit only
+    /// once the allocation fits: a request that does not fit leaves the
+    /// hit's recency as it was.
+    pub fn can_allocate_with(&self, hit: Hit, n: u64, now: SimTime, ignore_ttl: bool) -> bool {
+        if hit.blocks == 0 {
+            return self.can_allocate(n, now, ignore_ttl);
+        }
+        debug_assert_eq!(hit.changes, self.changes, "a hit is weighed on the cache it was found on");
+        if n <= self.free {
+            return true;
+        }
+        // The hit's unreferenced blocks: its whole nodes', and the matched
+        // part of a node it ends inside.
+        let partial = hit.partial.filter(|&(c, _)| self.nodes[c as usize].refs == 0).map_or(0, |(_, l)| l);
+        let mut taken = partial;
+        let mut i = hit.end;
+        while i != ROOT {
+            let node = &self.nodes[i as usize];
+            if node.refs == 0 {
+                taken += u64::from(node.len);
+            }
+            i = node.parent;
+        }
+        let need = n - self.free;
+        if need + taken > self.evictable {
+            return false;
+        }
+        if ignore_ttl || self.ttl.0 == 0 {
+            return true;
+        }
+        // Expired leaves only, as `can_allocate`, less what taking the hit
+        // takes of them: its last whole node, the matched part of the other.
+        let mut got = 0;
+        for &(t, i) in &self.lru {
+            if t + self.ttl > now {
+                break;
+            }
+            let len = u64::from(self.nodes[i as usize].len);
+            got += match hit.partial {
+                _ if i == hit.end => 0,
+                Some((c, l)) if c == i => len - l,
+                _ => len,
+            };
+            if got >= need {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Allocates `n` private blocks, evicting least-recently-used blocks (from
     /// the tail of leaves) as needed. Call only after [`Self::can_allocate`]
     /// (with the same `ignore_ttl`) said yes.
@@ -942,6 +997,65 @@ mod tests {
             assert!(c.events.is_empty() && c.evicted.is_empty(), "case {case}: {quiet} quiet blocks told of one");
         }
         assert!(quiet_cases > 100, "only {quiet_cases} cases had quiet blocks");
+    }
+
+    #[test]
+    fn a_hit_weighed_without_taking_it_fits_exactly_when_it_would_taken() {
+        // Random caches (with and without a TTL; partly referenced, partly
+        // evictable, some leaves expired), random sequences looked up in
+        // them: n blocks fit with the hit weighed exactly when they fit with
+        // the hit taken — and weighing it changes nothing.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = |n: u64| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (x >> 33) % n
+        };
+        let (mut fits, mut not) = (0, 0);
+        for case in 0..300u64 {
+            let ttl = SimDuration(if case % 2 == 0 { 0 } else { 10 });
+            let mut c = PrefixCache::new(60, true, ttl);
+            let mut seqs: Vec<Vec<u64>> = Vec::new();
+            let mut paths = Vec::new();
+            for i in 0..1 + next(6) {
+                let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
+                    Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
+                    None => Vec::new(),
+                };
+                h.extend((0..1 + next(8)).map(|k| 1000 * (case + 1) + 100 * i + k));
+                let new = h.len() as u64 - c.lookup(&hs(&h), h.len() as u64).blocks();
+                if !c.can_allocate(new, SimTime(0), true) {
+                    break;
+                }
+                c.allocate(h.len() as u64, SimTime(0), true);
+                paths.push(ext(&mut c, Path::NONE, &h, 0, SimTime(0)));
+                seqs.push(h);
+            }
+            // Release some, at times on either side of the TTL.
+            for (t, p) in paths.iter_mut().enumerate() {
+                if next(3) > 0 {
+                    c.release(std::mem::replace(p, Path::NONE), SimTime(t as u64 * 4));
+                }
+            }
+            let now = SimTime(15);
+            for _ in 0..20 {
+                let base = &seqs[next(seqs.len() as u64) as usize];
+                let mut h = base[..1 + next(base.len() as u64) as usize].to_vec();
+                h.extend((0..next(3)).map(|k| 7 + k));
+                let hit = c.lookup(&hs(&h), h.len() as u64);
+                // Around the boundary: what is free, and some of the evictable.
+                let n = c.free() + next(c.evictable() + 2);
+                for ignore_ttl in [false, true] {
+                    let before = (c.free(), c.evictable(), c.changes, c.epoch);
+                    let weighed = c.can_allocate_with(hit, n, now, ignore_ttl);
+                    assert_eq!(before, (c.free(), c.evictable(), c.changes, c.epoch), "weighing changes nothing");
+                    let mut taken = c.clone();
+                    taken.acquire(hit, now);
+                    assert_eq!(weighed, taken.can_allocate(n, now, ignore_ttl), "case {case}, {n} blocks, {hit:?}");
+                    if weighed { fits += 1 } else { not += 1 }
+                }
+            }
+        }
+        assert!(fits > 2000 && not > 2000, "{fits} fit, {not} do not");
     }
 
     #[test]

@@ -248,15 +248,11 @@ impl Worker {
         // beside what the requests ahead were promised.
         let loaded = SeqState { computed, ..r.seq };
         let with_chunk = need + next_chunk_blocks(&loaded, cfg) + promised;
-        if !self.cache.can_allocate(with_chunk, now, idle) {
+        // With the GPU prefix taken, weighed before it is taken (see `admit`).
+        if !self.cache.can_allocate_with(local, with_chunk, now, idle) {
             return false;
         }
-        // Taking the GPU prefix can only shrink what is allocatable.
         let path = self.cache.acquire(local, now);
-        if !self.cache.can_allocate(with_chunk, now, idle) {
-            self.cache.release(path, now);
-            return false;
-        }
         self.cache.allocate(need, now, idle);
         let loaded = conn.load(now, self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), g, out);
         debug_assert_eq!(loaded, external, "lookup and load walk the same chunks");
@@ -317,16 +313,15 @@ impl Worker {
             return false;
         }
         if !holding {
-            // Taking the hit blocks can only shrink what is allocatable.
+            // With the hit taken (its unreferenced blocks no longer
+            // evictable), weighed before it is taken: a request that does
+            // not fit leaves the hit untouched, as in vLLM.
+            if !self.cache.can_allocate_with(local, need + keep, now, idle) {
+                return false;
+            }
             r.seq.path = self.cache.acquire(local, now);
             r.seq.registered = local.blocks();
             r.seq.computed = c;
-            if !self.cache.can_allocate(need + keep, now, idle) {
-                self.release_blocks(id, now, reqs, cfg);
-                reqs[id.index()].seq.computed = 0;
-                return false;
-            }
-            let r = &mut reqs[id.index()];
             r.seq.tier_prefix =
                 conn.admitted(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local.blocks());
             r.seq.hit = [0; 4];
