@@ -1057,6 +1057,23 @@ mod tests {
     }
 
     #[test]
+    fn a_head_that_does_not_fit_waits_for_a_free_without_being_looked_up_each_step() {
+        // 10 blocks, no tier content. A (128 tokens, 30 out) takes 8 blocks
+        // at 0 and decodes, growing to 10. B (64 tokens, 4 blocks) arrives
+        // at 2 ms with 2 free: it does not fit, and nothing A does frees a
+        // block until A finishes, so B is admitted then. Between the steps
+        // where A caches a block (every 16 tokens), B is not looked up again
+        // (debug builds check, each time, that it still would not fit).
+        let reqs = arena(&[(128, 30), (64, 1)]);
+        let mut h = Harness::new(toy(10, 8), 1, reqs);
+        h.run(&[(SimTime::ZERO, 0), (SimTime(2 * MS), 1)]);
+        let (a, b) = (&h.reqs[0], &h.reqs[1]);
+        assert!(a.finished.is_some() && a.preemptions == 0);
+        assert_eq!(b.first_scheduled, a.finished, "admitted as A's blocks are freed");
+        assert!(h.w.waiting.admit_memo_hits > 10, "{} look-ups spared", h.w.waiting.admit_memo_hits);
+    }
+
+    #[test]
     fn a_requests_status_follows_vllms_from_waiting_through_its_load_to_finished() {
         use RequestStatus::*;
         // The tier holds 32 tokens of content 7; the request (48 tokens of it, 3 out) loads them.

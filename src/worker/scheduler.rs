@@ -11,6 +11,19 @@ use crate::worker::perf::PrefillChunk;
 use std::cmp::Reverse;
 use std::collections::VecDeque;
 
+/// What [`Worker::admit`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Admission {
+    /// Admitted with its first chunk.
+    Admitted,
+    /// Its first chunk's blocks (beside those kept) cannot be had; nothing
+    /// was touched.
+    NoBlocks,
+    /// Refused otherwise: no I/O slot in single-stage mode, or a whole
+    /// prompt over the budget without chunked prefill.
+    Refused,
+}
+
 /// What [`Worker::room`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Room {
@@ -42,6 +55,12 @@ pub(super) struct WaitingQueue {
     /// or an I/O slot, and what it saw: until that changes it cannot start,
     /// so it is not looked up again.
     pub(super) blocked: Option<BlockedLoad>,
+    /// The new request whose admission last did not fit in the blocks, and
+    /// what it saw (see [`BlockedAdmit`]).
+    pub(super) blocked_admit: Option<BlockedAdmit>,
+    /// Times [`Self::blocked_admit`] spared a look-up (tests).
+    #[cfg(test)]
+    pub(super) admit_memo_hits: u64,
     /// After a pass between step ends that stopped before the end of the
     /// queue: what it saw. Until that changes (or a step ends), such a pass
     /// would find nothing new to load.
@@ -68,6 +87,22 @@ pub(super) struct BlockedLoad {
     pub(super) view: SlotView,
     /// Waiting requests holding KV then.
     pub(super) kv_holders: u32,
+}
+
+/// A new request, found in no tier, whose admission did not fit in the
+/// blocks (nothing was touched): the cache's epoch, the token budget and
+/// the blocks promised ahead then. While the epoch stays, nothing was
+/// freed, made evictable or cached — its GPU hit can only have shrunk, and
+/// what can be allocated too — so with at least that budget (a chunk as
+/// large) and that many blocks promised, neither its admission nor a load
+/// (the loaded blocks and the chunk after them are at least the chunk's,
+/// when admission keeps no watermark) can fit: it is not looked up again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BlockedAdmit {
+    serial: u32,
+    cache_epoch: u64,
+    budget: u64,
+    promised: u64,
 }
 
 impl Worker {
@@ -158,7 +193,7 @@ impl Worker {
                 holders -= 1;
                 if pass == Pass::Admit
                     && self.has_room(*budget, cfg)
-                    && self.admit(now, pos, Hit::NONE, promised, budget, reqs, cfg, conn, idle)
+                    && self.admit(now, pos, Hit::NONE, promised, budget, reqs, cfg, conn, idle) == Admission::Admitted
                 {
                     continue;
                 }
@@ -184,6 +219,36 @@ impl Worker {
                 pos += 1;
                 continue;
             }
+            let admit_blocked = self.waiting.blocked_admit.is_some_and(|m| {
+                m.serial == seq_serial
+                    && m.cache_epoch == self.cache.epoch()
+                    && *budget >= m.budget
+                    && promised >= m.promised
+                    && cfg.apc_ttl.0 == 0
+                    && cfg.admission_watermark == 0
+            });
+            if admit_blocked && pass == Pass::Admit && self.has_room(*budget, cfg) {
+                // (Debug builds check what the memo stands for: the chunk still does not fit.)
+                #[cfg(debug_assertions)]
+                {
+                    let r = &reqs[id.index()];
+                    let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.full_blocks() as usize);
+                    let local = self.cache.lookup(&r.chains, max as u64);
+                    let c = local.blocks() * cfg.block_size;
+                    let need = cfg.blocks_for(c + (r.seq.num_tokens - c).min(*budget)) - cfg.blocks_for(c);
+                    debug_assert!(
+                        !self.cache.can_allocate_with(local, need + promised, now, idle),
+                        "a memo that holds"
+                    );
+                }
+                #[cfg(test)]
+                {
+                    self.waiting.admit_memo_hits += 1;
+                }
+                blocked = true;
+                pos += 1;
+                continue;
+            }
             // What it already has: the GPU prefix, then what the tiers hold beyond it.
             let r = &reqs[id.index()];
             let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.full_blocks() as usize);
@@ -201,8 +266,14 @@ impl Worker {
                     self.waiting.blocked = Some(memo);
                 }
             } else if pass == Pass::Admit && self.has_room(*budget, cfg) {
-                if self.admit(now, pos, local, promised, budget, reqs, cfg, conn, idle) {
-                    continue;
+                match self.admit(now, pos, local, promised, budget, reqs, cfg, conn, idle) {
+                    Admission::Admitted => continue,
+                    Admission::NoBlocks => {
+                        let cache_epoch = self.cache.epoch();
+                        self.waiting.blocked_admit =
+                            Some(BlockedAdmit { serial: seq_serial, cache_epoch, budget: *budget, promised });
+                    }
+                    Admission::Refused => {}
                 }
             } else {
                 // It waits for room in the batch, not for memory: later
@@ -280,8 +351,8 @@ impl Worker {
     /// Admits the waiting request at `pos` into the running batch with its
     /// first prefill chunk, if the chunk fits: a loaded request brings what
     /// it loaded, a new one takes its `local` GPU prefix (as just looked up). Its hits are
-    /// credited (first admission and total). False (and nothing changed) if
-    /// it does not fit.
+    /// credited (first admission and total). If it is not admitted nothing
+    /// changed, and the answer says whether the blocks were what was missing.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn admit(
         &mut self,
@@ -294,11 +365,11 @@ impl Worker {
         cfg: &WorkerConfig,
         conn: &mut KvConnector,
         idle: bool,
-    ) -> bool {
+    ) -> Admission {
         let id = self.waiting.queue[pos];
         let r = &mut reqs[id.index()];
         if cfg.slot_mode == SlotMode::SingleStage && !r.seq.holds_io_slot && self.waiting.io_in_use >= cfg.io_slots {
-            return false;
+            return Admission::Refused;
         }
         let holding = r.seq.computed > 0;
         let c = if holding { r.seq.computed } else { local.blocks() * cfg.block_size };
@@ -309,15 +380,18 @@ impl Worker {
         // request is never refused).
         let keep = promised + if self.running() > 0 { cfg.admission_watermark } else { 0 };
         let need = cfg.blocks_for(c + chunk) - cfg.blocks_for(c);
-        if !(cfg.chunked_prefill || chunk == remaining) || !self.cache.can_allocate(need + keep, now, idle) {
-            return false;
+        if !(cfg.chunked_prefill || chunk == remaining) {
+            return Admission::Refused;
+        }
+        if !self.cache.can_allocate(need + keep, now, idle) {
+            return Admission::NoBlocks;
         }
         if !holding {
             // With the hit taken (its unreferenced blocks no longer
             // evictable), weighed before it is taken: a request that does
             // not fit leaves the hit untouched, as in vLLM.
             if !self.cache.can_allocate_with(local, need + keep, now, idle) {
-                return false;
+                return Admission::NoBlocks;
             }
             r.seq.path = self.cache.acquire(local, now);
             r.seq.registered = local.blocks();
@@ -346,7 +420,7 @@ impl Worker {
         self.prefilling.push(id);
         self.chunks.push((id, PrefillChunk { cached: c, end: c + chunk }));
         *budget -= chunk;
-        true
+        Admission::Admitted
     }
 
     /// A waiting request holding loaded KV gives its blocks (and slot) up;
