@@ -575,29 +575,9 @@ impl PrefixCache {
 
     /// Whether `n` blocks can be allocated at `now` (free plus evictable
     /// blocks past their TTL, or every evictable block with `ignore_ttl`).
+    #[inline]
     pub fn can_allocate(&self, n: u64, now: SimTime, ignore_ttl: bool) -> bool {
-        if n <= self.free {
-            return true;
-        }
-        let need = n - self.free;
-        if need > self.evictable {
-            return false;
-        }
-        if ignore_ttl || self.ttl.0 == 0 {
-            return true;
-        }
-        // Expired leaves only (interior unreferenced nodes count once their leaves go).
-        let mut got = 0;
-        for &(t, i) in &self.lru {
-            if t + self.ttl > now {
-                break;
-            }
-            got += u64::from(self.nodes[i as usize].len);
-            if got >= need {
-                return true;
-            }
-        }
-        false
+        n <= self.free || self.can_allocate_with(Hit::NONE, n, now, ignore_ttl)
     }
 
     /// Whether `n` blocks could be allocated with `hit` (found by
@@ -608,10 +588,7 @@ impl PrefixCache {
     /// once the allocation fits: a request that does not fit leaves the
     /// hit's recency as it was.
     pub fn can_allocate_with(&self, hit: Hit, n: u64, now: SimTime, ignore_ttl: bool) -> bool {
-        if hit.blocks == 0 {
-            return self.can_allocate(n, now, ignore_ttl);
-        }
-        debug_assert_eq!(hit.changes, self.changes, "a hit is weighed on the cache it was found on");
+        debug_assert!(hit.blocks == 0 || hit.changes == self.changes, "a hit is weighed on the cache it was found on");
         if n <= self.free {
             return true;
         }
@@ -634,8 +611,9 @@ impl PrefixCache {
         if ignore_ttl || self.ttl.0 == 0 {
             return true;
         }
-        // Expired leaves only, as `can_allocate`, less what taking the hit
-        // takes of them: its last whole node, the matched part of the other.
+        // Expired leaves only (interior unreferenced nodes count once their
+        // leaves go), less what taking the hit takes of them: its last
+        // whole node, the matched part of the other (the root is no leaf).
         let mut got = 0;
         for &(t, i) in &self.lru {
             if t + self.ttl > now {
