@@ -978,7 +978,7 @@ mod tests {
     }
 
     #[test]
-    fn a_hit_weighed_without_taking_it_fits_exactly_when_it_would_taken() {
+    fn a_hit_weighed_without_taking_it_fits_exactly_when_it_would_taken_at_once() {
         // Random caches (with and without a TTL; partly referenced, partly
         // evictable, some leaves expired), random sequences looked up in
         // them: n blocks fit with the hit weighed exactly when they fit with

@@ -1074,6 +1074,27 @@ mod tests {
     }
 
     #[test]
+    fn a_request_that_does_not_fit_leaves_its_cached_prefix_to_age() {
+        // 10 blocks, no tiers. A (content P, 32 tokens) and C (content Q,
+        // 32 tokens) finish at 3.2 and 7.2 ms: P's 2 blocks and Q's are
+        // cached and evictable, P the older. D (80 tokens, 40 out) arrives at
+        // 8 ms and takes 5 blocks; B (100 tokens of P) arrives at 9 ms and
+        // would need 5 blocks beside its 2 of P: with P taken, 1 free + 2 of
+        // Q's do not do. D's decodes grow it to 8 blocks — 1 free, then 2
+        // evicted least recently used first. vLLM's allocate_slots touches a
+        // hit only once the allocation fits, so B's failed tries leave P the
+        // older: P is evicted, and B, admitted as D finishes, hits nothing.
+        // (Touched at each try, P would outlive Q and B would hit 32 tokens.)
+        let reqs = arena_keyed(&[(32, 1), (32, 1), (80, 40), (100, 1)], |i| [7, 8, 9, 7][i]);
+        let mut h = Harness::new(toy(10, 8), 1, reqs);
+        h.run(&[(SimTime::ZERO, 0), (SimTime(4 * MS), 1), (SimTime(8 * MS), 2), (SimTime(9 * MS), 3)]);
+        let (d, b) = (&h.reqs[2], &h.reqs[3]);
+        assert_eq!(h.reqs[1].finished, Some(SimTime(7_200_000)));
+        assert_eq!(b.first_scheduled, d.finished, "B waited for D's blocks");
+        assert_eq!(b.hit_tokens, [0, 0, 0, 0], "P aged out while B waited");
+    }
+
+    #[test]
     fn a_requests_status_follows_vllms_from_waiting_through_its_load_to_finished() {
         use RequestStatus::*;
         // The tier holds 32 tokens of content 7; the request (48 tokens of it, 3 out) loads them.

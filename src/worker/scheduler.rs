@@ -383,16 +383,13 @@ impl Worker {
         if !(cfg.chunked_prefill || chunk == remaining) {
             return Admission::Refused;
         }
-        if !self.cache.can_allocate(need + keep, now, idle) {
+        // With a new request's hit taken (its unreferenced blocks no longer
+        // evictable), weighed before it is taken: a request that does not
+        // fit leaves the hit untouched, as in vLLM. (A holder's is Hit::NONE.)
+        if !self.cache.can_allocate_with(local, need + keep, now, idle) {
             return Admission::NoBlocks;
         }
         if !holding {
-            // With the hit taken (its unreferenced blocks no longer
-            // evictable), weighed before it is taken: a request that does
-            // not fit leaves the hit untouched, as in vLLM.
-            if !self.cache.can_allocate_with(local, need + keep, now, idle) {
-                return Admission::NoBlocks;
-            }
             r.seq.path = self.cache.acquire(local, now);
             r.seq.registered = local.blocks();
             r.seq.computed = c;
