@@ -252,16 +252,23 @@ impl ChunkStore {
         Lane::of(r, self.stride)
     }
 
-    /// In lane `l`'s entries: `Ok(i)` if entry `i` covers chunk `q`, else
-    /// `Err(i)` with the entries from `i` on all after `q`.
-    fn find(&self, l: &Lane, q: u64) -> Result<usize, usize> {
-        let Some(v) = self.lanes.get(&l.key) else { return Err(0) };
+    /// In lane `l`'s entries: `Ok((i, e))` if entry `i` (slot `e`) covers
+    /// chunk `q`, else `Err((i, before))` with the entries from `i` on all
+    /// after `q` and `before` the slot of the one before them, if any.
+    fn find(&self, l: &Lane, q: u64) -> Result<(usize, u32), (usize, Option<u32>)> {
+        let Some(v) = self.lanes.get(&l.key) else { return Err((0, None)) };
         let i = v.partition_point(|&e| self.slab[e as usize].q0 <= q);
-        if i > 0 && self.slab[v[i - 1] as usize].q1 > q { Ok(i - 1) } else { Err(i) }
+        match i.checked_sub(1).map(|j| v[j]) {
+            Some(e) if self.slab[e as usize].q1 > q => Ok((i - 1, e)),
+            before => Err((i, before)),
+        }
     }
 
-    fn entry_at(&self, l: &Lane, i: usize) -> u32 {
-        self.lanes[&l.key][i]
+    /// The one entry holding exactly lane `l`'s chunk range, if one does.
+    fn exact(&self, l: &Lane) -> Option<u32> {
+        let (_, e) = self.find(l, l.q0).ok()?;
+        let x = &self.slab[e as usize];
+        (x.q0 == l.q0 && x.q1 == l.q1).then_some(e)
     }
 
     /// Of run `r`'s chunks from its first on: how many are held and
@@ -345,8 +352,7 @@ impl ChunkStore {
     /// Splits the entry of lane `l` covering chunk `q` (if any, and if `q`
     /// is inside it) so that an entry starts at `q`.
     fn split_at(&mut self, l: &Lane, q: u64) {
-        let Ok(i) = self.find(l, q) else { return };
-        let e = self.entry_at(l, i);
+        let Ok((i, e)) = self.find(l, q) else { return };
         let entry = self.slab[e as usize];
         if entry.q0 == q {
             return;
@@ -363,6 +369,11 @@ impl ChunkStore {
     /// the highest chunks down, into `self.covered`.
     fn cover(&mut self, l: &Lane) {
         self.covered.clear();
+        // Most operations name exactly one entry's chunks (a write completing, a hit refreshed).
+        if let Some(e) = self.exact(l) {
+            self.covered.push(e);
+            return;
+        }
         if !self.lanes.contains_key(&l.key) {
             return;
         }
@@ -510,12 +521,9 @@ impl ChunkStore {
         let mut q = l.q1;
         while q > l.q0 {
             match self.find(&l, q - 1) {
-                Ok(i) => q = self.slab[self.entry_at(&l, i) as usize].q0.max(l.q0),
-                Err(i) => {
-                    let lo = match i {
-                        0 => l.q0,
-                        i => self.slab[self.entry_at(&l, i - 1) as usize].q1.max(l.q0),
-                    };
+                Ok((_, e)) => q = self.slab[e as usize].q0.max(l.q0),
+                Err((_, before)) => {
+                    let lo = before.map_or(l.q0, |e| self.slab[e as usize].q1.max(l.q0));
                     let m = self.make_room(q - lo, bytes, evicted);
                     if m > 0 {
                         self.insert(&l, q - m, q, bytes);

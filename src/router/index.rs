@@ -16,6 +16,7 @@ use crate::ids::WorkerId;
 use crate::kvcache::{KvEvent, KvEventKind, Lane, Run, Tier};
 use nohash_hasher::IntMap;
 use smallvec::SmallVec;
+use std::collections::hash_map::Entry;
 
 /// Chunks `q0..q1` of a lane, in the tiers `bits` (never 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,26 @@ type Segs = SmallVec<[Seg; 2]>;
 /// none; a chunk left with none is dropped). Returns how many chunks came
 /// to be held and how many stopped being held.
 fn update(segs: &mut Segs, a: u32, b: u32, f: impl Fn(u8) -> u8) -> (u64, u64) {
+    // The common cases, at once: a range into a lane not held, just after
+    // the one range held, or exactly the one range held.
+    match segs.as_mut_slice() {
+        [] if a < b => {
+            let bits = f(0);
+            if bits != 0 {
+                segs.push(Seg { q0: a, q1: b, bits });
+            }
+            return (if bits != 0 { u64::from(b - a) } else { 0 }, 0);
+        }
+        [s] if s.q1 == a && a < b && f(0) == s.bits => {
+            s.q1 = b;
+            return (u64::from(b - a), 0);
+        }
+        [s] if s.q0 == a && s.q1 == b && f(s.bits) == 0 => {
+            segs.clear();
+            return (0, u64::from(b - a));
+        }
+        _ => {}
+    }
     let mut out = Segs::new();
     let push = |out: &mut Segs, q0: u32, q1: u32, bits: u8| {
         if q0 >= q1 || bits == 0 {
@@ -140,10 +161,12 @@ impl KvIndex {
         let lane = Lane::of(e.chunks.run(), self.stride);
         let (a, b) = range(&lane);
         let stored = e.kind == KvEventKind::Stored;
-        if !stored && !self.lanes.contains_key(&lane.key) {
-            return;
-        }
-        let h = self.lanes.entry(lane.key).or_default();
+        let mut entry = match self.lanes.entry(lane.key) {
+            Entry::Occupied(o) => o,
+            Entry::Vacant(v) if stored => v.insert_entry(LaneHolders::default()),
+            Entry::Vacant(_) => return,
+        };
+        let h = entry.get_mut();
         if e.tier == Tier::Dfs {
             update(&mut h.dfs, a, b, |_| u8::from(stored));
         } else {
@@ -164,7 +187,7 @@ impl KvIndex {
             }
         }
         if h.workers.is_empty() && h.dfs.is_empty() {
-            self.lanes.remove(&lane.key);
+            entry.remove();
         }
     }
 
@@ -225,7 +248,11 @@ impl KvIndex {
                     j += 1;
                 }
                 let segs = h.workers.get(j).filter(|x| x.0 == w).map_or(&[][..], |x| &x.1[..]);
-                let to = reach(segs, &h.dfs, a, b);
+                let to = match segs {
+                    // Most holders hold a lane in one range that covers the span.
+                    [s] if s.q0 <= a && s.q1 >= b => b,
+                    _ => reach(segs, &h.dfs, a, b),
+                };
                 out[w as usize].chunks += to - a;
                 to == b
             });
