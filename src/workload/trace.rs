@@ -441,7 +441,7 @@ fn plain_row(line: &str) -> Option<Row> {
             b"output_length" => output.replace(p.whole()?).is_none(),
             b"hash_ids" => {
                 // At most one id per comma left on the line, and one more: sized once.
-                let mut ids = Vec::with_capacity(p.b[p.i..].iter().filter(|&&c| c == b',').count() + 1);
+                let mut ids = Vec::with_capacity(memchr::memchr_iter(b',', &p.b[p.i..]).count() + 1);
                 p.eat(b'[')?;
                 if p.peek() == Some(b']') {
                     p.i += 1;
