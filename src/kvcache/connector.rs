@@ -716,8 +716,10 @@ impl KvConnector {
             store.reserve(r, b, &mut spilled, &mut keys);
             bytes += keys[before..].iter().map(|k| k.n).sum::<u64>() * b;
         }
-        for &(v, _) in &spilled {
-            out.events.push((w, KvEvent { tier, chunks: EventChunks::Run(v), kind: KvEventKind::Removed }));
+        if self.kvc.publish_events {
+            for &(v, _) in &spilled {
+                out.events.push((w, KvEvent { tier, chunks: EventChunks::Run(v), kind: KvEventKind::Removed }));
+            }
         }
         let mut ops = 0;
         if !keys.is_empty() {
@@ -872,8 +874,11 @@ impl KvConnector {
                 for r in keys {
                     instance.store.complete(r, &mut done);
                 }
-                for &d in &done {
-                    out.events.push((worker, KvEvent { tier, chunks: EventChunks::Run(d), kind: KvEventKind::Stored }));
+                if self.kvc.publish_events {
+                    for &d in &done {
+                        out.events
+                            .push((worker, KvEvent { tier, chunks: EventChunks::Run(d), kind: KvEventKind::Stored }));
+                    }
                 }
                 self.done_scratch = done;
                 for id in waiters {
