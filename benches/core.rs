@@ -16,7 +16,9 @@
 //! - `no-cache`: the same without tiers and without prefix caching (nothing
 //!   reads block hashes, so none are computed);
 //! - `maxprefix`: the same with the MaxPrefix router;
-//! - `workers-1024`: the same load per worker on 1,024 workers;
+//! - `workers-1024`: the same load per worker on 1,024 workers (when it
+//!   runs with `reference`, a last line gives its ns per event as a
+//!   multiple of the reference's, against the 1.5× target);
 //! - `trace`: the shipped Mooncake conversation trace as recorded, 16
 //!   workers, MaxPrefix, CPU + NVMe + DFS tiers;
 //! - `trace-20x`: the same with arrivals 20× compressed (overloaded);
@@ -184,6 +186,8 @@ fn main() {
         "row", "requests", "events", "ev/req", "CPU s", "req/CPU s", "ns/ev", "RSS MiB", "peak live", "instr/req"
     );
     let exe = std::env::current_exe().expect("own path");
+    // ns per event of the rows run, for the 1,024-worker ratio.
+    let mut ns_per_event = std::collections::BTreeMap::new();
     for row in ROWS.iter().filter(|r| chosen(r.name)) {
         let child = |mode: Option<&str>| {
             let mut c = Command::new(&exe);
@@ -204,12 +208,26 @@ fn main() {
             (once - setup) as f64 / requests.parse::<f64>().expect("a count")
         });
         println!("{head} {:>10}  {target}", per_request.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3)));
+        if let Some(ns) = head.split_whitespace().nth(6).and_then(|x| x.parse::<f64>().ok()) {
+            ns_per_event.insert(row.name, ns);
+        }
+    }
+    if let (Some(many), Some(few)) = (ns_per_event.get("workers-1024"), ns_per_event.get("reference")) {
+        let ratio = many / few;
+        let verdict = if ratio <= WORKERS_RATIO_TARGET { "met" } else { "NOT met" };
+        println!(
+            "workers-1024 / reference ns per event: {ratio:.2}x (target ≤ {WORKERS_RATIO_TARGET}x: {verdict}; CPU time, one invocation)"
+        );
     }
     let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/opal-sweep");
     for row in PROCESS_ROWS.iter().filter(|r| chosen(r.name)) {
         process_row(row, &release, valgrind);
     }
 }
+
+/// The performance issue's target for the 1,024-worker row: its ns per
+/// event at most this many times the reference's, in one invocation.
+const WORKERS_RATIO_TARGET: f64 = 1.5;
 
 /// Runs `cmd` under cachegrind; the instructions it executed (`I refs`),
 /// or `None` if valgrind is not there.
