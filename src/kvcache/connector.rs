@@ -209,9 +209,15 @@ pub struct KvConnector {
     /// Synchronous saves per request: writes still in flight, and whether
     /// the request has finished (its response waits for the last of them).
     saves: IntMap<u32, (u32, bool)>,
-    /// While a step's saves are gathered ([`KvConnector::begin_batch`]): per
+    /// Whether a step's saves are being gathered ([`KvConnector::begin_batch`]).
+    batching: bool,
+    /// While they are: per
     /// tier instance, the chunks reserved, their bytes and their waiters.
-    batch: Option<IntMap<u32, BatchedWrite>>,
+    batch: Vec<(u32, BatchedWrite)>,
+    /// The lists of finished writes, kept for the next batches (a write's
+    /// runs and waiters live as long as the write).
+    spare_runs: Vec<Vec<Run>>,
+    spare_waiters: Vec<Vec<RequestId>>,
     /// Requests whose writes are waited for whatever the write mode (a P/D
     /// prefill whose KV goes to its decode worker through the shared store).
     held: IntMap<u32, ()>,
@@ -268,7 +274,10 @@ impl KvConnector {
             loads: IntMap::default(),
             saves: IntMap::default(),
             held: IntMap::default(),
-            batch: None,
+            batching: false,
+            batch: Vec::new(),
+            spare_runs: Vec::new(),
+            spare_waiters: Vec::new(),
             found: Vec::new(),
             admitted_scratch: Vec::new(),
             chunks_scratch: Vec::new(),
@@ -629,20 +638,23 @@ impl KvConnector {
     /// step) — and a step costs one device operation per tier, not one per
     /// request.
     pub fn begin_batch(&mut self) {
-        self.batch = Some(IntMap::default());
+        self.batching = true;
     }
 
     /// Submits the writes gathered since [`Self::begin_batch`] (in tier-instance order).
     pub fn end_batch(&mut self, now: SimTime, w: WorkerId, out: &mut ConnectorOutput) {
-        let Some(batch) = self.batch.take() else { return };
-        let mut writes: Vec<_> = batch.into_iter().collect();
+        if !std::mem::replace(&mut self.batching, false) {
+            return;
+        }
+        let mut writes = std::mem::take(&mut self.batch);
         writes.sort_unstable_by_key(|&(inst, _)| inst);
-        for (inst, (keys, bytes, waiters)) in writes {
+        for (inst, (keys, bytes, waiters)) in writes.drain(..) {
             for id in &waiters {
                 self.saves.entry(id.0).or_insert((0, false)).0 += 1;
             }
             self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiters, worker: w }, out);
         }
+        self.batch = writes;
     }
 
     /// Counts `request`'s writes for [`Self::finish_saves`] whatever the
@@ -723,19 +735,29 @@ impl KvConnector {
         }
         let mut ops = 0;
         if !keys.is_empty() {
-            if let Some(batch) = &mut self.batch {
+            if self.batching {
                 // One write per tier instance for the whole step (see `begin_batch`).
-                let (k, b, waiters) = batch.entry(inst).or_default();
+                let at = match self.batch.iter().position(|&(i, _)| i == inst) {
+                    Some(at) => at,
+                    None => {
+                        let lists = (self.spare_runs.pop().unwrap_or_default(), self.spare_waiters.pop());
+                        self.batch.push((inst, (lists.0, 0, lists.1.unwrap_or_default())));
+                        self.batch.len() - 1
+                    }
+                };
+                let (k, b, waiters) = &mut self.batch[at].1;
                 k.extend_from_slice(&keys);
                 *b += bytes;
                 waiters.extend(waiter.filter(|id| !waiters.contains(id)));
             } else {
-                let waiters: Vec<RequestId> = waiter.into_iter().collect();
+                let mut waiters = self.spare_waiters.pop().unwrap_or_default();
+                waiters.extend(waiter);
                 for id in &waiters {
                     self.saves.entry(id.0).or_insert((0, false)).0 += 1;
                 }
-                let keys = keys.clone();
-                self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys, waiters, worker: w }, out);
+                let mut runs = self.spare_runs.pop().unwrap_or_default();
+                runs.extend_from_slice(&keys);
+                self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys: runs, waiters, worker: w }, out);
                 ops += 1;
             }
         }
@@ -773,14 +795,14 @@ impl KvConnector {
             WritePolicy::Spill => pos.min(1),
         };
         // A step's batch of saves is not this read's (it may be another worker's).
-        let batch = self.batch.take();
+        let batching = std::mem::replace(&mut self.batching, false);
         for i in 0..targets {
             let inst = self.worker_tiers[w.index()][i];
             if self.instances[inst as usize].tier != Tier::Dfs {
                 self.write_chunks(now, w, inst, keys, None, out);
             }
         }
-        self.batch = batch;
+        self.batching = batching;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -867,11 +889,11 @@ impl KvConnector {
                     });
                 }
             }
-            Purpose::Save { keys, waiters, worker } => {
+            Purpose::Save { mut keys, mut waiters, worker } => {
                 self.version += 1;
                 let mut done = std::mem::take(&mut self.done_scratch);
                 done.clear();
-                for r in keys {
+                for &r in &keys {
                     instance.store.complete(r, &mut done);
                 }
                 if self.kvc.publish_events {
@@ -881,7 +903,7 @@ impl KvConnector {
                     }
                 }
                 self.done_scratch = done;
-                for id in waiters {
+                for &id in &waiters {
                     let (left, finished) = self.saves.get_mut(&id.0).expect("a synchronous save is tracked");
                     *left -= 1;
                     if *left == 0 && *finished {
@@ -889,6 +911,11 @@ impl KvConnector {
                         out.saved.push(id);
                     }
                 }
+                // The lists go back for the next writes.
+                keys.clear();
+                waiters.clear();
+                self.spare_runs.push(keys);
+                self.spare_waiters.push(waiters);
             }
         }
     }

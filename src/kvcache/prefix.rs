@@ -71,8 +71,9 @@ impl Default for Path {
 const ROOT: u32 = 0;
 
 /// The chains of a node's blocks: `(chain, end)` with absolute block
-/// positions, the last ending where the node does.
-type Spans = SmallVec<[ChainSpan; 1]>;
+/// positions, the last ending where the node does (two inline: a request's
+/// own node often holds its prompt's last chain and its output's).
+type Spans = SmallVec<[ChainSpan; 2]>;
 
 #[derive(Clone, Debug, Default)]
 struct Node {
