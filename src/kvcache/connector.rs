@@ -740,8 +740,8 @@ impl KvConnector {
                 let at = match self.batch.iter().position(|&(i, _)| i == inst) {
                     Some(at) => at,
                     None => {
-                        let lists = (self.spare_runs.pop().unwrap_or_default(), self.spare_waiters.pop());
-                        self.batch.push((inst, (lists.0, 0, lists.1.unwrap_or_default())));
+                        let (runs, waiters) = self.write_lists();
+                        self.batch.push((inst, (runs, 0, waiters)));
                         self.batch.len() - 1
                     }
                 };
@@ -750,12 +750,11 @@ impl KvConnector {
                 *b += bytes;
                 waiters.extend(waiter.filter(|id| !waiters.contains(id)));
             } else {
-                let mut waiters = self.spare_waiters.pop().unwrap_or_default();
+                let (mut runs, mut waiters) = self.write_lists();
                 waiters.extend(waiter);
                 for id in &waiters {
                     self.saves.entry(id.0).or_insert((0, false)).0 += 1;
                 }
-                let mut runs = self.spare_runs.pop().unwrap_or_default();
                 runs.extend_from_slice(&keys);
                 self.submit(now, inst, OpKind::Write, bytes, w, Purpose::Save { keys: runs, waiters, worker: w }, out);
                 ops += 1;
@@ -803,6 +802,11 @@ impl KvConnector {
             }
         }
         self.batching = batching;
+    }
+
+    /// Empty lists for a write's runs and waiters (those of a finished write, if any).
+    fn write_lists(&mut self) -> (Vec<Run>, Vec<RequestId>) {
+        (self.spare_runs.pop().unwrap_or_default(), self.spare_waiters.pop().unwrap_or_default())
     }
 
     #[allow(clippy::too_many_arguments)]
