@@ -226,33 +226,37 @@ impl KvIndex {
                 break;
             }
         }
-        // Phase 2 starts at the first chunk not in the DFS: its holders.
+        // Phase 2 starts at the first chunk not in the DFS: its holders, each
+        // going on from there while it (or the DFS) holds the next chunk.
         self.alive.clear();
-        if let Some(h) = self.spans.get(first.0).and_then(holders) {
-            let holds = |segs: &Segs| bits_at(segs, &mut 0, first.1) != 0;
-            self.alive.extend(h.workers.iter().filter(|(w, segs)| (*w as usize) < workers && holds(segs)).map(|x| x.0));
-        }
-        // Each candidate goes on while it (or the DFS) holds the next chunk:
-        // span by span, each span's holders found once, and the candidates
-        // still going (in worker order, as a lane's holders are) met in one
-        // merge with them.
         self.going.clear();
-        self.going.extend_from_slice(&self.alive);
-        for (s, l) in self.spans.iter().enumerate().skip(first.0) {
+        if let Some(h) = self.spans.get(first.0).and_then(holders) {
+            let (a, b) = (first.1, range(&self.spans[first.0]).1);
+            for (w, segs) in h.workers.iter().filter(|(w, _)| (*w as usize) < workers) {
+                if bits_at(segs, &mut 0, a) == 0 {
+                    continue;
+                }
+                self.alive.push(*w);
+                let to = span_reach(segs, &h.dfs, a, b);
+                out[*w as usize].chunks += to - a;
+                if to == b {
+                    self.going.push(*w);
+                }
+            }
+        }
+        // Span by span after it: each span's holders found once, and the
+        // candidates still going (in worker order, as a lane's holders are)
+        // met in one merge with them.
+        for l in self.spans.iter().skip(first.0 + 1) {
             let Some(h) = holders(l).filter(|_| !self.going.is_empty()) else { break };
             let (a, b) = range(l);
-            let a = if s == first.0 { first.1 } else { a };
             let mut j = 0;
             self.going.retain(|&w| {
                 while h.workers.get(j).is_some_and(|x| x.0 < w) {
                     j += 1;
                 }
                 let segs = h.workers.get(j).filter(|x| x.0 == w).map_or(&[][..], |x| &x.1[..]);
-                let to = match segs {
-                    // Most holders hold a lane in one range that covers the span.
-                    [s] if s.q0 <= a && s.q1 >= b => b,
-                    _ => reach(segs, &h.dfs, a, b),
-                };
+                let to = span_reach(segs, &h.dfs, a, b);
                 out[w as usize].chunks += to - a;
                 to == b
             });
@@ -322,6 +326,15 @@ impl KvIndex {
 /// Worker `w`'s ranges in a lane (none if it holds nothing there).
 fn worker_segs(h: &LaneHolders, w: u32) -> &[Seg] {
     h.workers.binary_search_by_key(&w, |x| x.0).map_or(&[][..], |i| &h.workers[i].1[..])
+}
+
+/// [`reach`] of a worker's ranges `segs` and the DFS's `dfs` over a span
+/// `a..b`, taking the common case — one range covering it — at once.
+fn span_reach(segs: &[Seg], dfs: &[Seg], a: u32, b: u32) -> u32 {
+    match segs {
+        [s] if s.q0 <= a && s.q1 >= b => b,
+        _ => reach(segs, dfs, a, b),
+    }
 }
 
 /// How far from chunk `a` (up to `b`) the chunks are held, one after
