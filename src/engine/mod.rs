@@ -106,8 +106,8 @@ pub struct RunStats {
     pub end_time: SimTime,
     /// Why it stopped.
     pub stop: StopReason,
-    /// A digest of the whole event sequence: 64-bit FNV-1a over every
-    /// handled event's time and `Hash` image. Equal digests mean the runs
+    /// A digest of the whole event sequence: every handled event's time
+    /// and `Hash` image folded in ([`EventDigest`]). Equal digests mean the runs
     /// handled the same events at the same times in the same order.
     pub digest: u64,
 }
@@ -127,7 +127,7 @@ pub fn run<M: Model>(
     watch: Watch<'_>,
 ) -> RunStats {
     let mut events = 0;
-    let mut digest = Fnv64::default();
+    let mut digest = EventDigest::default();
     let mut now = SimTime::ZERO;
     let stop = loop {
         if model.finished() {
@@ -180,6 +180,63 @@ impl Version {
     /// True if `stamp` is the latest one issued.
     pub fn is_current(&self, stamp: u32) -> bool {
         self.0 == stamp
+    }
+}
+
+/// The digest of a run's events ([`RunStats::digest`]): each integer an
+/// event's `Hash` image writes is folded in whole, `h = (h ^ x) · K` with
+/// `K` odd. Each fold is a bijection of the state and of the integer, so a
+/// change in any one field of any one event changes the digest; a word at
+/// a time it costs a fraction of FNV-1a's byte at a time, on every event.
+/// Stable and unkeyed, for comparing runs only (not persisted).
+#[derive(Clone, Copy, Debug)]
+struct EventDigest(u64);
+
+impl Default for EventDigest {
+    fn default() -> Self {
+        EventDigest(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl EventDigest {
+    fn fold(&mut self, x: u64) {
+        self.0 = (self.0 ^ x).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+impl Hasher for EventDigest {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.fold(u64::from(b));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.fold(u64::from(i));
+    }
+
+    fn write_u16(&mut self, i: u16) {
+        self.fold(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.fold(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.fold(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.fold(i as u64);
+    }
+
+    fn write_isize(&mut self, i: isize) {
+        self.fold(i as u64);
     }
 }
 
