@@ -341,8 +341,16 @@ impl<'a> Cluster<'a> {
     }
 
     /// Applies the connector's effects until none are left (applying them
-    /// can make more: a finished load lets its worker start others).
+    /// can make more: a finished load lets its worker start others). Most
+    /// calls find none: that is checked before the work's own call.
+    #[inline]
     fn apply_connector(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
+        if !self.scratch.conn_out.is_empty() {
+            self.apply_connector_output(now, sched);
+        }
+    }
+
+    fn apply_connector_output(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
         while !self.scratch.conn_out.is_empty() {
             let spare = std::mem::take(&mut self.scratch.conn_spare);
             let mut out = std::mem::replace(&mut self.scratch.conn_out, spare);
