@@ -239,7 +239,7 @@ impl<'a> Cluster<'a> {
         // the policy — unless nothing reads them (no prefix caching, no
         // tier, no KV index): then it has none.
         if self.hashes_read {
-            r.find_chains(self.scenario.worker.block_size as u32);
+            r.find_chains(self.scenario.worker.block_size as u32, self.scenario.kvc.save_unfull_chunk);
         }
         let view = RequestView {
             seq: r.chunked(r.seq.num_tokens, self.scenario.worker.block_size),

@@ -84,8 +84,10 @@ pub struct Request {
     /// block `k`'s hash is its chain's and `k`'s ([`crate::kvcache::block_hash`]).
     pub chains: smallvec::SmallVec<[ChainSpan; 4]>,
     /// [`exact_key`] of its prompt, when the prompt ends inside a block
-    /// (computed with `chains`).
+    /// (computed with `chains`, when `tails`).
     pub prompt_tail: Option<BlockHash>,
+    /// Whether its runs that end inside a block are keyed (see [`Self::find_chains`]).
+    pub tails: bool,
     /// The worker the router chose.
     pub worker: Option<WorkerId>,
     /// Scheduler state on that worker.
@@ -158,6 +160,7 @@ impl Request {
             label,
             chains: Default::default(),
             prompt_tail: None,
+            tails: false,
             worker: None,
             seq: SeqState { num_tokens: u64::from(prompt_tokens), ..SeqState::default() },
             first_scheduled: None,
@@ -176,12 +179,16 @@ impl Request {
     }
 
     /// Finds the chains of the full blocks of its prompt and output
-    /// (`block_size` tokens each), which name their hashes.
-    pub fn find_chains(&mut self, block_size: u32) {
+    /// (`block_size` tokens each), which name their hashes; with `tails`
+    /// (the tiers keep partial chunks: `save_unfull_chunk`), the keys of
+    /// its runs that end inside a block too — else nothing reads them.
+    pub fn find_chains(&mut self, block_size: u32, tails: bool) {
         let output = crate::kvcache::Segment { id: self.output_id, tokens: self.output_tokens };
         self.chains.clear();
         chains_of(self.content.segments.iter().chain(Some(&output)), block_size, &mut self.chains);
-        self.prompt_tail = self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size));
+        self.tails = tails;
+        self.prompt_tail =
+            if tails { self.exact_key(u64::from(self.prompt_tokens), u64::from(block_size)) } else { None };
     }
 
     /// Full blocks of prompt + output.
@@ -196,7 +203,9 @@ impl Request {
 
     /// Its first `n` tokens (prompt, then output) as the tiers see them.
     pub fn chunked(&self, n: u64, block_size: u64) -> ChunkedSeq<'_> {
-        let tail = if n == u64::from(self.prompt_tokens) {
+        let tail = if !self.tails {
+            None // no partial chunk is saved: nothing reads its key
+        } else if n == u64::from(self.prompt_tokens) {
             self.prompt_tail
         } else if n / block_size > self.full_blocks() {
             None // not hashed: nothing reads its keys

@@ -156,7 +156,7 @@ mod tests {
             label: Label::None,
         };
         let mut r = Request::new(RequestId(id), id, SimTime::ZERO, new);
-        r.find_chains(16);
+        r.find_chains(16, true);
         r
     }
 

@@ -848,7 +848,7 @@ mod tests {
                     label: Label::None,
                 };
                 let mut r = Request::new(RequestId(i as u32), i as u32, SimTime::ZERO, new);
-                r.find_chains(16);
+                r.find_chains(16, true);
                 r
             })
             .collect()
