@@ -46,6 +46,18 @@ pub fn stream_id(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
+/// For tests: numbers below `n` from a small deterministic generator
+/// (Knuth's MMIX linear congruential one, the high bits) started at `seed`:
+/// the same sequence on every machine, for randomised differential tests.
+#[cfg(test)]
+pub(crate) fn lcg_below(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut x = seed;
+    move |n| {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (x >> 33) % n
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

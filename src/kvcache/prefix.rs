@@ -935,11 +935,7 @@ mod tests {
     fn quiet_evictions_are_a_lower_bound_that_tells_of_nothing() {
         // Random caches of sequences sharing prefixes, released in random
         // order: allocating the quiet count block by block makes no event.
-        let mut x = 0x2545_f491_4f6c_dd1d_u64;
-        let mut next = |n: u64| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 33) % n
-        };
+        let mut next = crate::rng::lcg_below(0x2545_f491_4f6c_dd1d_u64);
         let mut quiet_cases = 0;
         for case in 0..300 {
             let stride = 1 + next(5) as u32;
@@ -984,11 +980,7 @@ mod tests {
         // evictable, some leaves expired), random sequences looked up in
         // them: n blocks fit with the hit weighed exactly when they fit with
         // the hit taken — and weighing it changes nothing.
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: u64| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 33) % n
-        };
+        let mut next = crate::rng::lcg_below(0x9e37_79b9_7f4a_7c15_u64);
         let (mut fits, mut not) = (0, 0);
         for case in 0..300u64 {
             let ttl = SimDuration(if case % 2 == 0 { 0 } else { 10 });

@@ -509,11 +509,7 @@ mod tests {
         // lane is another residue) stored in and removed from random tiers
         // of 5 workers; after every event, what each worker holds and every
         // request's score (random leading runs across the chains) agree.
-        let mut x = 0x1234_5678_9abc_def1_u64;
-        let mut next = |n: u64| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 33) % n
-        };
+        let mut next = crate::rng::lcg_below(0x1234_5678_9abc_def1_u64);
         let tiers = [Tier::Gpu, Tier::Cpu, Tier::Nvme, Tier::Dfs];
         let (mut ix, mut oracle) = (KvIndex::new(STRIDE), Oracle::default());
         let mut out = Vec::new();

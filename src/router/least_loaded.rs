@@ -112,11 +112,7 @@ mod tests {
     fn the_tree_finds_what_a_scan_finds_in_every_range_as_counts_change() {
         let mut loads = Vec::new();
         let mut tree = Fewest::default();
-        let mut x = 7u64;
-        let mut next = |n: u64| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 33) % n
-        };
+        let mut next = crate::rng::lcg_below(7u64);
         for step in 0..3_000 {
             if loads.len() < 37 && step % 50 == 0 {
                 loads.push(super::super::loads(&[next(4) as u32]).remove(0));

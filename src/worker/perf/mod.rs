@@ -309,11 +309,7 @@ mod tests {
         // with sliding-window layers (Gemma 2 9B), and the roofline.
         let specs =
             ["", "[model.model_params]\nname = \"gemma-2-9b\"", "[worker.inference_params]\nmodel = \"roofline\""];
-        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = |n: u64| {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            (x >> 33) % n
-        };
+        let mut next = crate::rng::lcg_below(0x9e37_79b9_7f4a_7c15_u64);
         for text in specs {
             let stage = "[[workload.stages]]\ntype = \"ExponentialReqRate\"\n[workload.stages.workload_params]\nprompt_size_max = 4096\noutput_tokens_max = 256";
             let text = format!("{text}\n{stage}");
