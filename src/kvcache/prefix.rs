@@ -931,6 +931,18 @@ mod tests {
         assert_eq!(c.quietly_evictable(), c.evictable());
     }
 
+    /// A random sequence of blocks: a random prefix of a random one of
+    /// `seqs` (or nothing), then `1 + next(new)` blocks of its own,
+    /// numbered from `tag`.
+    fn random_seq(next: &mut impl FnMut(u64) -> u64, seqs: &[Vec<u64>], new: u64, tag: u64) -> Vec<u64> {
+        let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
+            Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
+            None => Vec::new(),
+        };
+        h.extend((0..1 + next(new)).map(|k| tag + k));
+        h
+    }
+
     #[test]
     fn quiet_evictions_are_a_lower_bound_that_tells_of_nothing() {
         // Random caches of sequences sharing prefixes, released in random
@@ -944,11 +956,7 @@ mod tests {
             let mut seqs: Vec<Vec<u64>> = Vec::new();
             let mut paths = Vec::new();
             for i in 0..1 + next(8) {
-                let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
-                    Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
-                    None => Vec::new(),
-                };
-                h.extend((0..1 + next(12)).map(|k| 1000 * (case + 1) + 100 * i + k));
+                let h = random_seq(&mut next, &seqs, 12, 1000 * (case + 1) + 100 * i);
                 c.allocate(h.len() as u64, SimTime(0), false);
                 paths.push(ext(&mut c, Path::NONE, &h, 0, SimTime(0)));
                 seqs.push(h);
@@ -988,11 +996,7 @@ mod tests {
             let mut seqs: Vec<Vec<u64>> = Vec::new();
             let mut paths = Vec::new();
             for i in 0..1 + next(6) {
-                let mut h = match seqs.get(next(seqs.len() as u64 + 1) as usize) {
-                    Some(s) => s[..next(s.len() as u64 + 1) as usize].to_vec(),
-                    None => Vec::new(),
-                };
-                h.extend((0..1 + next(8)).map(|k| 1000 * (case + 1) + 100 * i + k));
+                let h = random_seq(&mut next, &seqs, 8, 1000 * (case + 1) + 100 * i);
                 let new = h.len() as u64 - c.lookup(&hs(&h), h.len() as u64).blocks();
                 if !c.can_allocate(new, SimTime(0), true) {
                     break;
