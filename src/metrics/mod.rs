@@ -6,6 +6,7 @@
 //! histograms, so they can be merged exactly across replicates; means and
 //! maxima are kept exactly beside them.
 
+mod hdr;
 pub mod rows;
 mod series;
 pub mod steady;
@@ -34,7 +35,8 @@ use serde::Serialize;
 /// A latency distribution.
 #[derive(Clone, Debug)]
 pub struct LatencyHistogram {
-    hist: Histogram<u64>,
+    /// The HDR histogram's counts (µs), built into one when read.
+    hist: hdr::Counts,
     sum_ns: u128,
     count: u64,
     max_ns: u64,
@@ -51,13 +53,7 @@ impl LatencyHistogram {
     /// An empty histogram to `digits` significant digits (the default has 3).
     pub fn with_digits(digits: u8) -> LatencyHistogram {
         // (Not `..Default::default()`: that builds, zeroes and drops a 3-digit histogram.)
-        LatencyHistogram {
-            hist: Histogram::new(digits).expect("1 to 5 significant digits are valid"),
-            sum_ns: 0,
-            count: 0,
-            max_ns: 0,
-            min_ns: u64::MAX,
-        }
+        LatencyHistogram { hist: hdr::Counts::new(digits), sum_ns: 0, count: 0, max_ns: 0, min_ns: u64::MAX }
     }
 
     /// Adds `o`'s samples.
@@ -65,8 +61,7 @@ impl LatencyHistogram {
         if o.count == 0 {
             return;
         }
-        // Both grow to fit, so adding cannot fall out of range.
-        self.hist.add(&o.hist).expect("auto-resizing histograms add");
+        self.hist.add(&o.hist);
         self.sum_ns += o.sum_ns;
         self.count += o.count;
         self.max_ns = self.max_ns.max(o.max_ns);
@@ -126,10 +121,7 @@ impl LatencyHistogram {
     }
 
     fn record_hist(&mut self, us: u64, n: u64) {
-        // The histogram grows to fit (up to 2⁶² µs); beyond that, clamp.
-        if self.hist.record_n(us, n).is_err() {
-            self.hist.saturating_record_n(us, n);
-        }
+        self.hist.record_n(us, n);
     }
 
     /// Number of samples.
@@ -138,8 +130,8 @@ impl LatencyHistogram {
     }
 
     /// The HDR histogram (µs).
-    pub fn histogram(&self) -> &Histogram<u64> {
-        &self.hist
+    pub fn histogram(&self) -> Histogram<u64> {
+        self.hist.histogram()
     }
 
     /// Percentiles (from the histogram), exact mean and max, in milliseconds;

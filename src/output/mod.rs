@@ -176,7 +176,7 @@ impl RunResult {
                 .iter()
                 .map(|&m| {
                     let h = out.latencies.get(m);
-                    (m, h.count(), serialize_hdr(h.histogram()))
+                    (m, h.count(), serialize_hdr(&h.histogram()))
                 })
                 .collect(),
             Err(_) => Vec::new(),

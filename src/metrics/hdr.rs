@@ -1,0 +1,195 @@
+//! An HDR histogram's counts, recorded without the `hdrhistogram` crate's
+//! per-sample checks and turned into its [`Histogram`] when read.
+//!
+//! The layout is the crate's exactly (`hdrhistogram-7.6.0/src/lib.rs`:
+//! `new_with_bounds` for lowest discernible value 1, `bucket_for`,
+//! `sub_bucket_for`, `index_for`, `value_for`): a value's bucket is the
+//! number of powers of two it lies above the first bucket, its sub-bucket
+//! its leading bits, so a sample costs a leading-zero count, two shifts
+//! and an add. [`Counts::histogram`] records each bucket's count at the
+//! bucket's lowest value, which lands in the same bucket, so the
+//! histogram's counts — and with them its quantiles, its V2 serialization
+//! and the highest trackable value its auto-resizing reaches (a function
+//! of the top bucket) — are those recording each sample would have given.
+
+use hdrhistogram::Histogram;
+
+/// The counts of an auto-resizing HDR histogram with lowest discernible
+/// value 1 and `digits` significant digits.
+#[derive(Clone, Debug)]
+pub struct Counts {
+    digits: u8,
+    /// log2 of the sub-bucket count (`sub_bucket_count_magnitude`).
+    magnitude: u32,
+    counts: Vec<u64>,
+    total: u64,
+}
+
+impl Counts {
+    /// No samples, to `digits` (1 to 5) significant digits.
+    pub fn new(digits: u8) -> Counts {
+        assert!((1..=5).contains(&digits), "1 to 5 significant digits");
+        // The sub-bucket count is the power of two at or above 2·10^digits.
+        let magnitude = (2 * 10u64.pow(u32::from(digits))).next_power_of_two().trailing_zeros();
+        Counts { digits, magnitude, counts: Vec::new(), total: 0 }
+    }
+
+    /// The bucket of `v` (`bucket_for`).
+    fn bucket(&self, v: u64) -> u32 {
+        let mask = (1u64 << self.magnitude) - 1;
+        (64 - self.magnitude) - (v | mask).leading_zeros()
+    }
+
+    /// The index of `v`'s count (`index_for`).
+    fn index(&self, v: u64) -> usize {
+        let b = self.bucket(v);
+        let half = self.magnitude - 1;
+        // ((b + 1) << half) + (v >> b) − 2^half, written so as not to go below zero.
+        ((b as usize) << half) + (v >> b) as usize
+    }
+
+    /// The lowest value of the count at `index` (`value_for`).
+    fn value(&self, index: usize) -> u64 {
+        let half = self.magnitude - 1;
+        let bucket = (index >> half) as i64 - 1;
+        let sub = (index as u64 & ((1 << half) - 1)) + (1 << half);
+        if bucket < 0 { sub - (1 << half) } else { sub << bucket }
+    }
+
+    /// Adds `n` samples of `v`.
+    #[inline]
+    pub fn record_n(&mut self, v: u64, n: u64) {
+        let i = self.index(v);
+        match self.counts.get_mut(i) {
+            // (Counts cannot reach 2⁶⁴: they count simulated events.)
+            Some(c) => *c += n,
+            None => self.grow_to(v, n),
+        }
+        self.total += n;
+    }
+
+    /// Grows the counts to the end of `v`'s bucket (as the crate resizes)
+    /// and adds `n` samples of it.
+    #[cold]
+    #[inline(never)]
+    fn grow_to(&mut self, v: u64, n: u64) {
+        self.counts.resize((self.bucket(v) as usize + 2) << (self.magnitude - 1), 0);
+        let i = self.index(v);
+        self.counts[i] += n;
+    }
+
+    /// Adds `o`'s samples (of the same digits).
+    pub fn add(&mut self, o: &Counts) {
+        debug_assert_eq!(self.digits, o.digits, "histograms of one layout");
+        if o.counts.len() > self.counts.len() {
+            self.counts.resize(o.counts.len(), 0);
+        }
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += *b;
+        }
+        self.total += o.total;
+    }
+
+    /// The lowest value equivalent to `v` (`lowest_equivalent`).
+    pub fn lowest_equivalent(&self, v: u64) -> u64 {
+        let b = self.bucket(v);
+        (v >> b) << b
+    }
+
+    /// The highest value equivalent to `v` (`highest_equivalent`).
+    pub fn highest_equivalent(&self, v: u64) -> u64 {
+        if v == u64::MAX {
+            return u64::MAX;
+        }
+        self.lowest_equivalent(v).saturating_add(1 << self.bucket(v)) - 1
+    }
+
+    /// The value at quantile `q` in [0, 1], as `value_at_quantile` gives
+    /// it: the highest value equivalent to the first count at which the
+    /// samples so far reach ⌈q·total⌉ (at least one).
+    pub fn value_at_quantile(&self, q: f64) -> u64 {
+        let q = q.min(1.0);
+        let target = ((q * self.total as f64).ceil() as u64).max(1);
+        let mut sum = 0u64;
+        for (i, &c) in self.counts.iter().enumerate() {
+            sum += c;
+            if sum >= target {
+                let v = self.value(i);
+                return if q == 0.0 { self.lowest_equivalent(v) } else { self.highest_equivalent(v) };
+            }
+        }
+        0
+    }
+
+    /// The `hdrhistogram` histogram of these counts.
+    pub fn histogram(&self) -> Histogram<u64> {
+        let mut h = Histogram::new(self.digits).expect("1 to 5 significant digits are valid");
+        for (i, &c) in self.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+            let v = self.value(i);
+            if h.record_n(v, c).is_err() {
+                h.saturating_record_n(v, c);
+            }
+        }
+        h
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hdrhistogram::serialization::{Serializer, V2Serializer};
+
+    fn v2(h: &Histogram<u64>) -> Vec<u8> {
+        let mut out = Vec::new();
+        V2Serializer::new().serialize(h, &mut out).unwrap();
+        out
+    }
+
+    /// The layout, the quantiles and the serialized histogram are the
+    /// crate's, sample for sample, at every precision and over values from
+    /// 0 to beyond 2^40.
+    #[test]
+    fn counts_are_the_crates_histogram() {
+        for digits in 1..=5 {
+            let mut ours = Counts::new(digits);
+            let mut theirs = Histogram::<u64>::new(digits).unwrap();
+            let mut next = crate::rng::lcg_below(7 + u64::from(digits));
+            for k in 0..3_000u64 {
+                // Values spread over many magnitudes, a few repeated.
+                let v = (next(1 << (k % 31)) << (k % 12)) + k % 3;
+                let n = 1 + next(4);
+                ours.record_n(v, n);
+                theirs.record_n(v, n).unwrap();
+                assert_eq!(ours.lowest_equivalent(v), theirs.lowest_equivalent(v), "digits {digits}, {v}");
+                assert_eq!(ours.highest_equivalent(v), theirs.highest_equivalent(v), "digits {digits}, {v}");
+            }
+            for q in [0.0, 0.001, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0] {
+                assert_eq!(ours.value_at_quantile(q), theirs.value_at_quantile(q), "digits {digits}, q {q}");
+            }
+            let built = ours.histogram();
+            assert_eq!((built.len(), built.distinct_values()), (theirs.len(), theirs.distinct_values()));
+            assert_eq!(built.high(), theirs.high());
+            assert_eq!(v2(&built), v2(&theirs), "digits {digits}");
+        }
+    }
+
+    /// Adding counts gives what recording both sets into one histogram
+    /// gives (the crate's own `add` would keep the addend's exact top as
+    /// its trackable range; merged counts are only read for quantiles).
+    #[test]
+    fn add_is_recording_both() {
+        let (mut a, mut b) = (Counts::new(3), Counts::new(3));
+        let mut both = Histogram::<u64>::new(3).unwrap();
+        for v in [0u64, 1, 2047, 2048, 5_000, 1_000_000] {
+            a.record_n(v, 2);
+            both.record_n(v, 2).unwrap();
+        }
+        for v in [3u64, 70_000_000, 9] {
+            b.record_n(v, 1);
+            both.record_n(v, 1).unwrap();
+        }
+        a.add(&b);
+        assert_eq!(v2(&a.histogram()), v2(&both));
+        assert_eq!(a.value_at_quantile(0.5), both.value_at_quantile(0.5));
+    }
+}
