@@ -52,6 +52,15 @@ fn update(segs: &mut Segs, a: u32, b: u32, f: impl Fn(u8) -> u8) -> (u64, u64) {
             segs.clear();
             return (0, u64::from(b - a));
         }
+        // The one range's tail or head dropped (evictions take a run's last chunks).
+        [s] if s.q0 < a && a < b && s.q1 == b && f(s.bits) == 0 => {
+            s.q1 = a;
+            return (0, u64::from(b - a));
+        }
+        [s] if s.q0 == a && a < b && b < s.q1 && f(s.bits) == 0 => {
+            s.q0 = b;
+            return (0, u64::from(b - a));
+        }
         _ => {}
     }
     let mut out = Segs::new();
