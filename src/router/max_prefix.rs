@@ -14,7 +14,13 @@ impl Policy for MaxPrefix {
     const NEEDS: Needs = Needs { loads: false, kv_index: true, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
-        best_with_random_ties(ctx.workers, |i| ctx.prefix_fraction(i), rng)
+        // The chunks held order (and tie) workers as their fractions of the
+        // request's do: one denominator, and counts below 2³² stay apart in f64.
+        best_with_random_ties(
+            ctx.workers,
+            |i| if ctx.chunks == 0 { 0 } else { ctx.prefix.get(i).map_or(0, |m| m.chunks) },
+            rng,
+        )
     }
 }
 

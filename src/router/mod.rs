@@ -116,25 +116,27 @@ pub trait Policy {
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId;
 }
 
-/// The worker with the highest score; ties broken uniformly at random.
-pub(crate) fn best_with_random_ties(
+/// The worker with the highest score; ties broken uniformly at random
+/// (a draw only when there is a tie).
+pub(crate) fn best_with_random_ties<S: PartialOrd + Copy>(
     workers: &[WorkerLoad],
-    score: impl Fn(usize) -> f64,
+    score: impl Fn(usize) -> S,
     rng: &mut StreamRng,
 ) -> WorkerId {
-    let mut best = f64::NEG_INFINITY;
-    let mut ties = 0usize;
-    for i in 0..workers.len() {
+    let (mut best, mut first, mut ties) = (score(0), 0, 1usize);
+    for i in 1..workers.len() {
         let s = score(i);
         if s > best {
-            best = s;
-            ties = 1;
+            (best, first, ties) = (s, i, 1);
         } else if s == best {
             ties += 1;
         }
     }
-    let mut k = if ties == 1 { 0 } else { rng.random_range(0..ties) };
-    for (i, w) in workers.iter().enumerate() {
+    if ties == 1 {
+        return workers[first].id;
+    }
+    let mut k = rng.random_range(0..ties);
+    for (i, w) in workers.iter().enumerate().skip(first) {
         if score(i) == best {
             if k == 0 {
                 return w.id;
