@@ -107,18 +107,95 @@ impl Counts {
     /// The value at quantile `q` in [0, 1], as `value_at_quantile` gives
     /// it: the highest value equivalent to the first count at which the
     /// samples so far reach ⌈q·total⌉ (at least one).
+    #[cfg(test)]
     pub fn value_at_quantile(&self, q: f64) -> u64 {
-        let q = q.min(1.0);
-        let target = ((q * self.total as f64).ceil() as u64).max(1);
-        let mut sum = 0u64;
-        for (i, &c) in self.counts.iter().enumerate() {
-            sum += c;
-            if sum >= target {
-                let v = self.value(i);
-                return if q == 0.0 { self.lowest_equivalent(v) } else { self.highest_equivalent(v) };
+        let mut v = [0];
+        self.values_at_quantiles(&[q], &mut v);
+        v[0]
+    }
+
+    /// [`Self::value_at_quantile`] of each of `qs` (ascending) into `out`,
+    /// in one pass over the counts.
+    pub fn values_at_quantiles(&self, qs: &[f64], out: &mut [u64]) {
+        debug_assert!(qs.is_sorted() && qs.len() == out.len());
+        let target = |k: usize| ((qs[k].min(1.0) * self.total as f64).ceil() as u64).max(1);
+        let (mut k, mut sum) = (0, 0u64);
+        let Some(mut next) = (!qs.is_empty()).then(|| target(0)) else { return };
+        // Eight counts at a time until the next target is within them (as
+        // the crate scans), then one by one.
+        for (j, chunk) in self.counts.chunks(8).enumerate() {
+            let chunk_sum: u64 = chunk.iter().sum();
+            if sum + chunk_sum < next {
+                sum += chunk_sum;
+                continue;
+            }
+            for (i, &c) in chunk.iter().enumerate() {
+                sum += c;
+                while sum >= next {
+                    let v = self.value(j * 8 + i);
+                    out[k] = if qs[k] == 0.0 { self.lowest_equivalent(v) } else { self.highest_equivalent(v) };
+                    k += 1;
+                    if k == qs.len() {
+                        return;
+                    }
+                    next = target(k);
+                }
             }
         }
-        0
+        out[k..].fill(0);
+    }
+
+    /// The highest trackable value the crate's histogram reaches: 2 as it
+    /// starts, until a value falls beyond its first `2^magnitude` counts;
+    /// then the top of the counts it grows to (`resize`: to the end of the
+    /// value's bucket, `highest_equivalent(value_for(last_index()))`).
+    fn highest_trackable(&self, top: usize) -> u64 {
+        let half = self.magnitude - 1;
+        if top < 1 << self.magnitude {
+            return 2;
+        }
+        let len = ((top >> half) + 1) << half;
+        self.highest_equivalent(self.value(len - 1))
+    }
+
+    /// Appends the crate's V2 encoding of these counts to `out`, byte for
+    /// byte what `V2Serializer::serialize` writes for [`Self::histogram`]
+    /// (`serialization/v2_serializer.rs`: a 40-byte header, then the counts
+    /// up to the highest recorded value's, zig-zag LEB128, a run of zeros
+    /// as its negated length), without building the histogram.
+    pub fn write_v2(&self, out: &mut Vec<u8>) {
+        /// `V2_COOKIE` of `hdrhistogram::serialization` (not exported).
+        const COOKIE: u32 = 0x1c84_9303 | 0x10;
+        let top = self.counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+        let start = out.len();
+        out.extend_from_slice(&COOKIE.to_be_bytes());
+        out.extend_from_slice(&[0; 4]); // the payload's length, below
+        out.extend_from_slice(&0u32.to_be_bytes()); // normalizing index offset
+        out.extend_from_slice(&u32::from(self.digits).to_be_bytes());
+        out.extend_from_slice(&1u64.to_be_bytes()); // lowest discernible value
+        out.extend_from_slice(&self.highest_trackable(top).to_be_bytes());
+        out.extend_from_slice(&1.0f64.to_be_bytes()); // integer-to-double ratio
+        let body = out.len();
+        let count = |i: usize| self.counts.get(i).copied().unwrap_or(0);
+        let mut i = 0;
+        while i <= top {
+            let c = count(i);
+            i += 1;
+            let mut v = c as i64;
+            if c == 0 {
+                let mut zeros = 1;
+                while i <= top && count(i) == 0 {
+                    zeros += 1;
+                    i += 1;
+                }
+                if zeros > 1 {
+                    v = -zeros;
+                }
+            }
+            write_varint(((v << 1) ^ (v >> 63)) as u64, out);
+        }
+        let len = (out.len() - body) as u32;
+        out[start + 4..start + 8].copy_from_slice(&len.to_be_bytes());
     }
 
     /// The `hdrhistogram` histogram of these counts.
@@ -132,6 +209,21 @@ impl Counts {
         }
         h
     }
+}
+
+/// LEB128 as the crate's `varint_write` writes it: 7 bits a byte, low
+/// first, a high bit on all but the last — except that a ninth byte holds
+/// the last 8 bits whole.
+fn write_varint(x: u64, out: &mut Vec<u8>) {
+    for n in 0..8 {
+        let rest = x >> (7 * (n + 1));
+        if rest == 0 {
+            out.push((x >> (7 * n)) as u8);
+            return;
+        }
+        out.push((x >> (7 * n)) as u8 | 0x80);
+    }
+    out.push((x >> 56) as u8);
 }
 
 #[cfg(test)]
@@ -163,14 +255,43 @@ mod tests {
                 assert_eq!(ours.lowest_equivalent(v), theirs.lowest_equivalent(v), "digits {digits}, {v}");
                 assert_eq!(ours.highest_equivalent(v), theirs.highest_equivalent(v), "digits {digits}, {v}");
             }
-            for q in [0.0, 0.001, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0] {
+            let qs = [0.0, 0.001, 0.25, 0.5, 0.9, 0.99, 0.999, 1.0];
+            let mut at_once = [0; 8];
+            ours.values_at_quantiles(&qs, &mut at_once);
+            for (q, v) in qs.into_iter().zip(at_once) {
                 assert_eq!(ours.value_at_quantile(q), theirs.value_at_quantile(q), "digits {digits}, q {q}");
+                assert_eq!(v, theirs.value_at_quantile(q), "digits {digits}, q {q}, in one scan");
             }
+            let mut encoded = Vec::new();
+            ours.write_v2(&mut encoded);
+            assert_eq!(encoded, v2(&theirs), "digits {digits}: the V2 encoding");
             let built = ours.histogram();
             assert_eq!((built.len(), built.distinct_values()), (theirs.len(), theirs.distinct_values()));
             assert_eq!(built.high(), theirs.high());
             assert_eq!(v2(&built), v2(&theirs), "digits {digits}");
         }
+    }
+
+    /// Empty, in the first bucket only, and with counts beyond 2⁵⁶ (nine
+    /// varint bytes): encoded as the crate encodes them.
+    #[test]
+    fn v2_encoding_edges() {
+        for values in [&[][..], &[0][..], &[5, 5, 2047][..], &[2048][..], &[3, 1 << 40][..]] {
+            let mut ours = Counts::new(3);
+            let mut theirs = Histogram::<u64>::new(3).unwrap();
+            for &v in values {
+                ours.record_n(v, 1);
+                theirs.record_n(v, 1).unwrap();
+            }
+            ours.record_n(7, 1 << 60);
+            theirs.record_n(7, 1 << 60).unwrap();
+            let mut encoded = Vec::new();
+            ours.write_v2(&mut encoded);
+            assert_eq!(encoded, v2(&theirs), "{values:?}");
+        }
+        let (ours, mut encoded) = (Counts::new(2), Vec::new());
+        ours.write_v2(&mut encoded);
+        assert_eq!(encoded, v2(&Histogram::<u64>::new(2).unwrap()), "empty");
     }
 
     /// Adding counts gives what recording both sets into one histogram

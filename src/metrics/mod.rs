@@ -129,9 +129,15 @@ impl LatencyHistogram {
         self.count
     }
 
-    /// The HDR histogram (µs).
+    /// The HDR histogram (µs), built.
     pub fn histogram(&self) -> Histogram<u64> {
         self.hist.histogram()
+    }
+
+    /// Appends the histogram's V2 encoding (as hdrhistogram's
+    /// `V2Serializer` writes it) to `out`, without building it.
+    pub fn write_v2(&self, out: &mut Vec<u8>) {
+        self.hist.write_v2(out);
     }
 
     /// Percentiles (from the histogram), exact mean and max, in milliseconds;
@@ -152,13 +158,15 @@ impl LatencyHistogram {
         // digits), which can lie above the exact maximum (or below the exact
         // minimum): a percentile is clamped into [min, max].
         let (min, max) = (self.min_ns as f64 / 1e6, self.max_ns as f64 / 1e6);
-        let q = |q: f64| (self.hist.value_at_quantile(q) as f64 / 1e3).clamp(min, max);
+        let mut v = [0; 5];
+        self.hist.values_at_quantiles(&[0.50, 0.90, 0.95, 0.99, 0.999], &mut v);
+        let q = |v: u64| (v as f64 / 1e3).clamp(min, max);
         LatencyStats {
-            p50: q(0.50),
-            p90: q(0.90),
-            p95: q(0.95),
-            p99: q(0.99),
-            p999: q(0.999),
+            p50: q(v[0]),
+            p90: q(v[1]),
+            p95: q(v[2]),
+            p99: q(v[3]),
+            p999: q(v[4]),
             mean: self.sum_ns as f64 / self.count as f64 / 1e6,
             max,
         }

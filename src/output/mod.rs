@@ -176,7 +176,9 @@ impl RunResult {
                 .iter()
                 .map(|&m| {
                     let h = out.latencies.get(m);
-                    (m, h.count(), serialize_hdr(&h.histogram()))
+                    let mut plain = Vec::new();
+                    h.write_v2(&mut plain);
+                    (m, h.count(), serialize_hdr(&plain))
                 })
                 .collect(),
             Err(_) => Vec::new(),
@@ -288,34 +290,31 @@ fn push_rows<R: Row>(b: &mut TableBuilder, id: Cell<'_>, rows: &[R]) {
     }
 }
 
-/// Serializes an HDR histogram in the standard compressed V2 encoding
-/// (HdrHistogram's `encodeIntoCompressedByteBuffer`, cookie 0x1c849314):
+/// An HDR histogram in the standard compressed V2 encoding (HdrHistogram's
+/// `encodeIntoCompressedByteBuffer`, cookie 0x1c849314), from its plain V2
+/// encoding `plain` (see [`crate::metrics::LatencyHistogram::write_v2`]):
 /// what the Java, Python (`hdrh`) and Rust libraries decode directly.
 ///
 /// The bytes are `hdrhistogram`'s `V2DeflateSerializer`'s — the cookie,
 /// the length, then the V2 encoding zlib-compressed at the default level —
-/// but one V2 serializer and one compressor per thread are reused: setting
-/// up a fresh compressor (as that serializer does for every histogram)
-/// costs more than compressing a histogram. The bytes of the last few
-/// encodings are kept and reused when the same one comes again: resetting
-/// the compressor alone is 100 k instructions, half of a run's histograms
-/// are usually empty, and a one-stage run's stage histograms are its own.
-pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
+/// but one compressor per thread is reused: setting up a fresh compressor
+/// (as that serializer does for every histogram) costs more than
+/// compressing a histogram. The bytes of the last few encodings are kept
+/// and reused when the same one comes again: resetting the compressor
+/// alone is 100 k instructions, half of a run's histograms are usually
+/// empty, and a one-stage run's stage histograms are its own.
+pub fn serialize_hdr(plain: &[u8]) -> Vec<u8> {
     use flate2::{Compress, Compression, FlushCompress, Status};
-    use hdrhistogram::serialization::{Serializer, V2Serializer};
     /// `V2_COMPRESSED_COOKIE` of `hdrhistogram::serialization` (not exported).
     const COOKIE: u32 = 0x1c84_9304 | 0x10;
     /// The last this many encodings are kept.
     const KEPT: usize = 16;
     type Kept = Vec<(Vec<u8>, Vec<u8>)>;
     thread_local! {
-        static CODEC: std::cell::RefCell<(V2Serializer, Compress, Vec<u8>, Kept)> = std::cell::RefCell::new(
-            (V2Serializer::new(), Compress::new(Compression::default(), true), Vec::new(), Vec::new()),
-        );
+        static CODEC: std::cell::RefCell<(Compress, Kept)> =
+            std::cell::RefCell::new((Compress::new(Compression::default(), true), Vec::new()));
     }
-    CODEC.with_borrow_mut(|(v2, z, plain, kept)| {
-        plain.clear();
-        v2.serialize(h, plain).expect("serializing into memory cannot fail");
+    CODEC.with_borrow_mut(|(z, kept)| {
         if let Some((_, bytes)) = kept.iter().find(|(p, _)| p == plain) {
             return bytes.clone();
         }
@@ -336,7 +335,7 @@ pub fn serialize_hdr(h: &hdrhistogram::Histogram<u64>) -> Vec<u8> {
         if kept.len() == KEPT {
             kept.remove(0);
         }
-        kept.push((plain.clone(), out.clone()));
+        kept.push((plain.to_vec(), out.clone()));
         out
     })
 }
@@ -1194,13 +1193,16 @@ mod tests {
 
     #[test]
     fn hdr_v2_round_trip_keeps_every_count() {
-        let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
-        for v in [1u64, 10, 100, 1000, 123_456] {
-            h.record_n(v, v).unwrap();
+        let mut l = crate::metrics::LatencyHistogram::default();
+        for us in [1u64, 10, 100, 1000, 123_456] {
+            l.record_n(crate::time::SimDuration(us * 1_000), us);
         }
-        let back = deserialize_hdr(&serialize_hdr(&h)).unwrap();
+        let mut plain = Vec::new();
+        l.write_v2(&mut plain);
+        let (back, h) = (deserialize_hdr(&serialize_hdr(&plain)).unwrap(), l.histogram());
         assert_eq!(back, h);
         assert_eq!(back.value_at_quantile(0.99), h.value_at_quantile(0.99));
+        assert_eq!(h.count_at(123_456), 123_456);
     }
 
     #[test]
@@ -1209,7 +1211,7 @@ mod tests {
         // after another on one thread, then some again (their kept bytes),
         // then 20 others (the first ones no longer kept) and the first again:
         // the bytes V2DeflateSerializer writes.
-        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer, V2Serializer};
         let mut x = 0x9e37_79b9_u64;
         let mut made = |n: u64| {
             let mut h = hdrhistogram::Histogram::<u64>::new(3).unwrap();
@@ -1225,7 +1227,9 @@ mod tests {
         for h in order {
             let mut theirs = Vec::new();
             V2DeflateSerializer::new().serialize(h, &mut theirs).unwrap();
-            assert_eq!(serialize_hdr(h), theirs, "{} values", h.len());
+            let mut plain = Vec::new();
+            V2Serializer::new().serialize(h, &mut plain).unwrap();
+            assert_eq!(serialize_hdr(&plain), theirs, "{} values", h.len());
         }
     }
 }
