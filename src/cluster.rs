@@ -18,7 +18,7 @@ use crate::config::Scenario;
 use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::saving::{AfterSave, SaveRules};
-use crate::kvcache::{ConnectorOutput, KvConnector, KvEvent};
+use crate::kvcache::{ConnectorOutput, KvConnector};
 use crate::metrics::{RowSink, StepRow, StepSpan};
 use crate::recorder::{Recorder, RunEnd, gauges};
 use crate::request::Arena;
@@ -351,9 +351,10 @@ impl<'a> Cluster<'a> {
     }
 
     fn apply_connector_output(&mut self, now: SimTime, sched: &mut Scheduler<'_, Event>) {
-        while !self.scratch.conn_out.is_empty() {
-            let spare = std::mem::take(&mut self.scratch.conn_spare);
-            let mut out = std::mem::replace(&mut self.scratch.conn_out, spare);
+        loop {
+            // Timers, bytes moved and KV events make no connector output:
+            // they are applied where they are.
+            let out = &mut self.scratch.conn_out;
             for &(t, instance, timer) in &out.timers {
                 sched.at(t, Event::Device { instance, timer });
             }
@@ -361,8 +362,20 @@ impl<'a> Cluster<'a> {
                 self.recorder.on_tier_bytes(now, tier, bytes);
             }
             for &(w, e) in &out.events {
-                self.kv_event(now, w, e, sched);
+                if let Some(t) = self.router.publish(w, now, e) {
+                    sched.at(t, Event::KvFlush(w));
+                }
             }
+            out.timers.clear();
+            out.moved.clear();
+            out.events.clear();
+            if out.loaded.is_empty() && out.saved.is_empty() {
+                return;
+            }
+            // Finished loads and saves go on with their workers, which can
+            // make more output: that goes to the spare lists, applied next.
+            let spare = std::mem::take(&mut self.scratch.conn_spare);
+            let mut out = std::mem::replace(&mut self.scratch.conn_out, spare);
             // Every load that finished now first, then each worker once, so
             // that a step planned now sees all of them.
             for d in &out.loaded {
@@ -380,12 +393,9 @@ impl<'a> Cluster<'a> {
             }
             out.clear();
             self.scratch.conn_spare = out;
-        }
-    }
-
-    fn kv_event(&mut self, now: SimTime, w: WorkerId, e: KvEvent, sched: &mut Scheduler<'_, Event>) {
-        if let Some(t) = self.router.publish(w, now, e) {
-            sched.at(t, Event::KvFlush(w));
+            if self.scratch.conn_out.is_empty() {
+                return;
+            }
         }
     }
 
