@@ -54,7 +54,7 @@ impl Policy for Balanced {
         let max = ctx.workers.iter().map(|w| w.outstanding).max().unwrap_or(0);
         let min = ctx.workers.iter().map(|w| w.outstanding).min().unwrap_or(0);
         if f64::from(max - min) > p.abs_threshold && f64::from(max) > p.rel_threshold * f64::from(min) {
-            return ctx.fewest;
+            return ctx.fewest.expect("the router keeps the least loaded for a policy that reads loads");
         }
         let norm = f64::from(max.max(1));
         best_with_random_ties(

@@ -74,8 +74,11 @@ pub struct Router<'a> {
     /// that have not completed, and its last load report. Kept up to date
     /// in place, so routing reads one compact array.
     loads: Vec<WorkerLoad>,
-    /// The least loaded worker of any range, kept as `loads` change.
+    /// The least loaded worker of any range, kept as `loads` change when
+    /// something reads it (the policy, or the P/D rule's decode choice).
     fewest: Fewest,
+    /// Whether `fewest` is kept.
+    track_fewest: bool,
     inbox: VecDeque<(WorkerId, SimTime, RouterMsg)>,
     /// A batch is being applied; the rest of the queue follows it.
     draining: bool,
@@ -108,12 +111,14 @@ impl<'a> Router<'a> {
         rng: StreamRng,
     ) -> Router<'a> {
         let policy = RoutingPolicy::from_config(cfg);
+        let needs = policy.needs();
         Router {
             cfg,
             kvc,
             block_size,
             pd,
-            needs: policy.needs(),
+            needs,
+            track_fewest: needs.loads || pd.is_some(),
             policy,
             rng,
             index: KvIndex::new(kvc.chunk_blocks),
@@ -147,7 +152,9 @@ impl<'a> Router<'a> {
     pub fn add_worker(&mut self, id: WorkerId) {
         debug_assert_eq!(id.index(), self.loads.len());
         self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
-        self.fewest.update(&self.loads, id.index());
+        if self.track_fewest {
+            self.fewest.update(&self.loads, id.index());
+        }
         self.pending.push(Vec::new());
         self.pending_prefill.push(0);
         self.reported_busy.push(SimDuration(0));
@@ -231,7 +238,7 @@ impl<'a> Router<'a> {
     fn choose(&mut self, r: RequestView<'_>, among: Range<usize>) -> Routed {
         let chunks = self.score(r);
         let prefix = if self.scores.is_empty() { &[][..] } else { &self.scores[among.clone()] };
-        let fewest = self.fewest.among(&self.loads, among.clone());
+        let fewest = self.needs.loads.then(|| self.fewest.among(&self.loads, among.clone()));
         let ctx = RouteContext { workers: &self.loads[among], prefix, chunks, fewest };
         let worker = self.policy.choose(&ctx, &mut self.rng);
         self.pick(worker, r)
@@ -262,7 +269,9 @@ impl<'a> Router<'a> {
     fn count(&mut self, w: usize, delta: i32) {
         let o = &mut self.loads[w].outstanding;
         *o = o.checked_add_signed(delta).expect("outstanding requests stay within u32");
-        self.fewest.update(&self.loads, w);
+        if self.track_fewest {
+            self.fewest.update(&self.loads, w);
+        }
     }
 
     /// Most outstanding requests on one worker (what the autoscaler watches).

@@ -13,7 +13,7 @@ impl Policy for LeastLoaded {
     const NEEDS: Needs = Needs { loads: true, kv_index: false, load_reports: false, tier_weights: false };
 
     fn choose(&mut self, ctx: &RouteContext<'_>, _rng: &mut StreamRng) -> WorkerId {
-        ctx.fewest
+        ctx.fewest.expect("the router keeps the least loaded for a policy that reads loads")
     }
 }
 

@@ -75,8 +75,9 @@ pub struct RouteContext<'a> {
     /// Chunks of this request the index could match.
     pub chunks: u32,
     /// The least loaded of `workers` (fewest outstanding, lowest id on ties),
-    /// kept by the router's tournament tree.
-    pub fewest: WorkerId,
+    /// kept by the router's tournament tree — for a policy that reads the
+    /// loads ([`Needs::loads`]); None for the others.
+    pub fewest: Option<WorkerId>,
 }
 
 impl RouteContext<'_> {
@@ -293,7 +294,7 @@ pub(crate) fn loads(outstanding: &[u32]) -> Vec<WorkerLoad> {
 
 #[cfg(test)]
 pub(crate) fn ctx<'a>(workers: &'a [WorkerLoad], prefix: &'a [Match], chunks: u32) -> RouteContext<'a> {
-    RouteContext { workers, prefix, chunks, fewest: least_loaded::fewest_by_scan(workers) }
+    RouteContext { workers, prefix, chunks, fewest: Some(least_loaded::fewest_by_scan(workers)) }
 }
 
 #[cfg(test)]
