@@ -11,6 +11,10 @@
 //! histogram's counts — and with them its quantiles, its V2 serialization
 //! and the highest trackable value its auto-resizing reaches (a function
 //! of the top bucket) — are those recording each sample would have given.
+//! The counts are kept bucket by bucket, each allocated (zeroed) when a
+//! value first falls in it: a latency's values span a few buckets far
+//! from the first, and a histogram's array grown to its top (as the
+//! crate's is) was zeroed and copied bucket after bucket.
 
 use hdrhistogram::Histogram;
 
@@ -21,7 +25,10 @@ pub struct Counts {
     digits: u8,
     /// log2 of the sub-bucket count (`sub_bucket_count_magnitude`).
     magnitude: u32,
-    counts: Vec<u64>,
+    /// The counts by bucket, in `index_for` order: bucket 0's
+    /// `2^magnitude`, each other's upper half (`2^(magnitude-1)`); empty
+    /// for a bucket no value fell in.
+    buckets: Vec<Vec<u64>>,
     total: u64,
 }
 
@@ -31,7 +38,7 @@ impl Counts {
         assert!((1..=5).contains(&digits), "1 to 5 significant digits");
         // The sub-bucket count is the power of two at or above 2·10^digits.
         let magnitude = (2 * 10u64.pow(u32::from(digits))).next_power_of_two().trailing_zeros();
-        Counts { digits, magnitude, counts: Vec::new(), total: 0 }
+        Counts { digits, magnitude, buckets: Vec::new(), total: 0 }
     }
 
     /// The bucket of `v` (`bucket_for`).
@@ -40,12 +47,18 @@ impl Counts {
         (64 - self.magnitude) - (v | mask).leading_zeros()
     }
 
-    /// The index of `v`'s count (`index_for`).
-    fn index(&self, v: u64) -> usize {
+    /// The bucket of `v` and its count's place there: `index_for`'s
+    /// `((b + 1) << half) + (v >> b) − 2^half`, less the bucket's first index.
+    fn locate(&self, v: u64) -> (usize, usize) {
         let b = self.bucket(v);
+        let upper = usize::from(b != 0) << (self.magnitude - 1);
+        (b as usize, (v >> b) as usize - upper)
+    }
+
+    /// The index (`index_for`) of bucket `b`'s first count, and its counts.
+    fn span(&self, b: usize) -> (usize, usize) {
         let half = self.magnitude - 1;
-        // ((b + 1) << half) + (v >> b) − 2^half, written so as not to go below zero.
-        ((b as usize) << half) + (v >> b) as usize
+        if b == 0 { (0, 1 << self.magnitude) } else { ((b + 1) << half, 1 << half) }
     }
 
     /// The lowest value of the count at `index` (`value_for`).
@@ -56,36 +69,51 @@ impl Counts {
         if bucket < 0 { sub - (1 << half) } else { sub << bucket }
     }
 
+    /// Each bucket a value fell in: the index of its first count, and its counts.
+    fn spans(&self) -> impl Iterator<Item = (usize, &[u64])> {
+        self.buckets.iter().enumerate().filter(|(_, c)| !c.is_empty()).map(|(b, c)| (self.span(b).0, &c[..]))
+    }
+
+    /// `(index, count)` of every count above zero, in index order.
+    fn nonzero(&self) -> impl Iterator<Item = (usize, u64)> {
+        self.spans()
+            .flat_map(|(first, c)| c.iter().enumerate().filter(|(_, n)| **n > 0).map(move |(j, &n)| (first + j, n)))
+    }
+
     /// Adds `n` samples of `v`.
     #[inline]
     pub fn record_n(&mut self, v: u64, n: u64) {
-        let i = self.index(v);
-        match self.counts.get_mut(i) {
+        let (b, j) = self.locate(v);
+        match self.buckets.get_mut(b).and_then(|c| c.get_mut(j)) {
             // (Counts cannot reach 2⁶⁴: they count simulated events.)
             Some(c) => *c += n,
-            None => self.grow_to(v, n),
+            None => *self.bucket_mut(b).get_mut(j).expect("within its bucket") += n,
         }
         self.total += n;
     }
 
-    /// Grows the counts to the end of `v`'s bucket (as the crate resizes)
-    /// and adds `n` samples of it.
+    /// Bucket `b`'s counts, allocated if no value fell in it yet.
     #[cold]
     #[inline(never)]
-    fn grow_to(&mut self, v: u64, n: u64) {
-        self.counts.resize((self.bucket(v) as usize + 2) << (self.magnitude - 1), 0);
-        let i = self.index(v);
-        self.counts[i] += n;
+    fn bucket_mut(&mut self, b: usize) -> &mut Vec<u64> {
+        if self.buckets.len() <= b {
+            self.buckets.resize_with(b + 1, Vec::new);
+        }
+        let len = self.span(b).1;
+        let c = &mut self.buckets[b];
+        if c.is_empty() {
+            *c = vec![0; len];
+        }
+        c
     }
 
     /// Adds `o`'s samples (of the same digits).
     pub fn add(&mut self, o: &Counts) {
         debug_assert_eq!(self.digits, o.digits, "histograms of one layout");
-        if o.counts.len() > self.counts.len() {
-            self.counts.resize(o.counts.len(), 0);
-        }
-        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
-            *a += *b;
+        for (b, theirs) in o.buckets.iter().enumerate().filter(|(_, c)| !c.is_empty()) {
+            for (a, n) in self.bucket_mut(b).iter_mut().zip(theirs) {
+                *a += *n;
+            }
         }
         self.total += o.total;
     }
@@ -122,23 +150,25 @@ impl Counts {
         let (mut k, mut sum) = (0, 0u64);
         let Some(mut next) = (!qs.is_empty()).then(|| target(0)) else { return };
         // Eight counts at a time until the next target is within them (as
-        // the crate scans), then one by one.
-        for (j, chunk) in self.counts.chunks(8).enumerate() {
-            let chunk_sum: u64 = chunk.iter().sum();
-            if sum + chunk_sum < next {
-                sum += chunk_sum;
-                continue;
-            }
-            for (i, &c) in chunk.iter().enumerate() {
-                sum += c;
-                while sum >= next {
-                    let v = self.value(j * 8 + i);
-                    out[k] = if qs[k] == 0.0 { self.lowest_equivalent(v) } else { self.highest_equivalent(v) };
-                    k += 1;
-                    if k == qs.len() {
-                        return;
+        // the crate scans), then one by one; buckets with no value add nothing.
+        for (first, counts) in self.spans() {
+            for (j, chunk) in counts.chunks(8).enumerate() {
+                let chunk_sum: u64 = chunk.iter().sum();
+                if sum + chunk_sum < next {
+                    sum += chunk_sum;
+                    continue;
+                }
+                for (i, &c) in chunk.iter().enumerate() {
+                    sum += c;
+                    while sum >= next {
+                        let v = self.value(first + j * 8 + i);
+                        out[k] = if qs[k] == 0.0 { self.lowest_equivalent(v) } else { self.highest_equivalent(v) };
+                        k += 1;
+                        if k == qs.len() {
+                            return;
+                        }
+                        next = target(k);
                     }
-                    next = target(k);
                 }
             }
         }
@@ -166,7 +196,7 @@ impl Counts {
     pub fn write_v2(&self, out: &mut Vec<u8>) {
         /// `V2_COOKIE` of `hdrhistogram::serialization` (not exported).
         const COOKIE: u32 = 0x1c84_9303 | 0x10;
-        let top = self.counts.iter().rposition(|&c| c > 0).unwrap_or(0);
+        let top = self.nonzero().last().map_or(0, |(i, _)| i);
         let start = out.len();
         out.extend_from_slice(&COOKIE.to_be_bytes());
         out.extend_from_slice(&[0; 4]); // the payload's length, below
@@ -176,23 +206,21 @@ impl Counts {
         out.extend_from_slice(&self.highest_trackable(top).to_be_bytes());
         out.extend_from_slice(&1.0f64.to_be_bytes()); // integer-to-double ratio
         let body = out.len();
-        let count = |i: usize| self.counts.get(i).copied().unwrap_or(0);
-        let mut i = 0;
-        while i <= top {
-            let c = count(i);
-            i += 1;
-            let mut v = c as i64;
-            if c == 0 {
-                let mut zeros = 1;
-                while i <= top && count(i) == 0 {
-                    zeros += 1;
-                    i += 1;
-                }
-                if zeros > 1 {
-                    v = -zeros;
-                }
+        let zigzag = |v: i64| ((v << 1) ^ (v >> 63)) as u64;
+        // Counts 0..=top: each count above zero as itself, each zero before
+        // one alone as 0, a run of them as its negated length.
+        let mut next = 0;
+        for (i, n) in self.nonzero() {
+            match i - next {
+                0 => {}
+                1 => write_varint(0, out),
+                zeros => write_varint(zigzag(-(zeros as i64)), out),
             }
-            write_varint(((v << 1) ^ (v >> 63)) as u64, out);
+            write_varint(zigzag(n as i64), out);
+            next = i + 1;
+        }
+        if next == 0 {
+            write_varint(0, out); // no sample: count 0 alone
         }
         let len = (out.len() - body) as u32;
         out[start + 4..start + 8].copy_from_slice(&len.to_be_bytes());
@@ -201,7 +229,7 @@ impl Counts {
     /// The `hdrhistogram` histogram of these counts.
     pub fn histogram(&self) -> Histogram<u64> {
         let mut h = Histogram::new(self.digits).expect("1 to 5 significant digits are valid");
-        for (i, &c) in self.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
+        for (i, c) in self.nonzero() {
             let v = self.value(i);
             if h.record_n(v, c).is_err() {
                 h.saturating_record_n(v, c);
