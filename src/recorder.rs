@@ -245,9 +245,7 @@ impl Recorder {
 
     /// A step ended at `now`.
     pub fn on_step(&mut self, now: SimTime, out: &StepOutcome) {
-        self.series.on_busy(now - out.duration, now);
-        self.series.on_tokens(now, out.prompt_tokens, out.generated_tokens);
-        self.series.on_peak(now, out.peak);
+        self.series.on_step(now - out.duration, now, out.prompt_tokens, out.generated_tokens, out.peak);
         let itl = self.latencies.get_mut(LatencyMetric::Itl);
         itl.record_n(out.duration, out.gaps_of_duration);
         itl.record_n(out.pause_gap, out.gaps_of_pause);

@@ -241,12 +241,24 @@ impl TimeSeries {
         self.row(i).requests_completed += 1;
     }
 
-    /// A step ending at `t` computed `prompt` prompt tokens and generated `generated` tokens.
-    pub fn on_tokens(&mut self, t: SimTime, prompt: u64, generated: u64) {
-        let i = self.index(t);
-        let row = self.row(i);
-        row.prompt_tokens += prompt;
-        row.generated_tokens += generated;
+    /// A step over [start, end) computed `prompt` prompt tokens, generated
+    /// `generated` tokens and asked `peak` of its GPU: busy time to the
+    /// intervals it spans, the rest to the one it ends in.
+    pub fn on_step(&mut self, start: SimTime, end: SimTime, prompt: u64, generated: u64, peak: PeakSeconds) {
+        let i = self.index(end);
+        if self.index(start) == i {
+            // Within one interval (most steps): its row found once.
+            let row = self.row(i);
+            row.prompt_tokens += prompt;
+            row.generated_tokens += generated;
+            self.busy_ns[i] += (end - start).0;
+        } else {
+            self.on_busy(start, end);
+            let row = self.row(i);
+            row.prompt_tokens += prompt;
+            row.generated_tokens += generated;
+        }
+        self.peak[i] += peak;
     }
 
     /// A first token came out at `t` (in the open interval) with this TTFT,
@@ -267,22 +279,21 @@ impl TimeSeries {
         self.row(i).tier_bytes[tier.index()] += bytes;
     }
 
-    /// A step ending at `t` asked `peak` of its GPU.
-    pub fn on_peak(&mut self, t: SimTime, peak: PeakSeconds) {
-        let i = self.index(t);
-        self.row(i);
-        self.peak[i] += peak;
-    }
-
-    /// Steps of one worker, in order, as [`Self::on_busy`], [`Self::on_tokens`]
-    /// and [`Self::on_peak`] would take them one by one: each span is one
-    /// busy span, and the steps ending in one interval are found by the
-    /// ramp's sums and added up at once.
+    /// Steps of one worker, in order, as [`Self::on_step`] would take them
+    /// one by one: each span is one busy span, and the steps ending in one
+    /// interval are found by the ramp's sums and added up at once.
     pub fn on_steps(&mut self, spans: &[StepSpan]) {
         for s in spans {
             let end = s.end();
-            self.on_busy(s.start, end);
             let i = self.index(end);
+            if self.index(s.start) == i {
+                // Within one interval (most spans): its row found once.
+                self.row(i).generated_tokens += s.decodes * s.steps();
+                self.busy_ns[i] += (end - s.start).0;
+                self.peak[i] += s.peak_of(0, s.steps());
+                continue;
+            }
+            self.on_busy(s.start, end);
             if self.index(s.start + SimDuration(s.ramp.at(s.k0))) == i {
                 // All in one interval (as a worker brought up to each boundary hands them over).
                 self.row(i).generated_tokens += s.decodes * s.steps();
@@ -375,9 +386,7 @@ mod tests {
             let mut t = s.start;
             for k in s.k0..s.k1 {
                 let end = t + SimDuration(s.ramp.at(k));
-                one_by_one.on_busy(t, end);
-                one_by_one.on_tokens(end, 0, s.decodes);
-                one_by_one.on_peak(end, s.peak_of(k - s.k0, k - s.k0 + 1));
+                one_by_one.on_step(t, end, 0, s.decodes, s.peak_of(k - s.k0, k - s.k0 + 1));
                 t = end;
             }
         }
