@@ -17,14 +17,21 @@ pub struct EventQueue<E> {
 
 #[derive(Debug)]
 struct Entry<E> {
-    time: SimTime,
-    seq: u64,
+    /// The time in the high 64 bits, the push number in the low ones: the
+    /// order of `(time, seq)` in one integer comparison.
+    key: u128,
     event: E,
+}
+
+impl<E> Entry<E> {
+    fn time(&self) -> SimTime {
+        SimTime((self.key >> 64) as u64)
+    }
 }
 
 impl<E> PartialEq for Entry<E> {
     fn eq(&self, other: &Self) -> bool {
-        (self.time, self.seq) == (other.time, other.seq)
+        self.key == other.key
     }
 }
 impl<E> Eq for Entry<E> {}
@@ -36,7 +43,7 @@ impl<E> PartialOrd for Entry<E> {
 impl<E> Ord for Entry<E> {
     /// Reversed so that `BinaryHeap` (a max-heap) pops the earliest key first.
     fn cmp(&self, other: &Self) -> Ordering {
-        (other.time, other.seq).cmp(&(self.time, self.seq))
+        other.key.cmp(&self.key)
     }
 }
 
@@ -56,17 +63,17 @@ impl<E> EventQueue<E> {
     pub fn push(&mut self, time: SimTime, event: E) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.heap.push(Entry { time, seq, event });
+        self.heap.push(Entry { key: (u128::from(time.0) << 64) | u128::from(seq), event });
     }
 
     /// Removes and returns the earliest event.
     pub fn pop(&mut self) -> Option<(SimTime, E)> {
-        self.heap.pop().map(|e| (e.time, e.event))
+        self.heap.pop().map(|e| (e.time(), e.event))
     }
 
     /// The time of the earliest event.
     pub fn peek_time(&self) -> Option<SimTime> {
-        self.heap.peek().map(|e| e.time)
+        self.heap.peek().map(Entry::time)
     }
 
     /// Number of queued events (including stale ones not yet popped).
