@@ -1,21 +1,23 @@
 //! An HDR histogram's counts, recorded without the `hdrhistogram` crate's
-//! per-sample checks and turned into its [`Histogram`] when read.
+//! per-sample checks, and read (percentiles, the V2 encoding) from the
+//! counts themselves, as the crate reads its own.
 //!
 //! The layout is the crate's exactly (`hdrhistogram-7.6.0/src/lib.rs`:
 //! `new_with_bounds` for lowest discernible value 1, `bucket_for`,
 //! `sub_bucket_for`, `index_for`, `value_for`): a value's bucket is the
 //! number of powers of two it lies above the first bucket, its sub-bucket
 //! its leading bits, so a sample costs a leading-zero count, two shifts
-//! and an add. [`Counts::histogram`] records each bucket's count at the
-//! bucket's lowest value, which lands in the same bucket, so the
-//! histogram's counts — and with them its quantiles, its V2 serialization
-//! and the highest trackable value its auto-resizing reaches (a function
-//! of the top bucket) — are those recording each sample would have given.
+//! and an add. The tests build the crate's histogram from the counts (each
+//! bucket's count recorded at the bucket's lowest value, which lands in the
+//! same bucket) and check its counts, quantiles, V2 bytes and the highest
+//! trackable value its auto-resizing reaches against the crate recording
+//! each sample.
 //! The counts are kept bucket by bucket, each allocated (zeroed) when a
 //! value first falls in it: a latency's values span a few buckets far
 //! from the first, and a histogram's array grown to its top (as the
 //! crate's is) was zeroed and copied bucket after bucket.
 
+#[cfg(test)]
 use hdrhistogram::Histogram;
 
 /// The counts of an auto-resizing HDR histogram with lowest discernible
@@ -189,7 +191,7 @@ impl Counts {
     }
 
     /// Appends the crate's V2 encoding of these counts to `out`, byte for
-    /// byte what `V2Serializer::serialize` writes for [`Self::histogram`]
+    /// byte what `V2Serializer::serialize` writes for the crate's histogram
     /// (`serialization/v2_serializer.rs`: a 40-byte header, then the counts
     /// up to the highest recorded value's, zig-zag LEB128, a run of zeros
     /// as its negated length), without building the histogram.
@@ -226,7 +228,9 @@ impl Counts {
         out[start + 4..start + 8].copy_from_slice(&len.to_be_bytes());
     }
 
-    /// The `hdrhistogram` histogram of these counts.
+    /// The `hdrhistogram` histogram of these counts (for the tests that
+    /// compare with the crate).
+    #[cfg(test)]
     pub fn histogram(&self) -> Histogram<u64> {
         let mut h = Histogram::new(self.digits).expect("1 to 5 significant digits are valid");
         for (i, c) in self.nonzero() {
