@@ -26,27 +26,23 @@ pub(crate) fn fewest_by_scan(workers: &[WorkerLoad]) -> WorkerId {
 
 /// A tournament tree over the workers' outstanding counts: the least loaded
 /// worker of any range of ids in O(log W), and O(log W) per change — so
-/// routing by load does not scan 1,024 workers per request.
+/// routing by load does not scan 1,024 workers per request. Each place
+/// holds its winner's key, `outstanding << 32 | index`, so a match is one
+/// integer comparison (fewest first, then the lowest index).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Fewest {
-    /// Leaves from `size` on (a worker index, or `u32::MAX` for none); each
-    /// inner node the winner of its two children.
-    tree: Vec<u32>,
+    /// Leaves from `size` on (a worker's key, or [`Self::NONE`] for none);
+    /// each inner place the lesser of its two children's.
+    tree: Vec<u64>,
     size: usize,
 }
 
 impl Fewest {
-    const NONE: u32 = u32::MAX;
+    /// No worker: above every worker's key.
+    const NONE: u64 = u64::MAX;
 
-    fn better(loads: &[WorkerLoad], a: u32, b: u32) -> u32 {
-        match (a, b) {
-            (Self::NONE, _) => b,
-            (_, Self::NONE) => a,
-            _ => {
-                let key = |i: u32| (loads[i as usize].outstanding, i);
-                if key(b) < key(a) { b } else { a }
-            }
-        }
+    fn key(loads: &[WorkerLoad], i: usize) -> u64 {
+        u64::from(loads[i].outstanding) << 32 | i as u64
     }
 
     /// Worker `i`'s count changed (or it was added: `loads` holds it).
@@ -56,18 +52,18 @@ impl Fewest {
             self.size = loads.len().next_power_of_two();
             self.tree = vec![Self::NONE; 2 * self.size];
             for j in 0..loads.len() {
-                self.tree[self.size + j] = j as u32;
+                self.tree[self.size + j] = Self::key(loads, j);
             }
             for n in (1..self.size).rev() {
-                self.tree[n] = Self::better(loads, self.tree[2 * n], self.tree[2 * n + 1]);
+                self.tree[n] = self.tree[2 * n].min(self.tree[2 * n + 1]);
             }
             return;
         }
         let mut n = self.size + i;
-        self.tree[n] = i as u32;
+        self.tree[n] = Self::key(loads, i);
         while n > 1 {
             n /= 2;
-            self.tree[n] = Self::better(loads, self.tree[2 * n], self.tree[2 * n + 1]);
+            self.tree[n] = self.tree[2 * n].min(self.tree[2 * n + 1]);
         }
     }
 
@@ -77,18 +73,18 @@ impl Fewest {
         let mut best = Self::NONE;
         while lo < hi {
             if lo % 2 == 1 {
-                best = Self::better(loads, best, self.tree[lo]);
+                best = best.min(self.tree[lo]);
                 lo += 1;
             }
             if hi % 2 == 1 {
                 hi -= 1;
-                best = Self::better(loads, best, self.tree[hi]);
+                best = best.min(self.tree[hi]);
             }
             lo /= 2;
             hi /= 2;
         }
         assert_ne!(best, Self::NONE, "at least one worker");
-        loads[best as usize].id
+        loads[(best & u64::from(u32::MAX)) as usize].id
     }
 }
 
