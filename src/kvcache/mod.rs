@@ -9,6 +9,7 @@
 
 pub mod connector;
 mod hash;
+mod lru;
 mod prefix;
 pub mod saving;
 mod store;

@@ -1,0 +1,208 @@
+//! The GPU prefix cache's eviction order: its unreferenced leaves by (last
+//! use, node), least recent first.
+//!
+//! A binary min-heap with lazy removal. A leaf joins the set when it is
+//! released, at the current time — the heap's bottom — so a push is a
+//! comparison or two; a node that leaves the set (taken again, given a
+//! child, evicted) is only forgotten: its entry goes stale and is dropped
+//! when it reaches the top, or all at once when stale entries outnumber
+//! live ones. The top is always live, so the least recently used leaf is
+//! read in O(1). (An ordered set did the same at three to four times the
+//! instructions: a B-tree insert per released request, a removal per
+//! evicted leaf.)
+
+use crate::time::SimTime;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// A node's place in the order, and the stamp of the insertion that put it
+/// there (an entry is live while its node's stamp is still its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    key: (SimTime, u32),
+    stamp: u32,
+}
+
+/// Nodes ordered by `(last use, node)`.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Lru {
+    heap: BinaryHeap<Reverse<Entry>>,
+    /// By node: the stamp of its live entry; 0 when it is not in the set.
+    stamps: Vec<u32>,
+    /// The last stamp given.
+    stamp: u32,
+    /// Nodes in the set.
+    live: usize,
+}
+
+impl Lru {
+    fn is_live(&self, e: &Entry) -> bool {
+        self.stamps[e.key.1 as usize] == e.stamp
+    }
+
+    /// Whether node `i` is in the set.
+    pub(super) fn contains(&self, i: u32) -> bool {
+        self.stamps.get(i as usize).is_some_and(|&s| s != 0)
+    }
+
+    /// Puts node `i` (not in the set) in, last used at `t`.
+    pub(super) fn insert(&mut self, t: SimTime, i: u32) {
+        debug_assert!(!self.contains(i), "node {i} is in the set already");
+        if self.stamp == u32::MAX {
+            self.restamp();
+        }
+        self.stamp += 1;
+        let at = i as usize;
+        if self.stamps.len() <= at {
+            self.stamps.resize(at + 1, 0);
+        }
+        self.stamps[at] = self.stamp;
+        self.heap.push(Reverse(Entry { key: (t, i), stamp: self.stamp }));
+        self.live += 1;
+    }
+
+    /// Takes node `i` out of the set; false if it was not in.
+    pub(super) fn remove(&mut self, i: u32) -> bool {
+        if !self.contains(i) {
+            return false;
+        }
+        self.stamps[i as usize] = 0;
+        self.live -= 1;
+        while let Some(Reverse(e)) = self.heap.peek()
+            && !self.is_live(e)
+        {
+            self.heap.pop();
+        }
+        if self.heap.len() > 2 * self.live + 64 {
+            self.drop_stale();
+        }
+        true
+    }
+
+    fn drop_stale(&mut self) {
+        let stamps = &self.stamps;
+        self.heap.retain(|Reverse(e)| stamps[e.key.1 as usize] == e.stamp);
+    }
+
+    /// Drops the stale entries and stamps the live ones 1, 2, …: no entry
+    /// then holds a stamp above the count, so the stamps given next match
+    /// none until they run out again.
+    fn restamp(&mut self) {
+        self.drop_stale();
+        let mut entries = std::mem::take(&mut self.heap).into_vec();
+        for (k, Reverse(e)) in entries.iter_mut().enumerate() {
+            e.stamp = k as u32 + 1;
+            self.stamps[e.key.1 as usize] = e.stamp;
+        }
+        self.stamp = entries.len() as u32;
+        self.heap = BinaryHeap::from(entries);
+    }
+
+    /// The least recently used node and its last use.
+    pub(super) fn first(&self) -> Option<(SimTime, u32)> {
+        self.heap.peek().map(|Reverse(e)| e.key)
+    }
+
+    /// The set in order, least recently used first. The first costs
+    /// nothing more than [`Self::first`]; each next one a step through the
+    /// heap (O(log n)).
+    pub(super) fn iter(&self) -> impl Iterator<Item = (SimTime, u32)> + '_ {
+        let heap: &[Reverse<Entry>] = self.heap.as_slice();
+        // Heap places not yet visited whose parents were, by their entries.
+        let mut frontier: BinaryHeap<Reverse<(Entry, usize)>> = BinaryHeap::new();
+        // The root comes first; the place whose children join the frontier
+        // before the next one is taken (so that reading the first allocates nothing).
+        let (mut root, mut expand): (bool, Option<usize>) = (!heap.is_empty(), None);
+        std::iter::from_fn(move || {
+            loop {
+                if let Some(k) = expand.take() {
+                    for c in [2 * k + 1, 2 * k + 2].into_iter().filter(|&c| c < heap.len()) {
+                        frontier.push(Reverse((heap[c].0, c)));
+                    }
+                }
+                let k = if std::mem::take(&mut root) { 0 } else { frontier.pop()?.0.1 };
+                expand = Some(k);
+                if self.is_live(&heap[k].0) {
+                    return Some(heap[k].0.key);
+                }
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// A small deterministic generator.
+    fn lcg(state: &mut u64) -> u64 {
+        *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        *state >> 33
+    }
+
+    #[test]
+    fn it_orders_inserts_and_removals_as_an_ordered_set_does() {
+        let (mut lru, mut set) = (Lru::default(), BTreeSet::new());
+        let (mut s, mut now) = (7, 0);
+        let mut last_used = vec![SimTime(0); 300];
+        for step in 0..20_000 {
+            let i = (lcg(&mut s) % 300) as u32;
+            match lcg(&mut s) % 4 {
+                // Mostly now (a release), sometimes earlier (a parent left a leaf).
+                0 | 1 if !lru.contains(i) => {
+                    now += lcg(&mut s) % 3;
+                    let t = if lcg(&mut s).is_multiple_of(5) { SimTime(now / 2) } else { SimTime(now) };
+                    last_used[i as usize] = t;
+                    lru.insert(t, i);
+                    set.insert((t, i));
+                }
+                2 => assert_eq!(lru.remove(i), set.remove(&(last_used[i as usize], i)), "step {step}"),
+                _ => {
+                    if let Some(first) = set.first().copied() {
+                        assert!(lru.remove(first.1));
+                        set.remove(&first);
+                    }
+                }
+            }
+            assert_eq!(lru.first(), set.first().copied(), "step {step}");
+            assert_eq!(lru.live, set.len());
+            assert!(lru.heap.len() <= 2 * lru.live + 64, "stale entries are dropped");
+            if step % 97 == 0 {
+                assert_eq!(lru.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>(), "step {step}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_node_taken_out_and_put_back_at_the_same_time_is_in_once() {
+        let mut lru = Lru::default();
+        lru.insert(SimTime(5), 1);
+        lru.insert(SimTime(5), 2);
+        assert!(lru.remove(2));
+        assert!(!lru.remove(2), "not in the set any more");
+        lru.insert(SimTime(5), 2);
+        lru.insert(SimTime(3), 0);
+        assert_eq!(lru.iter().collect::<Vec<_>>(), [(SimTime(3), 0), (SimTime(5), 1), (SimTime(5), 2)]);
+        assert_eq!(lru.first(), Some((SimTime(3), 0)));
+    }
+
+    #[test]
+    fn stamps_start_again_without_reviving_a_stale_entry() {
+        let mut lru = Lru::default();
+        lru.insert(SimTime(1), 0);
+        lru.insert(SimTime(2), 1);
+        assert!(lru.remove(1)); // a stale entry below the top
+        lru.stamp = u32::MAX - 1;
+        lru.insert(SimTime(3), 2); // the last stamp
+        lru.insert(SimTime(4), 3); // stale entries go, the live are stamped 1 and 2, this one 3
+        assert_eq!((lru.heap.len(), lru.stamp), (3, 3));
+        // Out and in again under each stamp the live entries held before.
+        for _ in 0..4 {
+            assert!(lru.remove(0));
+            lru.insert(SimTime(5), 0);
+        }
+        let order = [(SimTime(3), 2), (SimTime(4), 3), (SimTime(5), 0)];
+        assert_eq!(lru.iter().collect::<Vec<_>>(), order, "each node once");
+    }
+}
