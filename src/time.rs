@@ -56,11 +56,19 @@ impl SimDuration {
     /// Non-finite, zero or negative inputs give zero; a positive input gives at
     /// least 1 ns. Values beyond `u64::MAX` ns (≈ 584 years) saturate.
     pub fn from_secs_f64(secs: f64) -> SimDuration {
-        if secs.is_nan() || secs <= 0.0 || secs.is_infinite() {
+        // (NaN fails the first comparison.)
+        if !(secs > 0.0) || secs == f64::INFINITY {
             return SimDuration::ZERO;
         }
-        let ns = (secs * NANOS_PER_SEC as f64).ceil();
-        if ns >= u64::MAX as f64 { SimDuration(u64::MAX) } else { SimDuration((ns as u64).max(1)) }
+        let ns = secs * NANOS_PER_SEC as f64;
+        if ns >= u64::MAX as f64 {
+            return SimDuration(u64::MAX);
+        }
+        // ⌈ns⌉ without a call to libm's `ceil` (the baseline x86-64 target
+        // has no rounding instruction): the truncation is exact, and one
+        // more when it lies below `ns`; from 2^53 on `ns` is whole already.
+        let whole = ns as u64;
+        SimDuration((whole + u64::from((whole as f64) < ns)).max(1))
     }
 
     /// Whole seconds as a duration (exact).
@@ -329,6 +337,31 @@ mod tests {
         assert_eq!(SimDuration::from_secs_f64(0.1), SimDuration(100_000_000));
         // 1/3 s = 333333333.33… ns → 333333334 ns.
         assert_eq!(SimDuration::from_secs_f64(1.0 / 3.0), SimDuration(333_333_334));
+    }
+
+    #[test]
+    fn the_rounding_up_is_libm_ceil_at_every_magnitude() {
+        // What the conversion was: `ceil` of the nanoseconds, saturating.
+        let by_ceil = |secs: f64| {
+            let ns = (secs * NANOS_PER_SEC as f64).ceil();
+            if ns >= u64::MAX as f64 { u64::MAX } else { (ns as u64).max(1) }
+        };
+        let mut bits = 0x3ff0_0000_0000_0001_u64;
+        let mut next = || {
+            bits = bits.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            bits
+        };
+        for _ in 0..200_000 {
+            // Any positive finite f64 (subnormals to beyond 2^64 ns), and
+            // whole and half nanoseconds around 2^53.
+            let secs = f64::from_bits(next() >> 1);
+            let near = ((1u64 << 53) as f64 + (next() % 64) as f64 * 0.5) / 1e9;
+            for x in [secs, near, secs.fract() * 1e3] {
+                if x > 0.0 && x.is_finite() {
+                    assert_eq!(SimDuration::from_secs_f64(x).0, by_ceil(x), "{x:e} s");
+                }
+            }
+        }
     }
 
     #[test]
