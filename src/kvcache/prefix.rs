@@ -129,12 +129,6 @@ pub struct PrefixCache {
     free_nodes: Vec<u32>,
     /// (parent node, first block hash) → child node.
     children: IntMap<u64, u32>,
-    /// Chain → the node holding its last resident block. A chain's blocks
-    /// lie on one path of the tree (a block's chain stands for everything
-    /// before it) and are resident from its first on (blocks go from the
-    /// tails of leaves), so a sequence's resident prefix is read off its
-    /// chains, one lookup each, instead of one per node on its path.
-    tails: IntMap<u64, u32>,
     /// The unreferenced leaves, least recently used first.
     lru: Lru,
     /// Stored/removed events since the last drain (when `events_on`).
@@ -223,7 +217,6 @@ impl PrefixCache {
             nodes: vec![Node { parent: ROOT, ..Node::default() }],
             free_nodes: Vec::new(),
             children: IntMap::default(),
-            tails: IntMap::default(),
             lru: Lru::default(),
             events: Vec::new(),
             evicted: Vec::new(),
@@ -312,10 +305,7 @@ impl PrefixCache {
     }
 
     /// Walks the longest resident prefix of the first `n` blocks of a
-    /// sequence whose blocks lie on `chains` from the root, node by node
-    /// (what [`Self::lookup`] finds from the chains' tails, checked against
-    /// it in debug builds).
-    #[cfg(debug_assertions)]
+    /// sequence whose blocks lie on `chains`.
     fn walk(&self, chains: &[ChainSpan], n: u64) -> Hit {
         let (mut node, mut pos, mut i) = (ROOT, 0, 0);
         while pos < n {
@@ -346,54 +336,7 @@ impl PrefixCache {
         if !self.enabled || n == 0 {
             return Hit::NONE;
         }
-        let hit = self.find(chains, n);
-        #[cfg(debug_assertions)]
-        assert_eq!(hit, self.walk(chains, n), "the chains' tails give the walk's hit");
-        hit
-    }
-
-    /// [`Self::lookup`] from the chains' tails: the sequence's blocks on a
-    /// chain are resident up to where the chain's resident blocks end.
-    fn find(&self, chains: &[ChainSpan], n: u64) -> Hit {
-        let (mut pos, mut tail) = (0, ROOT);
-        for s in chains {
-            let Some(&t) = self.tails.get(&s.chain) else { break };
-            let resident = self.nodes[t as usize].spans.iter().find(|x| x.chain == s.chain).map_or(0, |x| x.end);
-            let to = s.end.min(n);
-            if resident <= pos {
-                break;
-            }
-            (pos, tail) = (resident.min(to), t);
-            if pos < to || pos == n {
-                break;
-            }
-        }
-        if pos == 0 {
-            return Hit { changes: self.changes, ..Hit::NONE };
-        }
-        // The node holding the last block found: the tail or an ancestor.
-        let mut c = tail;
-        while u64::from(self.nodes[c as usize].first_pos) >= pos {
-            c = self.nodes[c as usize].parent;
-        }
-        let node = &self.nodes[c as usize];
-        match pos - u64::from(node.first_pos) {
-            l if l == u64::from(node.len) => Hit { blocks: pos, changes: self.changes, end: c, partial: None },
-            l => Hit { blocks: pos, changes: self.changes, end: node.parent, partial: Some((c, l)) },
-        }
-    }
-
-    /// Chains `chains` now end their resident blocks at node `n` (blocks
-    /// `from..to` of theirs joined it).
-    fn set_tails(&mut self, n: u32, chains: &[ChainSpan], from: u64, to: u64) {
-        let mut i = chains.partition_point(|s| s.end <= from);
-        while i < chains.len() {
-            self.tails.insert(chains[i].chain, n);
-            if chains[i].end >= to {
-                break;
-            }
-            i += 1;
-        }
+        self.walk(chains, n)
     }
 
     /// Takes a reference on the blocks of `hit` (found by [`Self::lookup`]
@@ -455,14 +398,8 @@ impl PrefixCache {
         tail.first_pos = cut as u32;
         tail.len -= l as u32;
         tail.key = ChunkKey::new(tail.spans[0].chain, cut).hash();
-        let (tail_key, tail_chain) = (tail.key, tail.spans[0].chain);
+        let tail_key = tail.key;
         self.children.insert(child_key(h, tail_key), c);
-        // The chains that end before the cut end in the head now.
-        for s in &self.nodes[h as usize].spans {
-            if s.chain != tail_chain {
-                self.tails.insert(s.chain, h);
-            }
-        }
         h
     }
 
@@ -521,10 +458,6 @@ impl PrefixCache {
             let mut head = std::mem::take(&mut self.nodes[p as usize]);
             self.children.remove(&child_key(p, self.nodes[c as usize].key));
             self.children.insert(child_key(head.parent, head.key), c);
-            let going_on = self.nodes[c as usize].spans[0].chain;
-            for s in head.spans.iter().filter(|s| s.chain != going_on) {
-                self.tails.insert(s.chain, c);
-            }
             let node = &mut self.nodes[c as usize];
             let end = node.end();
             push_spans(&mut head.spans, &node.spans, u64::from(node.first_pos), end);
@@ -556,7 +489,6 @@ impl PrefixCache {
             let n = &self.nodes[end as usize];
             if end != ROOT && n.refs == 1 && n.children == 0 {
                 self.emit_stored(chains, a, to);
-                self.set_tails(end, chains, a, to);
                 let n = &mut self.nodes[end as usize];
                 push_spans(&mut n.spans, chains, a, to);
                 n.len += (to - a) as u32;
@@ -600,7 +532,6 @@ impl PrefixCache {
                         last_used: now,
                     };
                     let c = self.new_node(node);
-                    self.set_tails(c, chains, a, to);
                     self.children.insert(child_key(end, first), c);
                     self.nodes[end as usize].children += 1;
                     self.lru.remove(end);
@@ -705,23 +636,6 @@ impl PrefixCache {
                     self.evicted.extend((0..r.n).map(|k| r.key(k, stride)));
                 }
             }
-            // The chains whose blocks here all go end in the parent, if
-            // they go on from it, or are no longer resident.
-            let (parent, first) = (node.parent, u64::from(node.first_pos));
-            let from_parent = self.nodes[parent as usize].spans.last().map(|s| s.chain).filter(|_| parent != ROOT);
-            let node = &self.nodes[i as usize];
-            for (k, s) in node.spans.iter().enumerate() {
-                let start = if k == 0 { first } else { node.spans[k - 1].end };
-                if start < keep {
-                    continue;
-                }
-                if k == 0 && from_parent == Some(s.chain) {
-                    self.tails.insert(s.chain, parent);
-                } else {
-                    self.tails.remove(&s.chain);
-                }
-            }
-            let node = &mut self.nodes[i as usize];
             node.len -= take as u32;
             node.spans.truncate(node.spans.partition_point(|s| s.end < keep) + 1);
             if let Some(last) = node.spans.last_mut() {
