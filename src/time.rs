@@ -56,8 +56,7 @@ impl SimDuration {
     /// Non-finite, zero or negative inputs give zero; a positive input gives at
     /// least 1 ns. Values beyond `u64::MAX` ns (≈ 584 years) saturate.
     pub fn from_secs_f64(secs: f64) -> SimDuration {
-        // (NaN fails the first comparison.)
-        if !(secs > 0.0) || secs == f64::INFINITY {
+        if secs.is_nan() || secs <= 0.0 || secs == f64::INFINITY {
             return SimDuration::ZERO;
         }
         let ns = secs * NANOS_PER_SEC as f64;
