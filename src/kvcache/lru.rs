@@ -16,11 +16,28 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 /// A node's place in the order, and the stamp of the insertion that put it
-/// there (an entry is live while its node's stamp is still its own).
+/// there (an entry is live while its node's stamp is still its own): last
+/// use, node and stamp in one integer (high to low bits), so the heap's
+/// comparisons are one integer comparison each, in `(last use, node)` order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Entry {
-    key: (SimTime, u32),
-    stamp: u32,
+struct Entry(u128);
+
+impl Entry {
+    fn new(t: SimTime, i: u32, stamp: u32) -> Entry {
+        Entry(u128::from(t.0) << 64 | u128::from(i) << 32 | u128::from(stamp))
+    }
+
+    fn key(self) -> (SimTime, u32) {
+        (SimTime((self.0 >> 64) as u64), self.node())
+    }
+
+    fn node(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    fn stamp(self) -> u32 {
+        self.0 as u32
+    }
 }
 
 /// Nodes ordered by `(last use, node)`.
@@ -37,7 +54,7 @@ pub(super) struct Lru {
 
 impl Lru {
     fn is_live(&self, e: &Entry) -> bool {
-        self.stamps[e.key.1 as usize] == e.stamp
+        self.stamps[e.node() as usize] == e.stamp()
     }
 
     /// Whether node `i` is in the set.
@@ -57,7 +74,7 @@ impl Lru {
             self.stamps.resize(at + 1, 0);
         }
         self.stamps[at] = self.stamp;
-        self.heap.push(Reverse(Entry { key: (t, i), stamp: self.stamp }));
+        self.heap.push(Reverse(Entry::new(t, i, self.stamp)));
         self.live += 1;
     }
 
@@ -81,7 +98,7 @@ impl Lru {
 
     fn drop_stale(&mut self) {
         let stamps = &self.stamps;
-        self.heap.retain(|Reverse(e)| stamps[e.key.1 as usize] == e.stamp);
+        self.heap.retain(|Reverse(e)| stamps[e.node() as usize] == e.stamp());
     }
 
     /// Drops the stale entries and stamps the live ones 1, 2, …: no entry
@@ -91,8 +108,9 @@ impl Lru {
         self.drop_stale();
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         for (k, Reverse(e)) in entries.iter_mut().enumerate() {
-            e.stamp = k as u32 + 1;
-            self.stamps[e.key.1 as usize] = e.stamp;
+            let (t, i) = e.key();
+            *e = Entry::new(t, i, k as u32 + 1);
+            self.stamps[i as usize] = e.stamp();
         }
         self.stamp = entries.len() as u32;
         self.heap = BinaryHeap::from(entries);
@@ -100,7 +118,7 @@ impl Lru {
 
     /// The least recently used node and its last use.
     pub(super) fn first(&self) -> Option<(SimTime, u32)> {
-        self.heap.peek().map(|Reverse(e)| e.key)
+        self.heap.peek().map(|Reverse(e)| e.key())
     }
 
     /// The set in order, least recently used first. The first costs
@@ -123,7 +141,7 @@ impl Lru {
                 let k = if std::mem::take(&mut root) { 0 } else { frontier.pop()?.0.1 };
                 expand = Some(k);
                 if self.is_live(&heap[k].0) {
-                    return Some(heap[k].0.key);
+                    return Some(heap[k].0.key());
                 }
             }
         })
