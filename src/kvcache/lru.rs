@@ -7,9 +7,9 @@
 //! child, evicted) is only forgotten: its entry goes stale and is dropped
 //! when it reaches the top, or all at once when stale entries outnumber
 //! live ones. The top is always live, so the least recently used leaf is
-//! read in O(1). (An ordered set did the same at three to four times the
-//! instructions: a B-tree insert per released request, a removal per
-//! evicted leaf.)
+//! read in O(1). (It replaced a B-tree set — an insert per released
+//! request, a removal per evicted leaf — and took the core bench's
+//! reference from 24.1k to 23.9k instructions per request.)
 
 use crate::time::SimTime;
 use std::cmp::Reverse;
@@ -215,7 +215,9 @@ mod tests {
         lru.insert(SimTime(3), 2); // the last stamp
         lru.insert(SimTime(4), 3); // stale entries go, the live are stamped 1 and 2, this one 3
         assert_eq!((lru.heap.len(), lru.stamp), (3, 3));
-        // Out and in again under each stamp the live entries held before.
+        assert!(lru.heap.iter().all(|Reverse(e)| e.stamp() <= 3), "no entry keeps a stamp from before");
+        // Out and in again, each time leaving a stale entry behind: the
+        // stamps given next are above every one an entry holds.
         for _ in 0..4 {
             assert!(lru.remove(0));
             lru.insert(SimTime(5), 0);
