@@ -47,6 +47,9 @@ impl SimTime {
     }
 }
 
+/// 2^63 as an f64: below it a non-negative f64 converts to an i64.
+const TWO_POW_63: f64 = 9_223_372_036_854_775_808.0;
+
 impl SimDuration {
     /// No time at all.
     pub const ZERO: SimDuration = SimDuration(0);
@@ -56,18 +59,24 @@ impl SimDuration {
     /// Non-finite, zero or negative inputs give zero; a positive input gives at
     /// least 1 ns. Values beyond `u64::MAX` ns (≈ 584 years) saturate.
     pub fn from_secs_f64(secs: f64) -> SimDuration {
-        if secs.is_nan() || secs <= 0.0 || secs == f64::INFINITY {
-            return SimDuration::ZERO;
-        }
         let ns = secs * NANOS_PER_SEC as f64;
-        if ns >= u64::MAX as f64 {
-            return SimDuration(u64::MAX);
-        }
         // ⌈ns⌉ without a call to libm's `ceil` (the baseline x86-64 target
         // has no rounding instruction): the truncation is exact, and one
         // more when it lies below `ns`; from 2^53 on `ns` is whole already.
-        let whole = ns as u64;
-        SimDuration((whole + u64::from((whole as f64) < ns)).max(1))
+        // Below 2^63 the conversions are signed (one instruction each
+        // there; unsigned ones take several) — the common case.
+        if ns > 0.0 && ns < TWO_POW_63 {
+            let whole = ns as i64;
+            return SimDuration((whole as u64 + u64::from((whole as f64) < ns)).max(1));
+        }
+        if secs.is_nan() || secs <= 0.0 || secs == f64::INFINITY {
+            return SimDuration::ZERO;
+        }
+        if ns >= u64::MAX as f64 {
+            return SimDuration(u64::MAX);
+        }
+        // At least 2^63: whole.
+        SimDuration(ns as u64)
     }
 
     /// Whole seconds as a duration (exact).
@@ -351,11 +360,13 @@ mod tests {
             bits
         };
         for _ in 0..200_000 {
-            // Any positive finite f64 (subnormals to beyond 2^64 ns), and
+            // Any positive finite f64 (subnormals to beyond 2^64 ns),
             // whole and half nanoseconds around 2^53.
             let secs = f64::from_bits(next() >> 1);
             let near = ((1u64 << 53) as f64 + (next() % 64) as f64 * 0.5) / 1e9;
-            for x in [secs, near, secs.fract() * 1e3] {
+            // And around 2^63 ns, where the conversion changes sign rules.
+            let top = f64::from_bits(TWO_POW_63.to_bits() - 64 + next() % 128) / 1e9;
+            for x in [secs, near, top, secs.fract() * 1e3] {
                 if x > 0.0 && x.is_finite() {
                     assert_eq!(SimDuration::from_secs_f64(x).0, by_ceil(x), "{x:e} s");
                 }
