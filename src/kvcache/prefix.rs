@@ -129,6 +129,17 @@ pub struct PrefixCache {
     free_nodes: Vec<u32>,
     /// (parent node, first block hash) → child node.
     children: IntMap<u64, u32>,
+    /// Root chain → the node holding its last resident block, for every
+    /// resident chain whose first block is a sequence's first (only a
+    /// node's first span can be such a chain). A chain's blocks lie on one
+    /// path from the root and are resident from its first on (blocks go
+    /// from the tails of leaves), so a lookup reads the blocks of a
+    /// sequence's first chain off this map at once instead of visiting
+    /// the nodes they are split into (where shorter prompts sharing them
+    /// end), and walks on from there. Only first chains are kept: a
+    /// sequence's later chains (one per 512-token hash id in a Mooncake
+    /// trace) would cost more to keep than their few long nodes do to walk.
+    roots: IntMap<u64, u32>,
     /// The unreferenced leaves, least recently used first.
     lru: Lru,
     /// Stored/removed events since the last drain (when `events_on`).
@@ -217,6 +228,7 @@ impl PrefixCache {
             nodes: vec![Node { parent: ROOT, ..Node::default() }],
             free_nodes: Vec::new(),
             children: IntMap::default(),
+            roots: IntMap::default(),
             lru: Lru::default(),
             events: Vec::new(),
             evicted: Vec::new(),
@@ -305,9 +317,17 @@ impl PrefixCache {
     }
 
     /// Walks the longest resident prefix of the first `n` blocks of a
-    /// sequence whose blocks lie on `chains`.
+    /// sequence whose blocks lie on `chains`, node by node from the root
+    /// (what [`Self::find`] finds; debug builds check it).
+    #[cfg(debug_assertions)]
     fn walk(&self, chains: &[ChainSpan], n: u64) -> Hit {
-        let (mut node, mut pos, mut i) = (ROOT, 0, 0);
+        self.walk_below(ROOT, 0, 0, chains, n)
+    }
+
+    /// The walk of [`Self::walk`] on from the end of `node`, where the
+    /// sequence's first `pos` blocks are matched (`i`: the index of the
+    /// span of `chains` holding block `pos`, or one before it).
+    fn walk_below(&self, mut node: u32, mut pos: u64, mut i: usize, chains: &[ChainSpan], n: u64) -> Hit {
         while pos < n {
             while chains[i].end <= pos {
                 i += 1;
@@ -330,13 +350,48 @@ impl PrefixCache {
         Hit { blocks: pos, changes: self.changes, end: node, partial: None }
     }
 
+    /// The walk's hit from the sequence's first chain's tail ([`Self::roots`]):
+    /// its blocks on that chain are resident up to where the chain's are,
+    /// and the walk goes on from the node holding the last of them.
+    fn find(&self, chains: &[ChainSpan], n: u64) -> Hit {
+        let first = chains[0];
+        let Some(&tail) = self.roots.get(&first.chain) else {
+            // Its first block is not resident.
+            return Hit { changes: self.changes, ..Hit::NONE };
+        };
+        let t = &self.nodes[tail as usize];
+        debug_assert_eq!(t.spans[0].chain, first.chain, "a root chain is its tail node's first span");
+        let mut pos = t.spans[0].end.min(first.end).min(n);
+        // The node holding block pos - 1: the tail or an ancestor.
+        let mut c = tail;
+        while u64::from(self.nodes[c as usize].first_pos) >= pos {
+            c = self.nodes[c as usize].parent;
+        }
+        // On inside it, as the walk goes on inside a node it entered.
+        let node = &self.nodes[c as usize];
+        let mut i = 0;
+        if pos < node.end() {
+            if pos < n {
+                pos += common_prefix(node, chains, &mut i, pos, n);
+            }
+            if pos < node.end() {
+                let l = pos - u64::from(node.first_pos);
+                return Hit { blocks: pos, changes: self.changes, end: node.parent, partial: Some((c, l)) };
+            }
+        }
+        self.walk_below(c, pos, i, chains, n)
+    }
+
     /// The resident prefix of the first `n` blocks of a sequence whose
     /// blocks lie on `chains`.
     pub fn lookup(&self, chains: &[ChainSpan], n: u64) -> Hit {
         if !self.enabled || n == 0 {
             return Hit::NONE;
         }
-        self.walk(chains, n)
+        let hit = self.find(chains, n);
+        #[cfg(debug_assertions)]
+        assert_eq!(hit, self.walk(chains, n), "the first chain's tail gives the walk's hit");
+        hit
     }
 
     /// Takes a reference on the blocks of `hit` (found by [`Self::lookup`]
@@ -374,6 +429,8 @@ impl PrefixCache {
         let old = &mut self.nodes[c as usize];
         debug_assert!(l > 0 && l < u64::from(old.len));
         let cut = u64::from(old.first_pos) + l;
+        // A root chain ending before the cut ends in the head now.
+        let first = (old.spans[0].end <= cut).then_some(old.spans[0].chain);
         // The head's chains up to the cut, the tail's from it.
         let mut head_spans = Spans::new();
         push_spans(&mut head_spans, &old.spans, u64::from(old.first_pos), cut);
@@ -400,6 +457,11 @@ impl PrefixCache {
         tail.key = ChunkKey::new(tail.spans[0].chain, cut).hash();
         let tail_key = tail.key;
         self.children.insert(child_key(h, tail_key), c);
+        if let Some(x) = first.and_then(|chain| self.roots.get_mut(&chain))
+            && *x == c
+        {
+            *x = h;
+        }
         h
     }
 
@@ -458,6 +520,13 @@ impl PrefixCache {
             let mut head = std::mem::take(&mut self.nodes[p as usize]);
             self.children.remove(&child_key(p, self.nodes[c as usize].key));
             self.children.insert(child_key(head.parent, head.key), c);
+            // A root chain ending in the head ends in the merged node.
+            if (head.spans.len() > 1 || self.nodes[c as usize].spans[0].chain != head.spans[0].chain)
+                && let Some(x) = self.roots.get_mut(&head.spans[0].chain)
+                && *x == p
+            {
+                *x = c;
+            }
             let node = &mut self.nodes[c as usize];
             let end = node.end();
             push_spans(&mut head.spans, &node.spans, u64::from(node.first_pos), end);
@@ -493,6 +562,7 @@ impl PrefixCache {
                 push_spans(&mut n.spans, chains, a, to);
                 n.len += (to - a) as u32;
                 n.last_used = now;
+                self.set_root(chains[0], a, end);
                 break;
             }
             while chains[i].end <= a {
@@ -532,6 +602,7 @@ impl PrefixCache {
                         last_used: now,
                     };
                     let c = self.new_node(node);
+                    self.set_root(chains[0], a, c);
                     self.children.insert(child_key(end, first), c);
                     self.nodes[end as usize].children += 1;
                     self.lru.remove(end);
@@ -541,6 +612,14 @@ impl PrefixCache {
             }
         }
         Path(end)
+    }
+
+    /// Blocks from `a` on of a sequence whose first chain is `first` joined
+    /// node `n`: if some are that chain's, its resident blocks end there.
+    fn set_root(&mut self, first: ChainSpan, a: u64, n: u32) {
+        if a < first.end {
+            self.roots.insert(first.chain, n);
+        }
     }
 
     /// Stored events for the chunk-ending blocks among `from..to` of `chains`.
@@ -657,6 +736,16 @@ impl PrefixCache {
         self.children.remove(&child_key(node.parent, node.key));
         self.free_nodes.push(i);
         let p = node.parent;
+        // A root chain whose last blocks went here ends in the parent, if
+        // it goes on from there, or is no longer resident.
+        let first = node.spans[0].chain;
+        if self.roots.get(&first) == Some(&i) {
+            if p != ROOT && self.nodes[p as usize].spans.last().is_some_and(|s| s.chain == first) {
+                self.roots.insert(first, p);
+            } else {
+                self.roots.remove(&first);
+            }
+        }
         let parent = &mut self.nodes[p as usize];
         parent.children -= 1;
         if p != ROOT && parent.refs == 0 && parent.children == 0 {
