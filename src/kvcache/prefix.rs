@@ -815,6 +815,53 @@ mod tests {
     }
 
     #[test]
+    fn a_lookup_reads_its_first_chain_off_its_tail_through_splits_merges_and_evictions() {
+        let mut c = PrefixCache::new(32, true, SimDuration::ZERO);
+        // A: chain 7 for blocks 0..8, then its own chain 8.
+        let a = [7, 7, 7, 7, 7, 7, 7, 7, 8, 8];
+        c.allocate(10, SimTime(1), false);
+        let pa = ext(&mut c, Path::NONE, &a, 0, SimTime(1));
+        // B shares 3 blocks of chain 7 (its node is split there), then goes on its own.
+        let b = [7, 7, 7, 9, 9];
+        let pb = take(&mut c, &b, 3, SimTime(2));
+        c.allocate(2, SimTime(2), false);
+        let pb = ext(&mut c, pb, &b, 3, SimTime(2));
+        assert_eq!((look(&c, &a), look(&c, &b)), (10, 5));
+        assert_eq!(look(&c, &[7, 7, 7, 7, 7, 7, 5]), 6, "six blocks of chain 7, inside A's node");
+        assert_eq!(look(&c, &[7; 9]), 8, "chain 7's resident blocks end at 8");
+        assert_eq!(look(&c, &[4, 4]), 0, "a first chain not resident");
+        assert_eq!(c.lookup(&hs(&a), 4).blocks(), 4, "as far as asked");
+        c.release(pa, SimTime(3));
+        c.release(pb, SimTime(4));
+        // 20 blocks are free: 2 more go from A's tail (chain 8's), 5 more
+        // take the rest of A's node — chain 7's blocks then end in B's
+        // parent, at 3 — and 3 more B's node and that parent: none is left.
+        c.allocate(22, SimTime(5), false);
+        assert_eq!((look(&c, &a), look(&c, &b)), (8, 5));
+        c.allocate(5, SimTime(5), false);
+        assert_eq!((look(&c, &a), look(&c, &b), look(&c, &[7; 9])), (3, 5, 3));
+        c.allocate(5, SimTime(5), false);
+        assert_eq!((look(&c, &a), look(&c, &b)), (0, 0));
+
+        // A head ending its first chain, merged into its tail: D's node is
+        // split after chain 7 ends (at 4) and one more block, then both
+        // holders let go at once and the halves are one node again.
+        let mut c = PrefixCache::new(32, true, SimDuration::ZERO);
+        let d = [7, 7, 7, 7, 6, 6, 6];
+        c.allocate(7, SimTime(1), false);
+        let pd = ext(&mut c, Path::NONE, &d, 0, SimTime(1));
+        let pe = take(&mut c, &d, 5, SimTime(2));
+        assert_eq!(c.nodes.len() - c.free_nodes.len(), 3, "the root, D's head and its tail");
+        assert_eq!((look(&c, &d), look(&c, &[7; 6])), (7, 4));
+        c.release(pe, SimTime(3));
+        c.release(pd, SimTime(3));
+        assert_eq!(c.nodes.len() - c.free_nodes.len(), 2, "merged");
+        assert_eq!((look(&c, &d), look(&c, &[7; 6]), look(&c, &[7, 7, 7, 7, 6, 5])), (7, 4, 5));
+        c.allocate(32, SimTime(4), false);
+        assert_eq!(look(&c, &d), 0);
+    }
+
+    #[test]
     fn computed_blocks_are_reused_and_stay_after_release() {
         let mut c = PrefixCache::new(4, true, SimDuration::ZERO);
         let t = SimTime(1);
