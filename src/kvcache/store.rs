@@ -202,6 +202,10 @@ pub struct ChunkStore {
     victims: Vec<(u32, u64)>,
     /// Scratch: the entries an operation covers.
     covered: Vec<u32>,
+    /// The last two entries [`Self::exact`] found, most recent first: an
+    /// admission refreshes the same shared prefix again and again, between
+    /// writes completing ([`Self::exact_recent`]).
+    recent: [u32; 2],
     ops: StoreOps,
 }
 
@@ -223,6 +227,7 @@ impl ChunkStore {
             clock: 0,
             victims: Vec::new(),
             covered: Vec::new(),
+            recent: [NIL; 2],
             ops: StoreOps::default(),
         }
     }
@@ -262,6 +267,24 @@ impl ChunkStore {
             Some(e) if self.slab[e as usize].q1 > q => Ok((i - 1, e)),
             before => Err((i, before)),
         }
+    }
+
+    /// [`Self::exact`], first from the entries it found last: a live entry
+    /// with the lane and range asked for is the one (a lane's entries are
+    /// disjoint; a dropped one has no chunks).
+    fn exact_recent(&mut self, l: &Lane) -> Option<u32> {
+        let is = |x: &Entry| x.q1 > x.q0 && x.q0 == l.q0 && x.q1 == l.q1 && x.chain == l.chain && x.res == l.res;
+        for k in 0..2 {
+            let e = self.recent[k];
+            if self.slab.get(e as usize).is_some_and(is) {
+                debug_assert_eq!(self.exact(l), Some(e), "a recent entry is the exact one");
+                self.recent = [e, self.recent[1 - k]];
+                return Some(e);
+            }
+        }
+        let e = self.exact(l)?;
+        self.recent = [e, self.recent[0]];
+        Some(e)
     }
 
     /// The one entry holding exactly lane `l`'s chunk range, if one does.
@@ -370,7 +393,7 @@ impl ChunkStore {
     fn cover(&mut self, l: &Lane) {
         self.covered.clear();
         // Most operations name exactly one entry's chunks (a write completing, a hit refreshed).
-        if let Some(e) = self.exact(l) {
+        if let Some(e) = self.exact_recent(l) {
             self.covered.push(e);
             return;
         }
