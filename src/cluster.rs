@@ -114,6 +114,10 @@ pub struct Cluster<'a> {
     /// Keep a row per step (the `steps` table).
     log_steps: bool,
     fatal: Option<RunError>,
+    /// Events before this time find nothing for [`Model::advance_to`] to
+    /// do: before the series' next boundary and within the horizons (or
+    /// the run has failed).
+    quiet_until: SimTime,
     /// Whether anything reads requests' block hashes (the GPU prefix cache,
     /// a tier, the router's KV index; with disaggregation, always).
     hashes_read: bool,
@@ -148,6 +152,7 @@ impl<'a> Cluster<'a> {
             scratch: Scratch::default(),
             log_steps: false,
             fatal: None,
+            quiet_until: SimTime::ZERO,
             hashes_read: false,
             sink: None,
             since_sink_check: 0,
@@ -648,12 +653,26 @@ impl Model for Cluster<'_> {
         self.recorder.completed()
     }
 
+    #[inline]
     fn advance_to(&mut self, now: SimTime) {
+        if now >= self.quiet_until {
+            self.advance_past_quiet(now);
+        }
+    }
+}
+
+impl Cluster<'_> {
+    /// [`Model::advance_to`] from [`Self::quiet_until`] on: the run fails
+    /// beyond the horizons; the series' intervals up to `now` close.
+    #[inline(never)]
+    fn advance_past_quiet(&mut self, now: SimTime) {
         if self.fatal.is_some() {
+            self.quiet_until = SimTime::MAX;
             return;
         }
         if let Err(e) = beyond_horizon(Some(((), now))) {
             self.fail(e);
+            self.quiet_until = SimTime::MAX;
             return;
         }
         let series = self.recorder.series();
@@ -665,6 +684,7 @@ impl Model for Cluster<'_> {
                 last_response_s: self.recorder.last_response().map(SimTime::as_secs_f64),
             };
             self.fail(e);
+            self.quiet_until = SimTime::MAX;
             return;
         }
         while self.recorder.series().next_boundary() <= now {
@@ -673,6 +693,7 @@ impl Model for Cluster<'_> {
             let g = gauges(self.scenario, &self.workers);
             self.recorder.close_interval(g);
         }
+        self.quiet_until = self.recorder.series().quiet_until().min(SimTime(crate::time::HORIZON.0 + 1));
     }
 }
 
