@@ -243,6 +243,22 @@ pub struct KvConnector {
     /// `found`: the [`KvConnector::admitted`] that follows it reuses them
     /// instead of walking them again (once; any change to the stores voids it).
     walked: Option<WalkKey>,
+    /// A [`KvConnector::lookup_to_admit`] that found no tier holding the
+    /// chunk at the GPU prefix's end: the [`KvConnector::admitted`] that
+    /// follows it stops its walk from the root there without asking again
+    /// (once; any change to the stores voids it).
+    unheld: Option<UnheldKey>,
+}
+
+/// What [`KvConnector::unheld`] depends on besides the sequence, which the
+/// request and its length name while the stores stay as they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct UnheldKey {
+    worker: u32,
+    request: u32,
+    tokens: u64,
+    local: u64,
+    version: u64,
 }
 
 /// What a walk beyond a GPU prefix depends on: the worker, the request, its
@@ -289,6 +305,7 @@ impl KvConnector {
             remote: Default::default(),
             version: 0,
             walked: None,
+            unheld: None,
         }
     }
 
@@ -383,8 +400,21 @@ impl KvConnector {
         request: RequestId,
         seq: &ChunkedSeq<'_>,
         local: u64,
-        mut found: Option<&mut Vec<Found>>,
+        found: Option<&mut Vec<Found>>,
     ) -> ExternalHit {
+        self.walk_telling(w, request, seq, local, found).0
+    }
+
+    /// [`Self::walk`], and whether no tier holds its first chunk (the one
+    /// holding block `local`), or there is none.
+    fn walk_telling(
+        &self,
+        w: WorkerId,
+        request: RequestId,
+        seq: &ChunkedSeq<'_>,
+        local: u64,
+        mut found: Option<&mut Vec<Found>>,
+    ) -> (ExternalHit, bool) {
         let num_tokens = seq.tokens;
         let mut hit = ExternalHit::default();
         if self.remote.contains(&request.0) {
@@ -392,12 +422,13 @@ impl KvConnector {
             // (`num_tokens` counts the first output token, whose KV the
             // decode worker computes).
             hit.tokens = num_tokens.saturating_sub(1).saturating_sub(local * self.block_size);
-            return hit;
+            return (hit, false);
         }
         let tiers = &self.worker_tiers[w.index()];
         if tiers.is_empty() {
-            return hit;
+            return (hit, true);
         }
+        let mut first = true;
         // The last token is always computed.
         let cap = num_tokens.saturating_sub(1);
         let mut next = local * self.block_size;
@@ -406,8 +437,9 @@ impl KvConnector {
             let mut i = 0;
             while i < run.n {
                 let Some((instance, take)) = self.holder(tiers, run.skip(i, self.kvc.chunk_blocks)) else {
-                    break 'runs;
+                    return (hit, first);
                 };
+                first = false;
                 // Chunk c's tokens are [start + c·ct, min(start + (c + 1)·ct, end)); a
                 // chunk with no token below `cap` beyond `next` ends the walk.
                 let chunk_end = |c: u64| (start + (c + 1) * ct).min(end);
@@ -434,7 +466,7 @@ impl KvConnector {
                 i += take;
             }
         }
-        hit
+        (hit, first)
     }
 
     /// The tier instance (of `tiers`, in lookup order) that a lookup takes
@@ -458,6 +490,25 @@ impl KvConnector {
     /// that worker `w`'s tiers hold and could load. Changes nothing.
     pub fn lookup(&self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> ExternalHit {
         self.walk(w, request, seq, local, None)
+    }
+
+    /// [`Self::lookup`] for a request admitted at once if nothing is found:
+    /// when no tier holds the chunk holding block `local`, the
+    /// [`Self::admitted`] that follows stops its walk from the root there.
+    pub fn lookup_to_admit(
+        &mut self,
+        w: WorkerId,
+        request: RequestId,
+        seq: &ChunkedSeq<'_>,
+        local: u64,
+    ) -> ExternalHit {
+        let (hit, unheld) = self.walk_telling(w, request, seq, local, None);
+        self.unheld = unheld.then(|| self.unheld_key(w, request, seq, local));
+        hit
+    }
+
+    fn unheld_key(&self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> UnheldKey {
+        UnheldKey { worker: w.0, request: request.0, tokens: seq.tokens, local, version: self.version }
     }
 
     /// LMCache's lookup as a request is scheduled (`LMCacheEngine.lookup`
@@ -485,6 +536,10 @@ impl KvConnector {
             Some(k) if k == self.walk_key(w, request, seq, local) => Some(std::mem::take(&mut self.found)),
             _ => None,
         };
+        // No tier holds chunk j0 (just asked, and nothing changed since):
+        // the walk stops there.
+        let unheld = self.unheld.take();
+        let stop = beyond.is_none() && unheld == Some(self.unheld_key(w, request, seq, local));
         let j0 = local / self.kvc.chunk_blocks;
         let mut held = std::mem::take(&mut self.admitted_scratch);
         held.clear();
@@ -505,9 +560,12 @@ impl KvConnector {
                 j += found.iter().map(|f| f.run.n).sum::<u64>();
                 runs = self.kvc.runs(seq, j);
             }
+            if stop && j >= j0 {
+                break;
+            }
             let Some((mut run, start, run_end)) = runs.next() else { break };
             // A run reaching past chunk j0 stops there, where the walk's chunks take over.
-            let clipped = skip && j < j0 && j + run.n > j0;
+            let clipped = (skip || stop) && j < j0 && j + run.n > j0;
             if clipped {
                 run.n = j0 - j;
             }
@@ -522,6 +580,9 @@ impl KvConnector {
             }
             j += run.n;
             if clipped {
+                if stop {
+                    break;
+                }
                 runs = self.kvc.runs(seq, j);
             }
         }
@@ -1230,6 +1291,26 @@ mod tests {
         assert_eq!(c.report(t).map(|i| i.stats.bytes_written).sum::<u64>(), before);
         save(&mut c, t, &blocks(3, 16), 16);
         assert_eq!(c.lookup(W, RequestId(4), &seq(&p, 64), 0).tokens, 16);
+    }
+
+    #[test]
+    fn an_admission_after_a_lookup_that_found_nothing_stops_where_the_lookup_did() {
+        // Chunks of 2 blocks (32 tokens); the tier holds the first only.
+        let mut c = connector(1 << 20, 2);
+        let p = blocks(1, 64);
+        let t = save(&mut c, SimTime::ZERO, &p, 32);
+        // A GPU prefix of 2 blocks: the lookup from chunk 1 finds nothing,
+        // and the admission counts chunk 0 — as without the lookup.
+        assert_eq!(c.lookup_to_admit(W, RequestId(0), &seq(&p, 64), 2).tokens, 0);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 2), 32);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 2), 32);
+        // Chunk 1 written after the lookup: the admission walks on to it.
+        c.lookup_to_admit(W, RequestId(0), &seq(&p, 64), 2);
+        save(&mut c, t, &p, 64);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 2), 64);
+        // Nor does another request's lookup stop it.
+        c.lookup_to_admit(W, RequestId(1), &seq(&blocks(2, 64), 64), 2);
+        assert_eq!(c.admitted(W, RequestId(0), &seq(&p, 64), 2), 64);
     }
 
     #[test]

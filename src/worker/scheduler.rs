@@ -253,7 +253,13 @@ impl Worker {
             let r = &reqs[id.index()];
             let max = cfg.max_hit_blocks(r.seq.num_tokens).min(r.full_blocks() as usize);
             let local = self.cache.lookup(&r.chains, max as u64);
-            let external = conn.lookup(self.id, id, &r.chunked(r.seq.num_tokens, cfg.block_size), local.blocks());
+            let seq = r.chunked(r.seq.num_tokens, cfg.block_size);
+            // Found nothing, it is admitted at once if there is room.
+            let external = if pass == Pass::Admit && self.has_room(*budget, cfg) {
+                conn.lookup_to_admit(self.id, id, &seq, local.blocks())
+            } else {
+                conn.lookup(self.id, id, &seq, local.blocks())
+            };
             if external.tokens > 0 {
                 // At most io_slots waiting requests hold KV, and only the first
                 // io_slots places of the queue load.
