@@ -540,6 +540,8 @@ impl KvConnector {
         // the walk stops there.
         let unheld = self.unheld.take();
         let stop = beyond.is_none() && unheld == Some(self.unheld_key(w, request, seq, local));
+        // (Debug builds check what the fact stands for: no tier holds that chunk now.)
+        debug_assert!(!stop || self.walk_telling(w, request, seq, local, None).1, "chunk j0 is held by no tier");
         let j0 = local / self.kvc.chunk_blocks;
         let mut held = std::mem::take(&mut self.admitted_scratch);
         held.clear();
