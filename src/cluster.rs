@@ -19,7 +19,7 @@ use crate::engine::{self, EventQueue, Model, Scheduler};
 use crate::ids::{RequestId, StageId, WorkerId};
 use crate::kvcache::saving::{AfterSave, SaveRules};
 use crate::kvcache::{ConnectorOutput, KvConnector};
-use crate::metrics::{RowSink, StepRow, StepSpan};
+use crate::metrics::{RowSink, StepRow};
 use crate::recorder::{Recorder, RunEnd, gauges};
 use crate::request::Arena;
 use crate::rng::SeedTree;
@@ -82,8 +82,6 @@ struct Scratch {
     /// Workers given requests at the current arrival, in the order first given one.
     kicks: Vec<WorkerId>,
     outcome: StepOutcome,
-    /// The decode steps materialised from runs.
-    substeps: Vec<StepSpan>,
     /// Effects of connector calls not yet applied, and a spare buffer.
     conn_out: ConnectorOutput,
     conn_spare: ConnectorOutput,
@@ -327,11 +325,14 @@ impl<'a> Cluster<'a> {
     }
 
     /// Tells the recorder of the decode steps worker `w` has materialised from a run.
+    /// (Most polls materialise none: that is checked here, inlined.)
+    #[inline]
     fn record_substeps(&mut self, w: WorkerId) {
-        let subs = &mut self.scratch.substeps;
-        self.workers[w.index()].take_substeps(subs);
-        self.recorder.on_substeps(subs);
-        subs.clear();
+        let subs = self.workers[w.index()].substeps_mut();
+        if !subs.is_empty() {
+            self.recorder.on_substeps(subs);
+            subs.clear();
+        }
     }
 
     /// Brings every worker's run of decode steps up to `until` (see

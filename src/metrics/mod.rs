@@ -66,9 +66,10 @@ impl LatencyHistogram {
         self.min_ns = self.min_ns.min(o.min_ns);
     }
 
-    /// Records one sample.
+    /// Records one sample ([`Self::record_n`] of one, its count known here).
     pub fn record(&mut self, d: SimDuration) {
-        self.record_n(d, 1);
+        self.count_exact(d, 1);
+        self.record_hist(d.as_micros_ceil(), 1);
     }
 
     /// Records `n` samples of the same duration (one decode step for a batch).
@@ -111,6 +112,7 @@ impl LatencyHistogram {
         }
     }
 
+    #[inline(always)]
     fn count_exact(&mut self, d: SimDuration, n: u64) {
         self.sum_ns += u128::from(d.0) * u128::from(n);
         self.count += n;

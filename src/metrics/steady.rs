@@ -130,31 +130,35 @@ impl Stability {
     }
 }
 
-/// Sums of consecutive observations, indexed by arrival, in batches.
+/// Sums of consecutive observations, indexed by arrival, in batches: `N`
+/// series observed together (each arrival gives one value of each), so
+/// they share their batches and counts.
 #[derive(Clone, Debug)]
-struct Batches {
+struct Batches<const N: usize> {
     /// Observations per batch.
     size: u64,
-    sum: Vec<f64>,
+    sum: Vec<[f64; N]>,
     count: Vec<u32>,
 }
 
-impl Batches {
-    fn new() -> Batches {
+impl<const N: usize> Batches<N> {
+    fn new() -> Batches<N> {
         Batches { size: BATCH, sum: Vec::new(), count: Vec::new() }
     }
 
-    /// Observation `v` of arrival number `index`.
-    fn add(&mut self, index: u64, v: f64) {
+    /// Observations `v` (one per series) of arrival number `index`.
+    fn add(&mut self, index: u64, v: [f64; N]) {
         while index / self.size >= MAX_BATCHES as u64 {
             self.coarsen();
         }
         let j = (index / self.size) as usize;
         if j >= self.sum.len() {
-            self.sum.resize(j + 1, 0.0);
+            self.sum.resize(j + 1, [0.0; N]);
             self.count.resize(j + 1, 0);
         }
-        self.sum[j] += v;
+        for (s, v) in self.sum[j].iter_mut().zip(v) {
+            *s += v;
+        }
         self.count[j] += 1;
     }
 
@@ -163,7 +167,8 @@ impl Batches {
         let pairs = self.sum.len().div_ceil(2);
         for i in 0..pairs {
             let (a, b) = (2 * i, 2 * i + 1);
-            self.sum[i] = self.sum[a] + self.sum.get(b).copied().unwrap_or(0.0);
+            let next = self.sum.get(b).copied().unwrap_or([0.0; N]);
+            self.sum[i] = std::array::from_fn(|k| self.sum[a][k] + next[k]);
             self.count[i] = self.count[a] + self.count.get(b).copied().unwrap_or(0);
         }
         self.sum.truncate(pairs);
@@ -177,16 +182,16 @@ impl Batches {
         last.map_or(0, |j| j as u64 * self.size + self.size)
     }
 
-    /// The sum and the number of the observations in the second half of the batches.
-    fn second_half(&self) -> (f64, f64) {
+    /// Series `k`'s sum and the number of observations in the second half of the batches.
+    fn second_half(&self, k: usize) -> (f64, f64) {
         let h = self.sum.len() / 2;
-        (self.sum[h..].iter().sum(), self.count[h..].iter().map(|&c| f64::from(c)).sum())
+        (self.sum[h..].iter().map(|s| s[k]).sum(), self.count[h..].iter().map(|&c| f64::from(c)).sum())
     }
 
-    /// The means of the batches with observations, and the arrival index each starts at.
-    fn means(&self) -> (Vec<f64>, Vec<u64>) {
+    /// Series `k`'s means of the batches with observations, and the arrival index each starts at.
+    fn means(&self, k: usize) -> (Vec<f64>, Vec<u64>) {
         let kept = (0..self.sum.len()).filter(|&j| self.count[j] > 0);
-        kept.map(|j| (self.sum[j] / f64::from(self.count[j]), j as u64 * self.size)).unzip()
+        kept.map(|j| (self.sum[j][k] / f64::from(self.count[j]), j as u64 * self.size)).unzip()
     }
 }
 
@@ -378,14 +383,13 @@ fn round_up_2_digits(x: f64) -> u64 {
 /// The per-arrival series of a run, bounded in memory.
 #[derive(Clone, Debug)]
 pub struct SteadyState {
-    ttft: Batches,
-    wait: Batches,
-    in_system: Batches,
-    /// Per arrival, 1 when it found its worker's waiting queue empty.
-    free: Batches,
-    /// Per arrival, 1 when it found its worker's queue empty after the
-    /// worker's previous arrival had found it not (a drain).
-    drains: Batches,
+    /// Per arrival with a first token, its TTFT and its queue wait (s).
+    first_token: Batches<2>,
+    in_system: Batches<1>,
+    /// Per arrival, 1 when it found its worker's waiting queue empty, and 1
+    /// when it found it empty after the worker's previous arrival had
+    /// found it not (a drain).
+    queueing: Batches<2>,
     /// Per worker, whether its last arrival found a queue.
     queued: Vec<bool>,
     segment_size: u64,
@@ -395,11 +399,9 @@ pub struct SteadyState {
 impl Default for SteadyState {
     fn default() -> Self {
         SteadyState {
-            ttft: Batches::new(),
-            wait: Batches::new(),
+            first_token: Batches::new(),
             in_system: Batches::new(),
-            free: Batches::new(),
-            drains: Batches::new(),
+            queueing: Batches::new(),
             queued: Vec::new(),
             segment_size: SEGMENT,
             segments: Vec::new(),
@@ -410,7 +412,7 @@ impl Default for SteadyState {
 impl SteadyState {
     /// Arrival number `serial` found `in_system` requests in the system.
     pub fn on_admitted(&mut self, serial: u32, in_system: u64) {
-        self.in_system.add(u64::from(serial), in_system as f64);
+        self.in_system.add(u64::from(serial), [in_system as f64]);
     }
 
     /// Arrival number `serial` was queued at worker number `worker`, whose
@@ -421,16 +423,14 @@ impl SteadyState {
         }
         let (i, free) = (u64::from(serial), waiting == 0);
         let drained = std::mem::replace(&mut self.queued[worker], !free) && free;
-        self.free.add(i, f64::from(u8::from(free)));
-        self.drains.add(i, f64::from(u8::from(drained)));
+        self.queueing.add(i, [f64::from(u8::from(free)), f64::from(u8::from(drained))]);
     }
 
     /// Arrival number `serial` (at `arrival`) got its first token after
     /// `ttft`, having waited `wait` for its first step.
     pub fn on_first_token(&mut self, serial: u32, arrival: SimTime, ttft: SimDuration, wait: SimDuration) {
         let i = u64::from(serial);
-        self.ttft.add(i, ttft.as_secs_f64());
-        self.wait.add(i, wait.as_secs_f64());
+        self.first_token.add(i, [ttft.as_secs_f64(), wait.as_secs_f64()]);
         let s = self.segment(i);
         s.first_arrival = Some(s.first_arrival.map_or(arrival, |a| a.min(arrival)));
         s.hist[Steady::Ttft as usize].record(ttft);
@@ -467,13 +467,13 @@ impl SteadyState {
 
     /// The verdict and the steady latencies.
     pub fn finish(&self) -> SteadySummary {
-        let (z, starts) = self.ttft.means();
-        let (wait_rises, filling) = (rises(&self.wait.means().0), rises(&self.in_system.means().0));
+        let (z, starts) = self.first_token.means(0);
+        let (wait_rises, filling) = (rises(&self.first_token.means(1).0), rises(&self.in_system.means(0).0));
         if wait_rises && filling {
             return SteadySummary { stability: Stability::Unstable, ..SteadySummary::default() };
         }
-        let arrivals = self.ttft.arrivals();
-        let got = self.ttft.count.iter().map(|&c| u64::from(c)).sum();
+        let arrivals = self.first_token.arrivals();
+        let got = self.first_token.count.iter().map(|&c| u64::from(c)).sum();
         if filling || wait_rises {
             // Still filling up (requests that stay long — long outputs —
             // accumulate before any queue forms), or waits still rising:
@@ -487,7 +487,7 @@ impl SteadyState {
             let requests_needed = round_up_2_digits(8.0 * arrivals as f64);
             return SteadySummary { requests_needed, ..SteadySummary::default() };
         }
-        let (free, drains) = (self.free.second_half(), self.drains.second_half().0);
+        let (free, drains) = (self.queueing.second_half(0), self.queueing.second_half(1).0);
         let regenerating = drains >= REGENERATIONS || 2.0 * free.0 >= free.1;
         let d = match warmup_cut(&z) {
             Some(d) if z.len() >= MIN_BATCHES && d <= z.len() / 2 && regenerating => d,
@@ -574,16 +574,16 @@ mod tests {
         for i in 0..2000u64 {
             b.add(
                 i,
-                if i < 100 {
+                [if i < 100 {
                     10.0
                 } else if (i / 2) % 2 == 0 {
                     1.0
                 } else {
                     3.0
-                },
+                }],
             );
         }
-        let (z, starts) = b.means();
+        let (z, starts) = b.means(0);
         assert_eq!(z.len(), 400);
         assert_eq!(starts[mser(&z).unwrap()], 100);
     }
@@ -593,13 +593,15 @@ mod tests {
         let mut b = Batches::new();
         let n = (MAX_BATCHES as u64) * BATCH * 3;
         for i in 0..n {
-            b.add(i, i as f64);
+            b.add(i, [i as f64, 1.0]);
         }
         assert_eq!(b.size, BATCH * 4);
         assert!(b.sum.len() <= MAX_BATCHES);
         assert_eq!(b.count.iter().map(|&c| u64::from(c)).sum::<u64>(), n);
-        let total: f64 = b.sum.iter().sum();
+        let total: f64 = b.sum.iter().map(|s| s[0]).sum();
         assert_eq!(total, (n * (n - 1) / 2) as f64);
+        let ones: f64 = b.sum.iter().map(|s| s[1]).sum();
+        assert_eq!(ones, n as f64, "each series keeps its own sums");
     }
 
     #[test]
@@ -662,11 +664,11 @@ mod tests {
         for (i, &(w, waiting)) in arrivals.iter().enumerate() {
             s.on_queued(i as u32, w, waiting);
         }
-        let drains: f64 = s.drains.sum.iter().sum();
-        let free: f64 = s.free.sum.iter().sum();
+        let drains: f64 = s.queueing.sum.iter().map(|b| b[1]).sum();
+        let free: f64 = s.queueing.sum.iter().map(|b| b[0]).sum();
         assert_eq!((drains, free), (3.0, 5.0));
-        assert_eq!(s.drains.sum[0], 1.0, "arrival 3 (batch 0) drained worker 0");
-        assert_eq!(s.drains.sum[1], 2.0, "arrivals 5 and 7 (batch 1)");
+        assert_eq!(s.queueing.sum[0][1], 1.0, "arrival 3 (batch 0) drained worker 0");
+        assert_eq!(s.queueing.sum[1][1], 2.0, "arrivals 5 and 7 (batch 1)");
     }
 
     #[test]

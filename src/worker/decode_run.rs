@@ -46,7 +46,7 @@ impl Worker {
     /// Brings a run of decode steps up to `until`: the sub-steps that ended
     /// by then (at `until` too if `inclusive`) happen — their tokens, their
     /// blocks for the next sub-step — as separate steps would have, in one
-    /// go. Their spans wait in [`Self::take_substeps`].
+    /// go. Their spans wait in [`Self::substeps_mut`].
     ///
     /// A run is planned only when nothing but decoding can happen until its
     /// end — the waiting queue is empty, no member finishes or crosses the
@@ -135,9 +135,10 @@ impl Worker {
         self.run.next < self.run.last
     }
 
-    /// Moves the spans of sub-steps materialised so far to `out`.
-    pub fn take_substeps(&mut self, out: &mut Vec<StepSpan>) {
-        out.append(&mut self.substeps);
+    /// The spans of sub-steps materialised and not yet told of (the
+    /// caller reads and clears them).
+    pub fn substeps_mut(&mut self) -> &mut Vec<StepSpan> {
+        &mut self.substeps
     }
 
     /// Ends the run in flight at the end of its current sub-step (after

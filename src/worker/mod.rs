@@ -1216,11 +1216,9 @@ mod tests {
         let mut reqs = arena(&[(10, 200), (30, 5)]);
         let mut w = Worker::new(WorkerId(0), &cfg);
         let mut next = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
-        let (mut out, mut log, mut subs, mut arrived, mut prev) =
-            (StepOutcome::default(), Vec::new(), Vec::new(), 0, SimTime::ZERO);
-        let mut take = |w: &mut Worker, log: &mut Vec<(u64, u64)>| {
-            w.take_substeps(&mut subs);
-            for s in subs.drain(..) {
+        let (mut out, mut log, mut arrived, mut prev) = (StepOutcome::default(), Vec::new(), 0, SimTime::ZERO);
+        let take = |w: &mut Worker, log: &mut Vec<(u64, u64)>| {
+            for s in w.substeps_mut().drain(..) {
                 log.extend((0..s.steps()).map(|_| (0, s.decodes)));
             }
         };
