@@ -288,6 +288,7 @@ impl KvcConfig {
     /// the run ends inside a block) or that of its last full block
     /// ([`PartialChunks::FullBlocks`], and an exact run without a known key),
     /// whose tokens it then covers.
+    #[inline]
     pub fn chunks<'s>(&self, s: &ChunkedSeq<'s>, j: u64) -> Chunks<'s> {
         let (b, c) = (self.block_size, self.chunk_tokens());
         let full_end = ((s.tokens / b).min(s.blocks())) * b;
@@ -310,6 +311,7 @@ impl KvcConfig {
     /// gives them, in runs: each run the consecutive full chunks whose last
     /// blocks lie on one chain, with its token range `[start, end)`; a last,
     /// partial chunk is a run of its own.
+    #[inline]
     pub fn runs<'s>(&self, s: &ChunkedSeq<'s>, j: u64) -> Runs<'s> {
         let chunks = self.chunks(s, j);
         Runs { chunks }

@@ -55,7 +55,16 @@ impl Worker {
     /// would be told about) — so doing its sub-steps late, when someone
     /// looks, changes nothing: callers materialise before they read the
     /// worker's state, and a new request cuts the run (`cut`).
+    ///
+    /// (Most calls find no run in flight: that is checked here, inlined.)
+    #[inline]
     pub fn materialize(&mut self, until: SimTime, inclusive: bool, cfg: &WorkerConfig) {
+        if self.in_run() {
+            self.materialize_run(until, inclusive, cfg);
+        }
+    }
+
+    fn materialize_run(&mut self, until: SimTime, inclusive: bool, cfg: &WorkerConfig) {
         while self.run.next < self.run.last {
             let start = self.step.as_ref().expect("a run is a step in flight").start;
             let piece = self.run.pieces[self.run.at];

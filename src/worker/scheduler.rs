@@ -154,8 +154,25 @@ impl Worker {
     /// Walks the waiting queue in FIFO order (see the module docs): admits
     /// (with [`Pass::Admit`]) and starts loads. Returns true if it stopped
     /// before the end of the queue because nothing behind could move.
+    /// (Most calls find the queue empty: that is checked here, inlined.)
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn schedule_waiting(
+        &mut self,
+        now: SimTime,
+        pass: Pass,
+        budget: &mut u64,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) -> bool {
+        !self.waiting.queue.is_empty() && self.walk_waiting(now, pass, budget, reqs, cfg, conn, out)
+    }
+
+    /// [`Self::schedule_waiting`] of a queue with requests in it.
+    #[allow(clippy::too_many_arguments)]
+    fn walk_waiting(
         &mut self,
         now: SimTime,
         pass: Pass,
