@@ -14,7 +14,6 @@
 
 use crate::engine::Version;
 use crate::time::{SimDuration, SimTime};
-use nohash_hasher::IntMap;
 use std::collections::VecDeque;
 
 /// An operation, numbered by the caller (unique among the device's live ops).
@@ -123,7 +122,9 @@ pub struct Device {
     bw: f64,
     cap: Option<f64>,
     waiting: VecDeque<Op>,
-    in_latency: IntMap<u32, Op>,
+    /// Operations in their access latency, in the order they started: the
+    /// latency is the device's own, so they leave it in that order too.
+    in_latency: VecDeque<Op>,
     active: Vec<Transfer>,
     /// Time up to which `active[..].remaining` is accounted.
     last: SimTime,
@@ -141,7 +142,7 @@ impl Device {
             cap: cfg.client_bandwidth_bps.map(|c| c / 1e9),
             cfg,
             waiting: VecDeque::new(),
-            in_latency: IntMap::default(),
+            in_latency: VecDeque::new(),
             active: Vec::new(),
             last: SimTime::ZERO,
             version: Version::default(),
@@ -198,7 +199,10 @@ impl Device {
     pub fn on_timer(&mut self, now: SimTime, timer: DeviceTimer, out: &mut DeviceOutput) {
         match timer {
             DeviceTimer::LatencyDone(id) => {
-                let op = self.in_latency.remove(&id.0).expect("latency timer for an operation in latency");
+                // The first to have started, unless timers due at one instant
+                // come in another order (then a short search).
+                let at = self.in_latency.iter().position(|o| o.id == id);
+                let op = at.and_then(|i| self.in_latency.remove(i)).expect("latency timer for an operation in latency");
                 self.begin_transfer(now, op, out);
             }
             DeviceTimer::Transfer(v) => {
@@ -233,7 +237,7 @@ impl Device {
         if self.cfg.latency.0 == 0 {
             self.begin_transfer(now, op, out);
         } else {
-            self.in_latency.insert(op.id.0, op);
+            self.in_latency.push_back(op);
             out.timers.push((now + self.cfg.latency, DeviceTimer::LatencyDone(op.id)));
             self.set_busy(now);
         }

@@ -43,7 +43,7 @@ impl Worker {
 
     /// Keeps a row per step from now on ([`Self::take_step_rows`]).
     pub fn log_steps(&mut self) {
-        self.log.get_or_insert_with(StepLog::default);
+        self.log.get_or_insert_with(Box::default);
     }
 
     /// Rows of steps done and not yet taken.

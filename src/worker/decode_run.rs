@@ -239,8 +239,6 @@ pub struct DecodeGroup {
     /// Σ computed tokens of the members before the next step.
     context: u64,
     residue: Vec<u32>,
-    /// `cumulative[k]` = Σ `residue[..k]` (so blocks over a range of steps are two reads).
-    cumulative: Vec<u64>,
     finish: BinaryHeap<Reverse<(u64, u64, RequestId, u32)>>,
     /// The sliding window (`u64::MAX`: none, and nothing below is kept).
     window: u64,
@@ -265,7 +263,6 @@ impl DecodeGroup {
             members: Vec::new(),
             context: 0,
             residue: vec![0; block_size as usize],
-            cumulative: vec![0; block_size as usize + 1],
             finish: BinaryHeap::new(),
             window: window.unwrap_or(u64::MAX),
             below: 0,
@@ -374,7 +371,6 @@ impl DecodeGroup {
         self.context += computed;
         let res = self.residue_of(join, computed);
         self.residue[res] += 1;
-        self.cumulative[res + 1..].iter_mut().for_each(|c| *c += 1);
     }
 
     /// Removes `id` before step `s`; returns its (computed, generated) tokens then.
@@ -391,7 +387,6 @@ impl DecodeGroup {
         let generated = d.generated_at_join + (s - d.join_step);
         let res = self.residue_of(d.join_step, d.computed_at_join);
         self.residue[res] -= 1;
-        self.cumulative[res + 1..].iter_mut().for_each(|c| *c -= 1);
         self.context -= computed;
         let pos = d.pos as usize;
         self.members.swap_remove(pos);
@@ -419,11 +414,11 @@ impl DecodeGroup {
         let bs = self.block_size;
         // The partial cycle: residues `from % bs ..` for `n % bs` steps, wrapping round.
         let (start, r) = ((from % bs) as usize, (n % bs) as usize);
-        let c = &self.cumulative;
+        let sum = |counts: &[u32]| counts.iter().map(|&c| u64::from(c)).sum::<u64>();
         let partial = if start + r <= bs as usize {
-            c[start + r] - c[start]
+            sum(&self.residue[start..start + r])
         } else {
-            c[bs as usize] - c[start] + c[start + r - bs as usize]
+            sum(&self.residue[start..]) + sum(&self.residue[..start + r - bs as usize])
         };
         n / bs * self.members.len() as u64 + partial
     }

@@ -286,8 +286,9 @@ pub struct Worker {
     step_j: f64,
     /// The GPU's power model.
     power: PowerModel,
-    /// The steps done so far and those planned (when a `steps` table is kept).
-    log: Option<StepLog>,
+    /// The steps done so far and those planned (when a `steps` table is
+    /// kept; boxed, so a worker without one stays small).
+    log: Option<Box<StepLog>>,
     /// The start of the first step since the last decoding one that left
     /// the decoders out (v0's prefill-only steps): their last token came then.
     paused_since: Option<SimTime>,
@@ -1457,6 +1458,34 @@ mod tests {
         assert_eq!((g.blocks_needed(7), g.blocks_needed(8)), (0, 1));
         assert_eq!(g.blocks_needed(8 + 16), 1);
         assert_eq!(g.context_tokens(), 15);
+    }
+
+    #[test]
+    fn blocks_over_a_range_are_the_steps_blocks_summed() {
+        // Members in several residue classes (two in one); ranges that start
+        // anywhere in the cycle, wrap round it, and span whole cycles.
+        let cfg = toy(1000, 8);
+        let mut reqs = arena(&[(15, 500), (20, 500), (33, 500), (47, 500), (3, 500)]);
+        let mut g = DecodeGroup::new(cfg.block_size, None);
+        for (i, (computed, join)) in [(15, 7), (20, 7), (33, 9), (47, 9), (3, 26)].into_iter().enumerate() {
+            reqs[i].seq.computed = computed;
+            reqs[i].seq.generated = 1;
+            g.join(RequestId(i as u32), join, &mut reqs);
+        }
+        for from in 26..26 + 16 {
+            for n in 0..70 {
+                let each: u64 = (from..from + n).map(|s| g.blocks_needed(s)).sum();
+                assert_eq!(g.blocks_over(from, n), each, "steps {from}..{}", from + n);
+                for allowance in [0, 1, 3, each] {
+                    let most = g.steps_within(from, n, allowance);
+                    let fits = |k: u64| (from..from + k).map(|s| g.blocks_needed(s)).sum::<u64>() <= allowance;
+                    assert!(
+                        fits(most) && (most == n || !fits(most + 1)),
+                        "{allowance} blocks from {from}: {most} steps"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
