@@ -164,6 +164,20 @@ enum Purpose {
     },
 }
 
+/// Each worker's tier instances in lookup order, one run of `per_worker`
+/// after another (every worker has the same tiers): one small array that
+/// stays in cache, not a list per worker behind a pointer of its own.
+struct WorkerTiers {
+    flat: Vec<u32>,
+    per_worker: usize,
+}
+
+impl WorkerTiers {
+    fn of(&self, w: WorkerId) -> &[u32] {
+        &self.flat[w.index() * self.per_worker..(w.index() + 1) * self.per_worker]
+    }
+}
+
 struct IoOp {
     instance: u32,
     purpose: Purpose,
@@ -201,7 +215,7 @@ pub struct KvConnector {
     block_size: u64,
     instances: Vec<TierInstance>,
     /// Per worker: its tier instances in lookup order.
-    worker_tiers: Vec<Vec<u32>>,
+    worker_tiers: WorkerTiers,
     ops: Vec<Option<IoOp>>,
     free_ops: Vec<u32>,
     dev_out: DeviceOutput,
@@ -283,7 +297,7 @@ impl KvConnector {
             kvc: kvc.clone(),
             block_size,
             instances: Vec::new(),
-            worker_tiers: Vec::new(),
+            worker_tiers: WorkerTiers { flat: Vec::new(), per_worker: kvc.tiers.len() },
             ops: Vec::new(),
             free_ops: Vec::new(),
             dev_out: DeviceOutput::default(),
@@ -347,11 +361,10 @@ impl KvConnector {
     /// Adds the next worker's tiers (a per-worker instance of CPU memory and
     /// NVMe; the one distributed file system, created with the first worker).
     pub fn add_worker(&mut self) {
-        let mut tiers = Vec::new();
         for t in &self.kvc.tiers {
             let shared =
                 if t.tier == Tier::Dfs { self.instances.iter().position(|i| i.tier == Tier::Dfs) } else { None };
-            tiers.push(match shared {
+            self.worker_tiers.flat.push(match shared {
                 Some(i) => i as u32,
                 None => {
                     self.instances.push(TierInstance {
@@ -363,7 +376,6 @@ impl KvConnector {
                 }
             });
         }
-        self.worker_tiers.push(tiers);
         if let Some((cfg, _)) = self.link {
             self.links.push(Device::new(cfg));
         }
@@ -371,7 +383,7 @@ impl KvConnector {
 
     /// Whether worker `w` can load KV from anywhere (a tier below the GPU, or a link).
     pub fn has_tiers(&self, w: WorkerId) -> bool {
-        !self.worker_tiers[w.index()].is_empty() || w.index() < self.links.len()
+        !self.worker_tiers.of(w).is_empty() || w.index() < self.links.len()
     }
 
     /// No device operation (load or save) is in flight.
@@ -424,7 +436,7 @@ impl KvConnector {
             hit.tokens = num_tokens.saturating_sub(1).saturating_sub(local * self.block_size);
             return (hit, false);
         }
-        let tiers = &self.worker_tiers[w.index()];
+        let tiers = self.worker_tiers.of(w);
         if tiers.is_empty() {
             return (hit, true);
         }
@@ -525,7 +537,7 @@ impl KvConnector {
     /// the GPU prefix covers is loaded but not refreshed, as LMCache's
     /// lookup from the root would not reach it.
     pub fn admitted(&mut self, w: WorkerId, request: RequestId, seq: &ChunkedSeq<'_>, local: u64) -> u64 {
-        if self.worker_tiers[w.index()].is_empty() {
+        if self.worker_tiers.of(w).is_empty() {
             return 0;
         }
         // The chunks from the one holding block `local` on, as the walk
@@ -545,7 +557,7 @@ impl KvConnector {
         let j0 = local / self.kvc.chunk_blocks;
         let mut held = std::mem::take(&mut self.admitted_scratch);
         held.clear();
-        let tiers = &self.worker_tiers[w.index()];
+        let tiers = self.worker_tiers.of(w);
         let ct = self.kvc.chunk_tokens();
         let skip = beyond.as_ref().is_some_and(|f| !f.is_empty());
         let mut end = 0;
@@ -672,7 +684,7 @@ impl KvConnector {
         from: u64,
         out: &mut ConnectorOutput,
     ) {
-        let tiers = &self.worker_tiers[w.index()];
+        let tiers = self.worker_tiers.of(w);
         if tiers.is_empty() {
             return;
         }
@@ -689,7 +701,7 @@ impl KvConnector {
             WritePolicy::Spill => 1,
         };
         for i in 0..targets {
-            let inst = self.worker_tiers[w.index()][i];
+            let inst = self.worker_tiers.of(w)[i];
             self.write_chunks(now, w, inst, &chunks, waiter, out);
         }
         self.chunks_scratch = chunks;
@@ -757,7 +769,7 @@ impl KvConnector {
         evicted: impl Iterator<Item = ChunkKey>,
         out: &mut ConnectorOutput,
     ) {
-        let Some(&first) = self.worker_tiers[w.index()].first() else { return };
+        let Some(&first) = self.worker_tiers.of(w).first() else { return };
         let bytes = self.kvc.chunk_blocks * self.kvc.block_bytes;
         let chunks: Vec<(Run, u64)> = evicted.map(|k| (Run::one(k), bytes)).collect();
         self.write_chunks(now, w, first, &chunks, None, out);
@@ -824,7 +836,7 @@ impl KvConnector {
             }
         }
         if self.kvc.write_policy == WritePolicy::Spill && !spilled.is_empty() {
-            let tiers = &self.worker_tiers[w.index()];
+            let tiers = self.worker_tiers.of(w);
             if let Some(pos) = tiers.iter().position(|&i| i == inst)
                 && let Some(&next) = tiers.get(pos + 1)
             {
@@ -850,7 +862,7 @@ impl KvConnector {
     /// writes take their devices' bandwidth and their stores' room as any
     /// write does (asynchronous: nothing waits for them).
     fn write_back(&mut self, now: SimTime, w: WorkerId, from: u32, keys: &[(Run, u64)], out: &mut ConnectorOutput) {
-        let tiers = &self.worker_tiers[w.index()];
+        let tiers = self.worker_tiers.of(w);
         let Some(pos) = tiers.iter().position(|&i| i == from) else { return };
         let targets = match self.kvc.write_policy {
             WritePolicy::WriteThrough => pos,
@@ -859,7 +871,7 @@ impl KvConnector {
         // A step's batch of saves is not this read's (it may be another worker's).
         let batching = std::mem::replace(&mut self.batching, false);
         for i in 0..targets {
-            let inst = self.worker_tiers[w.index()][i];
+            let inst = self.worker_tiers.of(w)[i];
             if self.instances[inst as usize].tier != Tier::Dfs {
                 self.write_chunks(now, w, inst, keys, None, out);
             }
