@@ -1467,14 +1467,21 @@ mod tests {
         let cfg = toy(1000, 8);
         let mut reqs = arena(&[(15, 500), (20, 500), (33, 500), (47, 500), (3, 500)]);
         let mut g = DecodeGroup::new(cfg.block_size, None);
-        for (i, (computed, join)) in [(15, 7), (20, 7), (33, 9), (47, 9), (3, 26)].into_iter().enumerate() {
+        let members = [(15, 7), (20, 7), (33, 9), (47, 9), (3, 26)];
+        for (i, (computed, join)) in members.into_iter().enumerate() {
             reqs[i].seq.computed = computed;
             reqs[i].seq.generated = 1;
             g.join(RequestId(i as u32), join, &mut reqs);
         }
+        // Independently of the group's counters: in step `s` a member that
+        // joined at `j` with `c` computed tokens writes KV position
+        // `c + (s − j)`, and needs a new block when that starts one.
+        let starts =
+            |s: u64| members.iter().filter(|&&(c, j)| (c + s - j).is_multiple_of(cfg.block_size)).count() as u64;
         for from in 26..26 + 16 {
             for n in 0..70 {
                 let each: u64 = (from..from + n).map(|s| g.blocks_needed(s)).sum();
+                assert_eq!(each, (from..from + n).map(starts).sum::<u64>(), "steps {from}..{}", from + n);
                 assert_eq!(g.blocks_over(from, n), each, "steps {from}..{}", from + n);
                 for allowance in [0, 1, 3, each] {
                     let most = g.steps_within(from, n, allowance);
