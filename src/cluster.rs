@@ -158,7 +158,8 @@ impl<'a> Cluster<'a> {
         c.hashes_read = c.router.needs().kv_index
             || !scenario.kvc.tiers.is_empty()
             || scenario.disagg.is_some()
-            || scenario.worker.prefix_caching;
+            || scenario.worker.prefix_caching
+            || scenario.groups.iter().any(|g| g.pool.worker.prefix_caching);
         if let Some(d) = &scenario.disagg {
             c.connector.set_link(d.link, scenario.model.kv_bytes_per_token());
         }
@@ -175,7 +176,7 @@ impl<'a> Cluster<'a> {
         if self.log_steps {
             self.workers[id.index()].log_steps();
         }
-        self.router.add_worker(id);
+        self.router.add_worker(id, self.scenario.load_weight(id.index()));
         self.recorder.on_worker_added(now);
         self.connector.add_worker();
         id

@@ -472,14 +472,12 @@ impl Recorder {
                     hbm_fraction: if alive > 0.0 { w.peak_total().memory / alive } else { 0.0 },
                     preemptions: w.preemptions(),
                     chunks_indexed: end.router.chunks_indexed(w.id()),
-                    cost: match &s.disagg {
-                        Some(d) => {
-                            let pool = d.pool_of(w.id().index()).1;
-                            pool.gpu.cost(pool.tp, alive, busy, w.step_joules())
-                        }
-                        None => s.gpu.cost(s.tp, alive, busy, w.step_joules()),
+                    cost: {
+                        let (gpu, tp) = s.hardware_of(w.id().index());
+                        gpu.cost(tp, alive, busy, w.step_joules())
                     },
                     role: s.disagg.as_ref().map_or(Role::Mixed, |d| d.pool_of(w.id().index()).0).name(),
+                    group: s.group_name(w.id().index()).to_string(),
                     link_bytes: st.link_bytes,
                 }
             })

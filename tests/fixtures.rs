@@ -80,6 +80,17 @@ impl Spec {
         self
     }
 
+    /// Appends a worker group: a `[[worker_groups]]` entry named `name`
+    /// with `count` workers and the group's other keys in `keys`.
+    pub fn group(mut self, name: &str, count: i64, keys: Table) -> Spec {
+        let mut group = keys;
+        group.insert("name".into(), name.into());
+        group.insert("count".into(), count.into());
+        let groups = self.0.entry("worker_groups").or_insert_with(|| Value::Array(Vec::new()));
+        groups.as_array_mut().expect("`worker_groups` is a list").push(Value::Table(group));
+        self
+    }
+
     /// The spec as TOML text, as a spec file would hold it.
     pub fn toml(&self) -> String {
         toml::to_string(&self.0).expect("a table always serializes")

@@ -9,6 +9,7 @@ mod crn;
 mod disagg;
 mod fixtures;
 mod golden;
+mod groups;
 mod kvcache;
 mod performance;
 mod queueing;
@@ -29,6 +30,15 @@ use std::path::PathBuf;
 pub fn scenario(text: &str) -> opal::Scenario {
     let file = opal::config::parse_spec(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
     opal::config::resolve(&file, "test.toml", std::path::Path::new(".")).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The error a scenario's TOML text resolves to (it must not resolve).
+pub fn scenario_err(text: &str) -> opal::config::ConfigError {
+    let file = opal::config::parse_spec(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+    match opal::config::resolve(&file, "test.toml", std::path::Path::new(".")) {
+        Ok(_) => panic!("resolved, but an error was expected:\n{text}"),
+        Err(e) => e,
+    }
 }
 
 /// A fresh temporary directory named after the test.

@@ -9,6 +9,9 @@ use crate::time::SimDuration;
 /// and counters, about 1.6 KB before it holds any KV state.
 pub const MAX_WORKERS: u32 = 100_000;
 
+// The router's least-loaded tree keeps a worker's index in its keys' low bits.
+const _: () = assert!(MAX_WORKERS < 1 << crate::router::INDEX_BITS);
+
 /// The resolution context: the spec's source, named in every error.
 pub(crate) struct Ctx<'a> {
     pub(super) source: &'a str,

@@ -4,7 +4,7 @@
 
 use super::context::Ctx;
 use super::error::ConfigError;
-use super::schema::{DisaggregationSection, PoolSection, SpecFile, VllmParams};
+use super::schema::{DisaggregationSection, PoolSection, SpecFile, VllmParams, WorkerGroupSection};
 use super::worker::{resolve_gpu, resolve_worker};
 use crate::router::pd::KvPath;
 use crate::storage::DeviceConfig;
@@ -79,12 +79,47 @@ impl Disaggregation {
     }
 }
 
-/// One pool's worker: the spec's settings with the pool's GPU, TP and vLLM overrides.
+/// What a P/D pool or a worker group sets over `[worker]`.
+pub(super) struct PoolKeys<'a> {
+    count: i64,
+    gpu: Option<&'a String>,
+    tp: Option<u32>,
+    vllm_params: Option<&'a toml::Table>,
+    usd_per_gpu_hour: Option<f64>,
+}
+
+impl<'a> From<&'a PoolSection> for PoolKeys<'a> {
+    fn from(p: &'a PoolSection) -> Self {
+        PoolKeys {
+            count: p.count,
+            gpu: p.gpu.as_ref(),
+            tp: p.tp,
+            vllm_params: p.vllm_params.as_ref(),
+            usd_per_gpu_hour: None,
+        }
+    }
+}
+
+impl<'a> From<&'a WorkerGroupSection> for PoolKeys<'a> {
+    fn from(g: &'a WorkerGroupSection) -> Self {
+        PoolKeys {
+            count: g.count,
+            gpu: g.gpu.as_ref(),
+            tp: g.tp,
+            vllm_params: g.vllm_params.as_ref(),
+            usd_per_gpu_hour: g.usd_per_gpu_hour,
+        }
+    }
+}
+
+/// One pool's (or group's) worker: the spec's settings with its GPU, TP,
+/// price and vLLM overrides; `at` is its key (`disaggregation.prefill`,
+/// `worker_groups.2`).
 #[allow(clippy::too_many_arguments)]
-fn resolve_pool(
+pub(super) fn resolve_pool(
     cx: &Ctx<'_>,
     file: &SpecFile,
-    p: &PoolSection,
+    p: &PoolKeys<'_>,
     at: &str,
     model: &ModelArch,
     stages: &[StageConfig],
@@ -99,7 +134,7 @@ fn resolve_pool(
         && !gpu.eq_ignore_ascii_case(&f.worker.hw.gpu)
     {
         let hw = &mut f.worker.hw;
-        hw.gpu = gpu.clone();
+        hw.gpu = (*gpu).clone();
         // The spec's overrides describe its own GPU, not this one.
         (hw.memory_gb, hw.tflops, hw.mem_bw_TBps, hw.tflops_fp8, hw.link_GBps) = (None, None, None, None, None);
         (hw.max_watts, hw.idle_watts, hw.active_watts, hw.compute_watts, hw.memory_watts) =
@@ -108,11 +143,14 @@ fn resolve_pool(
     if let Some(tp) = p.tp {
         f.worker.hw.tp = tp;
     }
+    if p.usd_per_gpu_hour.is_some() {
+        f.worker.hw.usd_per_gpu_hour = p.usd_per_gpu_hour;
+    }
     if let Some(over) = &p.vllm_params {
         let toml::Value::Table(mut merged) = toml::Value::try_from(&f.worker.vllm_params).expect("serialisable") else {
             unreachable!("a struct serialises to a table")
         };
-        merged.extend(over.clone());
+        merged.extend((*over).clone());
         f.worker.vllm_params = super::from_table::<VllmParams>(&merged, cx.source, &key("vllm_params"))?;
     }
     // An error about a key the pool sets names the pool's key (and so its
@@ -122,6 +160,7 @@ fn resolve_pool(
         let pool_key = match e.key.as_deref() {
             Some(k) if k.starts_with("worker.hw.gpu") && p.gpu.is_some() => Some(key("gpu")),
             Some("worker.hw.tp") if p.tp.is_some() => Some(key("tp")),
+            Some("worker.hw.usd_per_gpu_hour") if p.usd_per_gpu_hour.is_some() => Some(key("usd_per_gpu_hour")),
             Some(k) => k
                 .strip_prefix("worker.vllm_params.")
                 .filter(|v| p.vllm_params.as_ref().is_some_and(|o| o.contains_key(*v)))
@@ -193,8 +232,8 @@ pub(super) fn resolve(
     };
     let pd = section.prefill.as_ref().ok_or_else(|| missing("prefill"))?;
     let dd = section.decode.as_ref().ok_or_else(|| missing("decode"))?;
-    let prefill = resolve_pool(cx, file, pd, &key("prefill"), model, stages, base, base_dir)?;
-    let decode = resolve_pool(cx, file, dd, &key("decode"), model, stages, base, base_dir)?;
+    let prefill = resolve_pool(cx, file, &pd.into(), &key("prefill"), model, stages, base, base_dir)?;
+    let decode = resolve_pool(cx, file, &dd.into(), &key("decode"), model, stages, base, base_dir)?;
     cx.workers(&key("decode.count"), prefill.count + decode.count)?;
     if decode.count == 0 {
         return Err(cx.err(&key("decode.count"), "the decode pool is empty", "give it at least one worker"));

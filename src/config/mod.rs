@@ -5,6 +5,7 @@ mod context;
 pub mod disagg;
 pub mod effective;
 mod error;
+pub mod groups;
 pub mod opal_json;
 mod resolve;
 pub mod schema;

@@ -44,6 +44,10 @@ pub struct Scenario {
     pub kvc: KvcConfig,
     /// Prefill and decode pools (`None`: every worker is mixed, per `worker`).
     pub disagg: Option<super::disagg::Disaggregation>,
+    /// Worker groups, workers numbered group by group (empty: every
+    /// worker is `worker` on `gpu`; else `gpu`, `tp` and `worker` are the
+    /// first group's, and the fleet shares their block size and context).
+    pub groups: Vec<super::groups::Group>,
     /// The per-request SLO that `slo_attainment` and `goodput_rps` count.
     pub request_slo: RequestSlo,
 }
@@ -70,11 +74,62 @@ impl Scenario {
         self.stages.iter().map(StageConfig::expected_requests).sum()
     }
 
-    /// The settings of worker `w`: its pool's, or the spec's when every worker is mixed.
+    /// The settings of worker `w`: its pool's or group's, else the spec's.
     pub fn worker_config(&self, w: usize) -> &WorkerConfig {
         match &self.disagg {
             Some(d) => &d.pool_of(w).1.worker,
-            None => &self.worker,
+            None if self.groups.is_empty() => &self.worker,
+            None => &self.groups[self.group_of(w)].pool.worker,
+        }
+    }
+
+    /// The index of worker `w`'s group (with worker groups).
+    pub fn group_of(&self, w: usize) -> usize {
+        let mut first = 0;
+        for (i, g) in self.groups.iter().enumerate() {
+            first += g.pool.count as usize;
+            if w < first {
+                return i;
+            }
+        }
+        panic!("worker {w} is beyond the fleet's {first} workers")
+    }
+
+    /// What one request weighs in worker `w`'s load when the router
+    /// compares loads: 1 without worker groups; with them
+    /// [`crate::router::LOAD_UNIT`] × the most capable group's capacity /
+    /// `w`'s group's, rounded (at most [`crate::router::MAX_LOAD_WEIGHT`]).
+    pub fn load_weight(&self, w: usize) -> u32 {
+        if self.groups.is_empty() {
+            return 1;
+        }
+        let most = self.groups.iter().map(|g| g.capacity).fold(0.0, f64::max);
+        let own = self.groups[self.group_of(w)].capacity;
+        let unit = f64::from(crate::router::LOAD_UNIT);
+        (unit * most / own).round().clamp(unit, f64::from(crate::router::MAX_LOAD_WEIGHT)) as u32
+    }
+
+    /// The GPU and TP degree of worker `w`.
+    pub fn hardware_of(&self, w: usize) -> (&GpuSpec, u32) {
+        match &self.disagg {
+            Some(d) => {
+                let pool = d.pool_of(w).1;
+                (&pool.gpu, pool.tp)
+            }
+            None if self.groups.is_empty() => (&self.gpu, self.tp),
+            None => {
+                let pool = &self.groups[self.group_of(w)].pool;
+                (&pool.gpu, pool.tp)
+            }
+        }
+    }
+
+    /// The name of worker `w`'s group: its group's, its P/D pool's role, or `default`.
+    pub fn group_name(&self, w: usize) -> &str {
+        match &self.disagg {
+            Some(d) => d.pool_of(w).0.name(),
+            None if self.groups.is_empty() => "default",
+            None => &self.groups[self.group_of(w)].name,
         }
     }
 }
@@ -136,6 +191,8 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
+    // (Before the pools: groups and pools do not combine, and the error says so.)
+    let groups = super::groups::resolve_groups(&cx, file, &model, &stages, &worker, base_dir)?;
     let mut gpu = gpu;
     let mut tp = tp;
     let disagg = match &file.disaggregation {
@@ -154,6 +211,11 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         // The pools say how many workers there are (simulation.num_workers does not apply).
         num_workers = d.workers();
     }
+    if let Some(first) = groups.first() {
+        // The groups say how many workers there are; the fleet-wide settings are the first group's.
+        num_workers = groups.iter().map(|g| g.pool.count).sum();
+        (gpu, tp, worker) = (first.pool.gpu.clone(), first.pool.tp, first.pool.worker.clone());
+    }
     let router = resolve_router(&cx, file, policy, num_workers)?;
     Ok(Scenario {
         seed: sim.seed,
@@ -168,6 +230,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         stages,
         kvc,
         disagg,
+        groups,
         request_slo,
     })
 }

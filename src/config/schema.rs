@@ -48,6 +48,9 @@ pub struct SpecFile {
     /// Prefill and decode on separate worker pools (absent: every worker does both).
     #[serde(default)]
     pub disaggregation: Option<DisaggregationSection>,
+    /// Groups of workers of unequal hardware behind one router (`[[worker_groups]]`; absent: `simulation.num_workers` copies of `[worker]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub worker_groups: Vec<WorkerGroupSection>,
 }
 
 /// `[search]`: per grid point, the largest (or smallest) value of one
@@ -161,6 +164,33 @@ pub struct PoolSection {
     /// The pool's `[worker.vllm_params]` overrides (e.g. `{ max_num_batched_tokens = 16384 }`).
     #[serde(default)]
     pub vllm_params: Option<toml::Table>,
+}
+
+/// `[[worker_groups]]`: `count` workers of one kind — `[worker]`'s settings
+/// with the group's GPU, TP, price and vLLM overrides (a fleet mixing
+/// generations, say 8 A100 and 8 H100, behind one router).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerGroupSection {
+    /// The group's name (in the workers, requests and steps tables; unique).
+    pub name: String,
+    /// Workers in the group (0 leaves it out, for a sweep's baseline).
+    pub count: i64,
+    /// The group's GPU preset (default: `worker.hw.gpu`).
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// The group's tensor-parallel degree (default: `worker.hw.tp`).
+    #[serde(default)]
+    pub tp: Option<u32>,
+    /// Price of one of the group's GPU-hours, US dollars (default: `worker.hw.usd_per_gpu_hour`).
+    #[serde(default)]
+    pub usd_per_gpu_hour: Option<f64>,
+    /// The group's `[worker.vllm_params]` overrides (e.g. `{ max_num_seqs = 128 }`; `block_size` and `max_model_len` are the fleet's).
+    #[serde(default)]
+    pub vllm_params: Option<toml::Table>,
+    /// One worker's capacity relative to the other groups', by which load-based routing divides its load (default: estimated from the step model, see the README).
+    #[serde(default)]
+    pub capacity: Option<f64>,
 }
 
 /// `[sweep]`.

@@ -487,6 +487,8 @@ pub struct WorkerRow {
     pub cost: CostSummary,
     /// Its role: `mixed`, `prefill` or `decode`.
     pub role: &'static str,
+    /// Its group: a `[[worker_groups]]` name, its P/D pool's role, or `default`.
+    pub group: String,
     /// KV bytes it pulled over its link (remote prefills).
     pub link_bytes: u64,
 }

@@ -246,6 +246,7 @@ impl Row for WorkerRow {
         s.col(format_args!("energy_j"), F64, Cell::F64(self.cost.energy_j));
         s.col(format_args!("usd"), F64, Cell::F64(self.cost.usd));
         s.col(format_args!("role"), Str, Cell::Str(self.role));
+        s.col(format_args!("group"), Str, Cell::Str(&self.group));
         s.col(format_args!("link_bytes"), U64, Cell::U64(self.link_bytes));
     }
 }

@@ -51,18 +51,20 @@ impl Policy for Balanced {
 
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let p = &self.params;
-        let max = ctx.workers.iter().map(|w| w.outstanding).max().unwrap_or(0);
-        let min = ctx.workers.iter().map(|w| w.outstanding).min().unwrap_or(0);
-        if f64::from(max - min) > p.abs_threshold && f64::from(max) > p.rel_threshold * f64::from(min) {
+        // Loads in requests of the most capable workers (outstanding requests with equal workers).
+        let unit = ctx.workers.iter().map(|w| w.weight).min().unwrap_or(1).max(1) as f64;
+        let load = |w: &super::WorkerLoad| w.load() as f64 / unit;
+        let max = ctx.workers.iter().map(load).fold(0.0, f64::max);
+        let min = ctx.workers.iter().map(load).fold(f64::INFINITY, f64::min).min(max);
+        if max - min > p.abs_threshold && max > p.rel_threshold * min {
             return ctx.fewest.expect("the router keeps the least loaded for a policy that reads loads");
         }
-        let norm = f64::from(max.max(1));
+        let norm = max.max(1.0);
         best_with_random_ties(
             ctx.workers,
             |i| {
                 let w = &ctx.workers[i];
-                p.prefix_weight * ctx.prefix_fraction(i)
-                    - p.load_weight * (f64::from(w.outstanding) / norm + w.system.kv_usage)
+                p.prefix_weight * ctx.prefix_fraction(i) - p.load_weight * (load(w) / norm + w.system.kv_usage)
             },
             rng,
         )

@@ -149,9 +149,9 @@ impl<'a> Router<'a> {
     }
 
     /// A new worker (ids are given in order).
-    pub fn add_worker(&mut self, id: WorkerId) {
+    pub fn add_worker(&mut self, id: WorkerId, weight: u32) {
         debug_assert_eq!(id.index(), self.loads.len());
-        self.loads.push(WorkerLoad { id, outstanding: 0, system: SystemEvent::default() });
+        self.loads.push(WorkerLoad { id, outstanding: 0, weight, system: SystemEvent::default() });
         if self.track_fewest {
             self.fewest.update(&self.loads, id.index());
         }
@@ -473,7 +473,7 @@ mod tests {
 
     fn router<'a>(cfg: &'a RouterConfig, kvc: &'a KvcConfig, workers: u32, pd: Option<PdRule>) -> Router<'a> {
         let mut r = Router::new(cfg, kvc, 16, pd, crate::rng::SeedTree::new(1).stream("router"));
-        (0..workers).for_each(|w| r.add_worker(WorkerId(w)));
+        (0..workers).for_each(|w| r.add_worker(WorkerId(w), 1));
         r
     }
 

@@ -21,7 +21,7 @@ impl Policy for LeastLoaded {
 /// among `workers`, by a scan (what the tree must agree with).
 #[cfg(test)]
 pub(crate) fn fewest_by_scan(workers: &[WorkerLoad]) -> WorkerId {
-    workers.iter().min_by_key(|w| (w.outstanding, w.id)).expect("at least one worker").id
+    workers.iter().min_by_key(|w| (w.load(), w.id)).expect("at least one worker").id
 }
 
 /// A tournament tree over the workers' outstanding counts: the least loaded
@@ -37,12 +37,17 @@ pub(crate) struct Fewest {
     size: usize,
 }
 
+/// Bits of a key that hold the worker's index (more than a run's most
+/// workers need: the configuration checks it); the load above them is at
+/// most 2³² × [`super::MAX_LOAD_WEIGHT`] = 2⁴⁶.
+pub(crate) const INDEX_BITS: u32 = 17;
+
 impl Fewest {
     /// No worker: above every worker's key.
     const NONE: u64 = u64::MAX;
 
     fn key(loads: &[WorkerLoad], i: usize) -> u64 {
-        u64::from(loads[i].outstanding) << 32 | i as u64
+        loads[i].load() << INDEX_BITS | i as u64
     }
 
     /// Worker `i`'s count changed (or it was added: `loads` holds it).
@@ -84,7 +89,7 @@ impl Fewest {
             hi /= 2;
         }
         assert_ne!(best, Self::NONE, "at least one worker");
-        loads[(best & u64::from(u32::MAX)) as usize].id
+        loads[(best & ((1 << INDEX_BITS) - 1)) as usize].id
     }
 }
 

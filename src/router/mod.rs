@@ -26,6 +26,7 @@ pub use autoscale::{AutoscaleConfig, Autoscaler};
 pub use balanced::{Balanced, BalancedParams};
 pub use gateway::{RequestView, Routed, Router};
 pub use index::{KvIndex, Match};
+pub(crate) use least_loaded::INDEX_BITS;
 pub use least_loaded::LeastLoaded;
 pub use max_prefix::MaxPrefix;
 pub use power_of_two::PowerOfTwo;
@@ -60,8 +61,26 @@ pub struct WorkerLoad {
     pub id: WorkerId,
     /// Requests routed to it that have not completed (the router's own count).
     pub outstanding: u32,
+    /// What one of its requests weighs in its load: 1 in a fleet of equal
+    /// workers; with worker groups [`LOAD_UNIT`] × the most capable
+    /// group's capacity / its group's (see [`crate::Scenario::load_weight`]).
+    pub weight: u32,
     /// Its last system event (all zero before the first).
     pub system: SystemEvent,
+}
+
+/// The weight of a request on the most capable workers of a fleet of worker groups.
+pub const LOAD_UNIT: u32 = 1024;
+
+/// The most a weight may be ([`LOAD_UNIT`] × 16: capacities further apart count as 16× apart).
+pub const MAX_LOAD_WEIGHT: u32 = 16 * LOAD_UNIT;
+
+impl WorkerLoad {
+    /// Its load: outstanding requests × their weight, so unequal workers
+    /// compare by load relative to capacity.
+    pub fn load(&self) -> u64 {
+        u64::from(self.outstanding) * u64::from(self.weight)
+    }
 }
 
 /// Everything a policy decides on.
@@ -288,7 +307,7 @@ pub(crate) fn loads(outstanding: &[u32]) -> Vec<WorkerLoad> {
     outstanding
         .iter()
         .enumerate()
-        .map(|(i, &o)| WorkerLoad { id: WorkerId(i as u32), outstanding: o, system: SystemEvent::default() })
+        .map(|(i, &o)| WorkerLoad { id: WorkerId(i as u32), outstanding: o, weight: 1, system: SystemEvent::default() })
         .collect()
 }
 

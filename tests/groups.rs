@@ -1,0 +1,121 @@
+//! Worker groups, by hand: a fleet of unequal workers sized and priced
+//! group by group, each worker's capacity estimated from the step model,
+//! and load-based routing dividing each worker's load by it.
+
+use crate::fixtures::Spec;
+use toml::toml;
+
+/// Llama-3.1-8B with no tiers, requests of `prompt` and `output` tokens
+/// arriving `rate` a second (evenly spaced), `n` of them.
+fn fleet(prompt: i64, output: i64, rate: f64, n: i64) -> Spec {
+    Spec::llama8b().tiers(&[]).stage(
+        "UniformReqRate",
+        toml! { request_rate = rate total_requests = n prompt_size = prompt output_tokens = output },
+    )
+}
+
+/// The KV blocks of Llama-3.1-8B (16,060,522,496 bytes of weights, 2 MiB
+/// blocks of 16 tokens) on one GPU of `gib` GiB at 0.9 utilisation.
+fn llama8b_blocks(gib: f64) -> u64 {
+    ((gib * 1073741824.0 * 0.9 - 16_060_522_496.0) / 2_097_152.0).floor() as u64
+}
+
+#[test]
+fn a_fleet_of_groups_is_sized_and_priced_group_by_group() {
+    let spec = fleet(1000, 20, 50.0, 20)
+        .set("worker.hw.usd_per_gpu_hour", 3.0)
+        .group("a100", 2, toml! { gpu = "A100-80G" usd_per_gpu_hour = 1.5 })
+        .group("h100", 3, toml::Table::new());
+    let s = spec.scenario();
+    assert_eq!(s.num_workers, 5);
+    // Both GPUs have 80 GiB: the same pool (the A100's 80 GB preset is 80 GiB, as the H100's).
+    assert_eq!(s.worker_config(0).total_blocks, llama8b_blocks(80.0));
+    assert_eq!(s.worker_config(4).total_blocks, 29_205);
+    assert_eq!((s.hardware_of(1).0.name.as_str(), s.hardware_of(2).0.name.as_str()), ("A100-80G", "H100"));
+    let out = spec.run();
+    let groups: Vec<&str> = out.workers.iter().map(|w| w.group.as_str()).collect();
+    assert_eq!(groups, ["a100", "a100", "h100", "h100", "h100"]);
+    for w in &out.workers {
+        let price = if w.group == "a100" { 1.5 } else { 3.0 };
+        assert!((w.cost.usd - price * w.cost.gpu_hours).abs() < 1e-12, "{}: {:?}", w.group, w.cost);
+        assert!(w.cost.gpu_hours > 0.0);
+    }
+    assert_eq!(out.workers.iter().map(|w| w.requests_completed).sum::<u64>(), 20);
+}
+
+#[test]
+fn a_workers_capacity_is_its_saturated_request_rate_by_the_step_model() {
+    // Synthetic 10 ms steps; 1,024-token prompts fit one chunk of the 8,192-token
+    // budget (one step), then 256 decode steps shared by B sequences:
+    // 1 / (0.01 + 256 × 0.01 / B) requests a second.
+    let spec = fleet(1024, 256, 1.0, 1)
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.010)
+        // B = 256 (max_num_seqs; the 29,205 blocks hold 365 sequences of 1,280 tokens).
+        .group("wide", 1, toml::Table::new())
+        // B = 64.
+        .group("narrow", 1, toml! { vllm_params = { max_num_seqs = 64 } });
+    let s = spec.scenario();
+    let caps: Vec<f64> = s.groups.iter().map(|g| g.capacity).collect();
+    assert!((caps[0] - 1.0 / (0.01 + 0.01)).abs() < 1e-9, "{caps:?}");
+    assert!((caps[1] - 1.0 / (0.01 + 256.0 * 0.01 / 64.0)).abs() < 1e-9, "{caps:?}");
+    // The narrow worker's requests weigh 50 / 20 = 2.5 of the wide one's.
+    assert_eq!((s.load_weight(0), s.load_weight(1)), (1024, 2560));
+}
+
+#[test]
+fn a_faster_gpu_is_estimated_the_more_capable() {
+    let s = fleet(2000, 200, 1.0, 1)
+        .group("a100", 1, toml! { gpu = "A100-80G" })
+        .group("h100", 1, toml::Table::new())
+        .scenario();
+    let (a100, h100) = (s.groups[0].capacity, s.groups[1].capacity);
+    // HBM 3.35 vs 2.04 TB/s, 989 vs 312 dense TFLOP/s: between the two ratios.
+    assert!(h100 / a100 > 3.35 / 2.039 * 0.9 && h100 / a100 < 989.0 / 312.0, "{h100} / {a100}");
+}
+
+#[test]
+fn least_loaded_divides_each_workers_load_by_its_capacity() {
+    // Eight requests 1 ms apart, each decoding for ~10 s: none completes
+    // while they are routed. With capacities 1 and 3 a request on worker 0
+    // weighs 3: its load after k requests is 3k against worker 1's j. Ties
+    // go to the lower id: 0 (0 = 0), 1, 1, 1, 0 (3 = 3), 1, 1, 1 → 2 and 6.
+    let routed = |caps: Option<(f64, f64)>| {
+        let (a, b) = match caps {
+            Some((a, b)) => (toml! { capacity = a }, toml! { capacity = b }),
+            None => (toml::Table::new(), toml::Table::new()),
+        };
+        let out = fleet(100, 1000, 1000.0, 8)
+            .set("worker.inference_params.model", "synthetic")
+            .set("worker.inference_params.mean_latency_secs", 0.010)
+            .set("router.router_params.policy", "LeastLoaded")
+            .group("slow", 1, a)
+            .group("fast", 1, b)
+            .run();
+        out.workers.iter().map(|w| w.requests_routed).collect::<Vec<_>>()
+    };
+    assert_eq!(routed(Some((1.0, 3.0))), [2, 6]);
+    // Equal workers (the capacities estimated alike): an even split.
+    assert_eq!(routed(None), [4, 4]);
+}
+
+#[test]
+fn worker_groups_refuse_what_they_cannot_mean_naming_the_key() {
+    let base = || fleet(100, 10, 1.0, 1).set("worker.hw.usd_per_gpu_hour", 3.0);
+    let err = |spec: Spec| crate::scenario_err(&spec.toml());
+    let e = err(base().group("a", 1, toml::Table::new()).group("a", 1, toml::Table::new()));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.1.name"), "{e}");
+    let e = err(base().group("a", 1, toml! { gpu = "A100-80G" }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.0.gpu"), "{e}");
+    assert!(e.hint.as_deref().unwrap().contains("worker_groups.0.usd_per_gpu_hour"), "{e}");
+    let e = err(base().set("simulation.num_workers", 4).group("a", 1, toml::Table::new()));
+    assert_eq!(e.key.as_deref(), Some("simulation.num_workers"), "{e}");
+    let e = err(base().group("a", 0, toml::Table::new()));
+    assert!(e.message.contains("every worker group is empty"), "{e}");
+    let e = err(base().group("a", 1, toml! { vllm_params = { max_model_len = 4096 } }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.0.vllm_params.max_model_len"), "{e}");
+    let e = err(base().group("a", 1, toml! { capacity = 0.0 }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.0.capacity"), "{e}");
+    let e = err(base().group("a", 1, toml::Table::new()).table("disaggregation", toml! { [decode] count = 1 }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups"), "{e}");
+}
