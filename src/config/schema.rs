@@ -172,7 +172,7 @@ pub struct PoolSection {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerGroupSection {
-    /// The group's name (in the workers, requests and steps tables; unique).
+    /// The group's name (the workers table's `group`; unique).
     pub name: String,
     /// Workers in the group (0 leaves it out, for a sweep's baseline).
     pub count: i64,
