@@ -119,3 +119,16 @@ fn worker_groups_refuse_what_they_cannot_mean_naming_the_key() {
     let e = err(base().group("a", 1, toml::Table::new()).table("disaggregation", toml! { [decode] count = 1 }));
     assert_eq!(e.key.as_deref(), Some("worker_groups"), "{e}");
 }
+
+#[test]
+fn the_effective_configuration_of_a_fleet_resolves_to_the_same_fleet() {
+    // [worker.hw] is written as the spec's own GPU, not the first group's:
+    // a group without a GPU of its own keeps [worker.hw]'s.
+    let spec =
+        fleet(1000, 20, 50.0, 20).group("a100", 2, toml! { gpu = "A100-80G" }).group("h100", 1, toml::Table::new());
+    let parsed = opal::config::Spec::from_text(&spec.toml(), std::path::Path::new("fleet.toml")).unwrap();
+    let effective = opal::sweep::effective_config(&parsed, None).unwrap();
+    let again = crate::scenario(&effective);
+    assert_eq!(again.hardware_of(2).0.name, "H100");
+    assert_eq!(again, spec.scenario());
+}

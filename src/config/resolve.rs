@@ -45,8 +45,8 @@ pub struct Scenario {
     /// Prefill and decode pools (`None`: every worker is mixed, per `worker`).
     pub disagg: Option<super::disagg::Disaggregation>,
     /// Worker groups, workers numbered group by group (empty: every
-    /// worker is `worker` on `gpu`; else `gpu`, `tp` and `worker` are the
-    /// first group's, and the fleet shares their block size and context).
+    /// worker is `worker` on `gpu`; else `gpu`, `tp` and `worker` are
+    /// `[worker]`'s own, whose block size and context the groups share).
     pub groups: Vec<super::groups::Group>,
     /// The per-request SLO that `slo_attainment` and `goodput_rps` count.
     pub request_slo: RequestSlo,
@@ -211,10 +211,10 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         // The pools say how many workers there are (simulation.num_workers does not apply).
         num_workers = d.workers();
     }
-    if let Some(first) = groups.first() {
-        // The groups say how many workers there are; the fleet-wide settings are the first group's.
+    if !groups.is_empty() {
+        // The groups say how many workers there are (`gpu`, `tp` and `worker` stay [worker]'s:
+        // the effective configuration writes them, and the groups' overrides apply over them).
         num_workers = groups.iter().map(|g| g.pool.count).sum();
-        (gpu, tp, worker) = (first.pool.gpu.clone(), first.pool.tp, first.pool.worker.clone());
     }
     let router = resolve_router(&cx, file, policy, num_workers)?;
     Ok(Scenario {
