@@ -176,7 +176,7 @@ impl<'a> Cluster<'a> {
         if self.log_steps {
             self.workers[id.index()].log_steps();
         }
-        self.router.add_worker(id, self.scenario.load_weight(id.index()));
+        self.router.add_worker(id, self.scenario.load_scale(id.index()));
         self.recorder.on_worker_added(now);
         self.connector.add_worker();
         id

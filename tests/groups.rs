@@ -3,6 +3,7 @@
 //! and load-based routing dividing each worker's load by it.
 
 use crate::fixtures::Spec;
+use opal::router::LoadScale;
 use toml::toml;
 
 /// Llama-3.1-8B with no tiers, requests of `prompt` and `output` tokens
@@ -59,8 +60,10 @@ fn a_workers_capacity_is_its_saturated_request_rate_by_the_step_model() {
     let caps: Vec<f64> = s.groups.iter().map(|g| g.capacity).collect();
     assert!((caps[0] - 1.0 / (0.01 + 0.01)).abs() < 1e-9, "{caps:?}");
     assert!((caps[1] - 1.0 / (0.01 + 256.0 * 0.01 / 64.0)).abs() < 1e-9, "{caps:?}");
-    // The narrow worker's requests weigh 50 / 20 = 2.5 of the wide one's.
-    assert_eq!((s.load_weight(0), s.load_weight(1)), (1024, 2560));
+    // The narrow worker's requests weigh 50 / 20 = 2.5 of the wide one's;
+    // it has 64 slots, the wide one 256.
+    let scales = (s.load_scale(0), s.load_scale(1));
+    assert_eq!(scales, (LoadScale { weight: 1024, slots: 256 }, LoadScale { weight: 2560, slots: 64 }));
 }
 
 #[test]
@@ -131,4 +134,102 @@ fn the_effective_configuration_of_a_fleet_resolves_to_the_same_fleet() {
     let again = crate::scenario(&effective);
     assert_eq!(again.hardware_of(2).0.name, "H100");
     assert_eq!(again, spec.scenario());
+}
+
+/// Requests a second a closed-loop run served while every worker was
+/// full, and the share of them each group served: the completions between
+/// the 20th and the 60th percentile of finish times (the ramp-up and the
+/// drain — when the last requests finish together — left out).
+fn saturated_rate(out: &opal::RunOutput) -> (f64, std::collections::BTreeMap<String, f64>) {
+    let mut finish: Vec<(f64, &str)> = out
+        .requests
+        .iter()
+        .filter(|r| r.completed)
+        .map(|r| (r.arrival_s + r.e2e_s.unwrap(), out.workers[r.worker.unwrap() as usize].group.as_str()))
+        .collect();
+    finish.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (a, b) = (finish.len() / 5, finish.len() * 3 / 5);
+    let mut shares = std::collections::BTreeMap::new();
+    for (_, g) in &finish[a..b] {
+        *shares.entry(g.to_string()).or_insert(0.0) += 1.0 / (b - a) as f64;
+    }
+    ((b - a) as f64 / (finish[b].0 - finish[a].0), shares)
+}
+
+#[test]
+fn eight_a100s_and_eight_h100s_serve_the_sum_of_their_capacities_each_its_share() {
+    // Llama-3.1-8B, 1,000-token prompts with nothing shared, 200-token
+    // outputs, no KV tiers; LeastLoaded.
+    let spec = |rate: f64, n: i64| {
+        Spec::llama8b()
+            .tiers(&[])
+            .set("worker.hw.usd_per_gpu_hour", 3.0)
+            .set("router.router_params.policy", "LeastLoaded")
+            .stage(
+                "ExponentialReqRate",
+                toml! { request_rate = rate total_requests = n prompt_size = 1000 output_tokens = 200 default_prefix_length = 0 },
+            )
+    };
+    let a100 = || toml! { gpu = "A100-80G" usd_per_gpu_hour = 1.5 };
+    let fleet = |spec: Spec, flat: bool| {
+        let (mut a, mut h) = (a100(), toml::Table::new());
+        if flat {
+            // Equal capacities: a request weighs the same anywhere.
+            a.insert("capacity".into(), 1.0.into());
+            h.insert("capacity".into(), 1.0.into());
+        }
+        spec.group("a100", 8, a).group("h100", 8, h).run()
+    };
+    let s = spec(1.0, 1).group("a100", 8, a100()).group("h100", 8, toml::Table::new()).scenario();
+    let slots = i64::from(s.groups[0].slots);
+    assert_eq!((slots, s.groups[1].slots), (256, 256), "max_num_seqs binds on both");
+    // Closed loop: `outstanding` requests in flight, a new one arriving as one completes.
+    let closed = |outstanding: i64| {
+        spec(1e5, 24_000).set("workload.stages.0.workload_params.max_outstanding_requests", outstanding)
+    };
+
+    // Each GPU's capacity, measured: one worker kept full (as many requests
+    // outstanding as it has slots).
+    let c_a = saturated_rate(&closed(slots).group("a100", 1, a100()).run()).0;
+    let c_h = saturated_rate(&closed(slots).group("h100", 1, toml::Table::new()).run()).0;
+    // What the router weighs requests by is within 10 % of it.
+    let (est_a, est_h) = (s.groups[0].capacity, s.groups[1].capacity);
+    assert!((est_a / c_a - 1.0).abs() < 0.1 && (est_h / c_h - 1.0).abs() < 0.1, "{est_a} {c_a}; {est_h} {c_h}");
+
+    // At the fleet's capacity — every worker full and a quarter as many
+    // again waiting — it serves within 10 % of the sum of its workers'
+    // capacities, each group within 10 % of its share of that sum.
+    let sum = 8.0 * (c_a + c_h);
+    let (served, shares) = saturated_rate(&fleet(closed(16 * slots * 5 / 4), false));
+    assert!((served / sum - 1.0).abs() < 0.1, "served {served:.1} req/s of {sum:.1}");
+    for (g, c) in [("a100", c_a), ("h100", c_h)] {
+        let want = c / (c_a + c_h);
+        assert!(
+            (shares[g] / want - 1.0).abs() < 0.1,
+            "{g}: {:.3} of the requests, {want:.3} of the capacity",
+            shares[g]
+        );
+    }
+
+    // Below capacity the slower GPUs get less than their capacity's share:
+    // a request weighs 1 / capacity, so an A100 holds about 40 % as many
+    // as an H100 (a smaller batch, shorter steps). Unnormalised, it holds
+    // as many: its batch is as large, its steps 1.6–2.6× as slow, and its
+    // requests make the fleet's tail. At 90 % of the capacity TPOT p99 is
+    // half again as long, and TTFT p99 and mean E2E longer too.
+    let open = |flat| fleet(spec(0.9 * sum, 20_000), flat);
+    let (norm, flat) = (open(false), open(true));
+    let routed = |out: &opal::RunOutput, g: &str| {
+        out.workers.iter().filter(|w| w.group == g).map(|w| w.requests_routed).sum::<u64>() as f64 / 20_000.0
+    };
+    // (measured: 0.24 of the requests to the A100s normalised, 0.30 not)
+    assert!(routed(&norm, "a100") < 0.9 * c_a / (c_a + c_h) && routed(&flat, "a100") > routed(&norm, "a100"));
+    let (n, f) = (&norm.summary, &flat.summary);
+    assert!(
+        f.tpot_ms.p99 > 1.5 * n.tpot_ms.p99,
+        "TPOT p99 {:.1} ms unnormalised, {:.1} normalised",
+        f.tpot_ms.p99,
+        n.tpot_ms.p99
+    );
+    assert!(f.ttft_ms.p99 > n.ttft_ms.p99 && f.e2e_ms.mean > n.e2e_ms.mean);
 }

@@ -24,6 +24,9 @@ pub struct Group {
     /// Requests per second one of its workers serves at saturation (given,
     /// or [`estimated_capacity`]); only the ratios between groups matter.
     pub capacity: f64,
+    /// Requests one of its workers runs at once for the mean request
+    /// ([`concurrency`]): the router's count of its slots.
+    pub slots: u32,
 }
 
 /// Prompt and output tokens of the mean request when no stage says.
@@ -104,8 +107,9 @@ pub(super) fn resolve_groups(
             Some(c) => cx.positive(&key("capacity"), c)?,
             None => estimated_capacity(&pool.worker, shape),
         };
+        let slots = u32::try_from(concurrency(&pool.worker, shape)).unwrap_or(u32::MAX);
         total += u64::from(pool.count);
-        groups.push(Group { name: g.name.clone(), pool, capacity });
+        groups.push(Group { name: g.name.clone(), pool, capacity, slots });
     }
     let total = u32::try_from(total).unwrap_or(u32::MAX);
     cx.workers("worker_groups", total)?;
@@ -115,11 +119,18 @@ pub(super) fn resolve_groups(
     Ok(groups)
 }
 
+/// Requests one worker of `cfg` runs at once, for requests of `(prompt,
+/// output)` tokens: `max_num_seqs`, or as many as its KV pool holds at
+/// their full length, if fewer (at least 1).
+pub fn concurrency(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> u64 {
+    let tokens = (prompt.round().max(1.0) + output.round().max(1.0)) as u64;
+    u64::from(cfg.max_running).min(cfg.total_blocks * cfg.block_size / tokens).max(1)
+}
+
 /// Requests per second one worker of `cfg` serves at saturation, for
 /// requests of `(prompt, output)` tokens: `1 / (T_prefill + output × T_decode / B)`,
 /// where the prompt is prefilled in chunks of the token budget, and `B`
-/// sequences — `max_num_seqs`, or as many as the KV pool holds at their
-/// mean length, if fewer — decode together at the mean context
+/// sequences ([`concurrency`]) decode together at the mean context
 /// `prompt + output / 2`. Load-based routing divides a worker's load by it,
 /// so a fleet of unequal workers is loaded in proportion to what each can
 /// do (llm-d's and Dynamo's scorers likewise weigh a worker's queue
@@ -138,8 +149,7 @@ pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> f
         prefill += cfg.perf.step_time(&work).as_secs_f64();
         done = end;
     }
-    let fits = (cfg.total_blocks * cfg.block_size) / (prompt + output);
-    let batch = u64::from(cfg.max_running).min(fits).max(1);
+    let batch = concurrency(cfg, (prompt as f64, output as f64));
     let context = prompt + output / 2;
     let window = cfg.sliding_window.map_or(context, |w| context.min(w));
     let step = cfg.perf.step_time(&StepWork::decode(batch, batch * context, batch * window)).as_secs_f64();

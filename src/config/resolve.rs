@@ -8,7 +8,7 @@ use super::schema::{KvcSection, SpecFile, TierParams};
 use super::worker::{resolve_gpu, resolve_worker};
 use crate::kvcache::{EvictionPolicy, KvcConfig, PartialChunks, SaveTiming, Tier, TierConfig, WriteMode, WritePolicy};
 use crate::metrics::{MAX_INTERVALS, MIN_INTERVAL_SECS};
-use crate::router::{AutoscaleConfig, BalancedParams, PolicyKind, RouterConfig};
+use crate::router::{AutoscaleConfig, BalancedParams, LoadScale, PolicyKind, RouterConfig};
 use crate::storage::DeviceConfig;
 use crate::time::{SimDuration, SimTime};
 use crate::worker::WorkerConfig;
@@ -95,18 +95,20 @@ impl Scenario {
         panic!("worker {w} is beyond the fleet's {first} workers")
     }
 
-    /// What one request weighs in worker `w`'s load when the router
-    /// compares loads: 1 without worker groups; with them
-    /// [`crate::router::LOAD_UNIT`] × the most capable group's capacity /
-    /// `w`'s group's, rounded (at most [`crate::router::MAX_LOAD_WEIGHT`]).
-    pub fn load_weight(&self, w: usize) -> u32 {
+    /// How worker `w`'s outstanding requests count when the router
+    /// compares loads: [`LoadScale::EQUAL`] without worker groups; with
+    /// them a request weighs [`crate::router::LOAD_UNIT`] × the most
+    /// capable group's capacity / `w`'s group's, rounded (at most
+    /// [`crate::router::MAX_LOAD_WEIGHT`]), and the worker has its group's slots.
+    pub fn load_scale(&self, w: usize) -> LoadScale {
         if self.groups.is_empty() {
-            return 1;
+            return LoadScale::EQUAL;
         }
         let most = self.groups.iter().map(|g| g.capacity).fold(0.0, f64::max);
-        let own = self.groups[self.group_of(w)].capacity;
+        let group = &self.groups[self.group_of(w)];
         let unit = f64::from(crate::router::LOAD_UNIT);
-        (unit * most / own).round().clamp(unit, f64::from(crate::router::MAX_LOAD_WEIGHT)) as u32
+        let weight = (unit * most / group.capacity).round().clamp(unit, f64::from(crate::router::MAX_LOAD_WEIGHT));
+        LoadScale { weight: weight as u32, slots: group.slots }
     }
 
     /// The GPU and TP degree of worker `w`.

@@ -52,7 +52,7 @@ impl Policy for Balanced {
     fn choose(&mut self, ctx: &RouteContext<'_>, rng: &mut StreamRng) -> WorkerId {
         let p = &self.params;
         // Loads in requests of the most capable workers (outstanding requests with equal workers).
-        let unit = ctx.workers.iter().map(|w| w.weight).min().unwrap_or(1).max(1) as f64;
+        let unit = ctx.workers.iter().map(|w| w.scale.weight).min().unwrap_or(1).max(1) as f64;
         let load = |w: &super::WorkerLoad| w.load() as f64 / unit;
         let max = ctx.workers.iter().map(load).fold(0.0, f64::max);
         let min = ctx.workers.iter().map(load).fold(f64::INFINITY, f64::min).min(max);

@@ -16,7 +16,7 @@
 use super::index::{KvIndex, Match};
 use super::least_loaded::Fewest;
 use super::pd::PdRule;
-use super::{Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
+use super::{LoadScale, Needs, RouteContext, RouterConfig, RoutingPolicy, SystemEvent, WorkerLoad};
 use crate::ids::WorkerId;
 use crate::kvcache::{ChunkedSeq, KvEvent, KvcConfig, Run};
 use crate::metrics::LatencyHistogram;
@@ -149,9 +149,9 @@ impl<'a> Router<'a> {
     }
 
     /// A new worker (ids are given in order).
-    pub fn add_worker(&mut self, id: WorkerId, weight: u32) {
+    pub fn add_worker(&mut self, id: WorkerId, scale: LoadScale) {
         debug_assert_eq!(id.index(), self.loads.len());
-        self.loads.push(WorkerLoad { id, outstanding: 0, weight, system: SystemEvent::default() });
+        self.loads.push(WorkerLoad { id, outstanding: 0, scale, system: SystemEvent::default() });
         if self.track_fewest {
             self.fewest.update(&self.loads, id.index());
         }
@@ -473,7 +473,7 @@ mod tests {
 
     fn router<'a>(cfg: &'a RouterConfig, kvc: &'a KvcConfig, workers: u32, pd: Option<PdRule>) -> Router<'a> {
         let mut r = Router::new(cfg, kvc, 16, pd, crate::rng::SeedTree::new(1).stream("router"));
-        (0..workers).for_each(|w| r.add_worker(WorkerId(w), 1));
+        (0..workers).for_each(|w| r.add_worker(WorkerId(w), LoadScale::EQUAL));
         r
     }
 

@@ -21,14 +21,15 @@ impl Policy for LeastLoaded {
 /// among `workers`, by a scan (what the tree must agree with).
 #[cfg(test)]
 pub(crate) fn fewest_by_scan(workers: &[WorkerLoad]) -> WorkerId {
-    workers.iter().min_by_key(|w| (w.load(), w.id)).expect("at least one worker").id
+    workers.iter().min_by_key(|w| (w.rank(), w.id)).expect("at least one worker").id
 }
 
 /// A tournament tree over the workers' outstanding counts: the least loaded
 /// worker of any range of ids in O(log W), and O(log W) per change — so
 /// routing by load does not scan 1,024 workers per request. Each place
-/// holds its winner's key, `outstanding << 32 | index`, so a match is one
-/// integer comparison (fewest first, then the lowest index).
+/// holds its winner's key, `rank << INDEX_BITS | index` (see
+/// [`WorkerLoad::rank`]), so a match is one integer comparison (least
+/// loaded first, then the lowest index).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Fewest {
     /// Leaves from `size` on (a worker's key, or [`Self::NONE`] for none);
@@ -38,16 +39,17 @@ pub(crate) struct Fewest {
 }
 
 /// Bits of a key that hold the worker's index (more than a run's most
-/// workers need: the configuration checks it); the load above them is at
-/// most 2³² × [`super::MAX_LOAD_WEIGHT`] = 2⁴⁶.
+/// workers need: the configuration checks it); the rank above them is at
+/// most [`super::MAX_RANK`] = 2⁴⁷.
 pub(crate) const INDEX_BITS: u32 = 17;
+const _: () = assert!(super::MAX_RANK <= 1 << (64 - INDEX_BITS));
 
 impl Fewest {
     /// No worker: above every worker's key.
     const NONE: u64 = u64::MAX;
 
     fn key(loads: &[WorkerLoad], i: usize) -> u64 {
-        loads[i].load() << INDEX_BITS | i as u64
+        loads[i].rank() << INDEX_BITS | i as u64
     }
 
     /// Worker `i`'s count changed (or it was added: `loads` holds it).

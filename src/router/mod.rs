@@ -61,12 +61,36 @@ pub struct WorkerLoad {
     pub id: WorkerId,
     /// Requests routed to it that have not completed (the router's own count).
     pub outstanding: u32,
-    /// What one of its requests weighs in its load: 1 in a fleet of equal
-    /// workers; with worker groups [`LOAD_UNIT`] × the most capable
-    /// group's capacity / its group's (see [`crate::Scenario::load_weight`]).
-    pub weight: u32,
+    /// How its outstanding requests count against those of other workers.
+    pub scale: LoadScale,
     /// Its last system event (all zero before the first).
     pub system: SystemEvent,
+}
+
+/// How a worker's outstanding requests count when loads are compared: in
+/// a fleet of equal workers each request counts 1; in a fleet of worker
+/// groups a request weighs the inverse of its worker's capacity, and a
+/// worker whose slots are all taken ranks after every worker with a free one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadScale {
+    /// What one of its requests weighs: 1 in a fleet of equal workers; with
+    /// worker groups [`LOAD_UNIT`] × the most capable group's capacity /
+    /// its group's.
+    pub weight: u32,
+    /// Requests it runs at once (`u32::MAX`, no limit, in a fleet of equal
+    /// workers): a request routed to it while it has as many outstanding waits.
+    pub slots: u32,
+}
+
+impl LoadScale {
+    /// Every request counts 1 and no worker is ever full.
+    pub const EQUAL: LoadScale = LoadScale { weight: 1, slots: u32::MAX };
+}
+
+impl Default for LoadScale {
+    fn default() -> Self {
+        LoadScale::EQUAL
+    }
 }
 
 /// The weight of a request on the most capable workers of a fleet of worker groups.
@@ -75,11 +99,40 @@ pub const LOAD_UNIT: u32 = 1024;
 /// The most a weight may be ([`LOAD_UNIT`] × 16: capacities further apart count as 16× apart).
 pub const MAX_LOAD_WEIGHT: u32 = 16 * LOAD_UNIT;
 
+/// Where the ranks of workers without a free slot begin: above every
+/// weighted load (at most 2³² × [`MAX_LOAD_WEIGHT`] = 2⁴⁶).
+const FULL: u64 = 1 << 46;
+
+/// Above the highest rank, [`FULL`] + 2³² × [`MAX_LOAD_WEIGHT`] (so a rank
+/// and a worker's index share a u64).
+pub(crate) const MAX_RANK: u64 = 1 << 47;
+
 impl WorkerLoad {
     /// Its load: outstanding requests × their weight, so unequal workers
-    /// compare by load relative to capacity.
+    /// compare by load relative to capacity (1 × outstanding with equal ones).
     pub fn load(&self) -> u64 {
-        u64::from(self.outstanding) * u64::from(self.weight)
+        u64::from(self.outstanding) * u64::from(self.scale.weight)
+    }
+
+    /// What the least-loaded choice minimises: [`Self::load`] while the
+    /// worker has a free slot; once it has none, above every worker that
+    /// has one, by the requests that would wait ahead of and with the new
+    /// one × their weight (the wait for a slot, in units of its capacity).
+    /// So a mixed fleet fills its free slots first — the most capable
+    /// workers' first, by weighted load, which keeps the slower workers'
+    /// batches, and their TPOT, smaller — and queues only when every worker
+    /// is full, where the queue is shortest for its speed; every worker
+    /// then saturates together and each serves its capacity's share (as
+    /// llm-d's queue scorer prefers an engine with no waiting requests).
+    /// With equal workers it is the outstanding count.
+    pub fn rank(&self) -> u64 {
+        let n = u64::from(self.outstanding);
+        let LoadScale { weight, slots } = self.scale;
+        if n < u64::from(slots) || slots == u32::MAX {
+            n * u64::from(weight)
+        } else {
+            FULL + (n - u64::from(slots) + 1) * u64::from(weight)
+        }
     }
 }
 
@@ -307,7 +360,12 @@ pub(crate) fn loads(outstanding: &[u32]) -> Vec<WorkerLoad> {
     outstanding
         .iter()
         .enumerate()
-        .map(|(i, &o)| WorkerLoad { id: WorkerId(i as u32), outstanding: o, weight: 1, system: SystemEvent::default() })
+        .map(|(i, &o)| WorkerLoad {
+            id: WorkerId(i as u32),
+            outstanding: o,
+            scale: LoadScale::EQUAL,
+            system: SystemEvent::default(),
+        })
         .collect()
 }
 
@@ -329,5 +387,27 @@ mod tests {
         assert_eq!(PolicyKind::from_name("Fastest"), None);
         assert!(PolicyKind::Balanced.needs().kv_index && !PolicyKind::LeastLoaded.needs().kv_index);
         assert!(PolicyKind::Balanced.needs().load_reports && !PolicyKind::MaxPrefix.needs().load_reports);
+    }
+
+    #[test]
+    fn a_full_worker_ranks_after_every_worker_with_a_free_slot_by_its_wait() {
+        let w = |outstanding, weight, slots| WorkerLoad {
+            outstanding,
+            scale: LoadScale { weight, slots },
+            ..WorkerLoad::default()
+        };
+        // A fast worker (weight 1,024, 4 slots) and one 3× as slow (3,072, 4 slots).
+        assert_eq!((w(3, 1024, 4).rank(), w(1, 3072, 4).rank()), (3072, 3072));
+        // Full: above any free worker's rank, by its wait — the requests
+        // ahead of and with the new one, × their weight.
+        assert_eq!(w(4, 1024, 4).rank(), FULL + 1024);
+        assert!(w(4, 1024, 4).rank() > w(3, 3072, 4).rank());
+        // Three to wait on the fast one wait as long as one on the slow one.
+        assert_eq!(w(6, 1024, 4).rank(), w(4, 3072, 4).rank());
+        assert!(w(7, 1024, 4).rank() > w(4, 3072, 4).rank());
+        // Equal workers: the outstanding count, never full.
+        assert_eq!(w(u32::MAX, 1, u32::MAX).rank(), u64::from(u32::MAX));
+        // The largest rank stays below 2⁴⁷.
+        assert_eq!(w(u32::MAX, MAX_LOAD_WEIGHT, 1).rank(), MAX_RANK - u64::from(MAX_LOAD_WEIGHT));
     }
 }

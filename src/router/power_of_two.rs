@@ -21,7 +21,7 @@ impl Policy for PowerOfTwo {
         let a = rng.random_range(0..n);
         let b = (a + rng.random_range(1..n)) % n;
         let (wa, wb) = (&ctx.workers[a], &ctx.workers[b]);
-        if wb.load() < wa.load() { wb.id } else { wa.id }
+        if wb.rank() < wa.rank() { wb.id } else { wa.id }
     }
 }
 
