@@ -233,3 +233,46 @@ fn eight_a100s_and_eight_h100s_serve_the_sum_of_their_capacities_each_its_share(
     );
     assert!(f.ttft_ms.p99 > n.ttft_ms.p99 && f.e2e_ms.mean > n.e2e_ms.mean);
 }
+
+#[test]
+fn autoscaling_adds_workers_of_the_group_it_names() {
+    // Requests arrive far faster than two workers serve them: every check
+    // finds a queue, and a worker joins 1 s after each decision (then the
+    // next check 1 s later), up to 4 workers.
+    let spec = |scale_group: Option<&str>| {
+        let mut s = fleet(2000, 200, 200.0, 2000)
+            .set("worker.hw.usd_per_gpu_hour", 3.0)
+            .set("router.router_params.policy", "LeastLoaded")
+            .set("router.router_params.enable_scaling", true)
+            .set("router.router_params.max_queue_threshold", 4)
+            .set("router.router_params.scale_latency", 1.0)
+            .set("router.router_params.max_workers", 4)
+            .group("a100", 1, toml! { gpu = "A100-80G" usd_per_gpu_hour = 1.5 })
+            .group("h100", 1, toml::Table::new());
+        if let Some(g) = scale_group {
+            s = s.set("router.router_params.scale_group", g);
+        }
+        s
+    };
+    let added = |spec: Spec| {
+        let out = spec.run();
+        let rows: Vec<(String, f64)> =
+            out.workers.iter().map(|w| (w.group.clone(), w.cost.usd / w.cost.gpu_hours)).collect();
+        rows
+    };
+    // Named: the added workers are A100s, at the A100's price.
+    let a = added(spec(Some("a100")));
+    assert_eq!(a.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a100", "h100", "a100", "a100"]);
+    assert!(a.iter().all(|(g, usd)| (usd - if g == "a100" { 1.5 } else { 3.0 }).abs() < 1e-9), "{a:?}");
+    let s = spec(Some("a100")).scenario();
+    assert_eq!((s.hardware_of(3).0.name.as_str(), s.load_scale(3)), ("A100-80G", s.load_scale(0)));
+    // By default, the last group.
+    let h = added(spec(None));
+    assert_eq!(h.iter().map(|(g, _)| g.as_str()).collect::<Vec<_>>(), ["a100", "h100", "h100", "h100"]);
+    // A name that is no group, or a group without groups, names the key.
+    let e = crate::scenario_err(&spec(Some("b200")).toml());
+    assert_eq!(e.key.as_deref(), Some("router.router_params.scale_group"), "{e}");
+    assert!(e.hint.as_deref().unwrap().contains("a100, h100"), "{e}");
+    let e = crate::scenario_err(&fleet(100, 10, 1.0, 1).set("router.router_params.scale_group", "a100").toml());
+    assert_eq!(e.key.as_deref(), Some("router.router_params.scale_group"), "{e}");
+}

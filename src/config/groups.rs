@@ -44,6 +44,13 @@ pub(super) fn resolve_groups(
 ) -> Result<Vec<Group>, ConfigError> {
     let sections = &file.worker_groups;
     if sections.is_empty() {
+        if file.router.router_params.scale_group.is_some() {
+            return Err(cx.err(
+                "router.router_params.scale_group",
+                "names a worker group, but the spec has no [[worker_groups]]",
+                "remove scale_group (autoscaling adds workers like the others)",
+            ));
+        }
         return Ok(Vec::new());
     }
     if file.disaggregation.is_some() {
@@ -51,13 +58,6 @@ pub(super) fn resolve_groups(
             "worker_groups",
             "worker groups and [disaggregation] pools cannot be combined yet",
             "use either [[worker_groups]] (a mixed fleet) or [disaggregation] (prefill and decode pools)",
-        ));
-    }
-    if file.router.router_params.enable_scaling {
-        return Err(cx.err(
-            "router.router_params.enable_scaling",
-            "autoscaling is not modelled with worker groups yet",
-            "set enable_scaling = false, or size the groups in a sweep",
         ));
     }
     if file.simulation.num_workers != 1 {
@@ -110,6 +110,16 @@ pub(super) fn resolve_groups(
         let slots = u32::try_from(concurrency(&pool.worker, shape)).unwrap_or(u32::MAX);
         total += u64::from(pool.count);
         groups.push(Group { name: g.name.clone(), pool, capacity, slots });
+    }
+    if let Some(name) = &file.router.router_params.scale_group
+        && !groups.iter().any(|g| &g.name == name)
+    {
+        let names: Vec<&str> = groups.iter().map(|g| g.name.as_str()).collect();
+        return Err(cx.err(
+            "router.router_params.scale_group",
+            format!("no worker group is named {name:?}"),
+            format!("name one of the groups: {}", names.join(", ")),
+        ));
     }
     let total = u32::try_from(total).unwrap_or(u32::MAX);
     cx.workers("worker_groups", total)?;

@@ -48,6 +48,9 @@ pub struct Scenario {
     /// worker is `worker` on `gpu`; else `gpu`, `tp` and `worker` are
     /// `[worker]`'s own, whose block size and context the groups share).
     pub groups: Vec<super::groups::Group>,
+    /// With groups, the index of the group autoscaling adds workers to
+    /// (`router.router_params.scale_group`, default the last; 0 without groups).
+    pub scale_group: usize,
     /// The per-request SLO that `slo_attainment` and `goodput_rps` count.
     pub request_slo: RequestSlo,
 }
@@ -83,7 +86,9 @@ impl Scenario {
         }
     }
 
-    /// The index of worker `w`'s group (with worker groups).
+    /// The index of worker `w`'s group (with worker groups): the groups'
+    /// workers are numbered group by group, and workers added by
+    /// autoscaling, after them, are the scale group's.
     pub fn group_of(&self, w: usize) -> usize {
         let mut first = 0;
         for (i, g) in self.groups.iter().enumerate() {
@@ -92,7 +97,7 @@ impl Scenario {
                 return i;
             }
         }
-        panic!("worker {w} is beyond the fleet's {first} workers")
+        self.scale_group
     }
 
     /// How worker `w`'s outstanding requests count when the router
@@ -219,6 +224,10 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         num_workers = groups.iter().map(|g| g.pool.count).sum();
     }
     let router = resolve_router(&cx, file, policy, num_workers)?;
+    let scale_group = match &file.router.router_params.scale_group {
+        Some(name) => groups.iter().position(|g| &g.name == name).expect("resolve_groups checked the name"),
+        None => groups.len().saturating_sub(1),
+    };
     Ok(Scenario {
         seed: sim.seed,
         num_workers,
@@ -233,6 +242,7 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         kvc,
         disagg,
         groups,
+        scale_group,
         request_slo,
     })
 }
@@ -296,7 +306,7 @@ fn resolve_router(
         if p.max_workers < num_workers {
             return Err(cx.err(
                 &key("max_workers"),
-                format!("max_workers ({}) is below simulation.num_workers ({num_workers})", p.max_workers),
+                format!("max_workers ({}) is below the {num_workers} workers the run starts with", p.max_workers),
                 "raise max_workers or start with fewer workers",
             ));
         }

@@ -303,6 +303,9 @@ pub struct RouterParams {
     pub scale_latency: f64,
     /// Most workers.
     pub max_workers: u32,
+    /// With `[[worker_groups]]`: the group autoscaling adds workers to (default: the last group).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scale_group: Option<String>,
     /// Seconds between the router's event collections when its queue is empty (0: as events arrive).
     pub periodic_infra_update_collection_time: f64,
     /// Most events applied per batch (an event of n chunks counting n), when a batch takes time.
@@ -329,6 +332,7 @@ impl Default for RouterParams {
             max_queue_threshold: 4,
             scale_latency: 40.0,
             max_workers: 50,
+            scale_group: None,
             periodic_infra_update_collection_time: 30.0,
             max_event_batch_size: 64,
             event_batch_time: 0.0,
