@@ -191,6 +191,22 @@ pub trait Policy {
 
 /// The worker with the highest score; ties broken uniformly at random
 /// (a draw only when there is a tie).
+/// The worker with the best score; among ties the least loaded relative to
+/// its capacity ([`WorkerLoad::rank`]), the lowest id on equal ranks.
+pub(crate) fn best_then_least_loaded<S: PartialOrd + Copy>(
+    workers: &[WorkerLoad],
+    score: impl Fn(usize) -> S,
+) -> WorkerId {
+    let (mut best, mut pick) = (score(0), 0);
+    for i in 1..workers.len() {
+        let s = score(i);
+        if s > best || (s == best && workers[i].rank() < workers[pick].rank()) {
+            (best, pick) = (s, i);
+        }
+    }
+    workers[pick].id
+}
+
 pub(crate) fn best_with_random_ties<S: PartialOrd + Copy>(
     workers: &[WorkerLoad],
     score: impl Fn(usize) -> S,
