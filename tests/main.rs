@@ -12,6 +12,7 @@ mod golden;
 mod groups;
 mod kvcache;
 mod performance;
+mod pipeline;
 mod queueing;
 mod readme;
 mod report;

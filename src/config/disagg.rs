@@ -84,6 +84,7 @@ pub(super) struct PoolKeys<'a> {
     count: i64,
     gpu: Option<&'a String>,
     tp: Option<u32>,
+    pp: Option<u32>,
     vllm_params: Option<&'a toml::Table>,
     usd_per_gpu_hour: Option<f64>,
 }
@@ -94,6 +95,7 @@ impl<'a> From<&'a PoolSection> for PoolKeys<'a> {
             count: p.count,
             gpu: p.gpu.as_ref(),
             tp: p.tp,
+            pp: p.pp,
             vllm_params: p.vllm_params.as_ref(),
             usd_per_gpu_hour: None,
         }
@@ -106,6 +108,7 @@ impl<'a> From<&'a WorkerGroupSection> for PoolKeys<'a> {
             count: g.count,
             gpu: g.gpu.as_ref(),
             tp: g.tp,
+            pp: g.pp,
             vllm_params: g.vllm_params.as_ref(),
             usd_per_gpu_hour: g.usd_per_gpu_hour,
         }
@@ -143,6 +146,9 @@ pub(super) fn resolve_pool(
     if let Some(tp) = p.tp {
         f.worker.hw.tp = tp;
     }
+    if let Some(pp) = p.pp {
+        f.worker.hw.pp = pp;
+    }
     if p.usd_per_gpu_hour.is_some() {
         f.worker.hw.usd_per_gpu_hour = p.usd_per_gpu_hour;
     }
@@ -160,6 +166,7 @@ pub(super) fn resolve_pool(
         let pool_key = match e.key.as_deref() {
             Some(k) if k.starts_with("worker.hw.gpu") && p.gpu.is_some() => Some(key("gpu")),
             Some("worker.hw.tp") if p.tp.is_some() => Some(key("tp")),
+            Some(k) if k.starts_with("worker.hw.pp") && p.pp.is_some() => Some(key("pp")),
             Some("worker.hw.usd_per_gpu_hour") if p.usd_per_gpu_hour.is_some() => Some(key("usd_per_gpu_hour")),
             Some(k) => k
                 .strip_prefix("worker.vllm_params.")
@@ -180,7 +187,7 @@ pub(super) fn resolve_pool(
                 e.key = Some(k);
             }
             Some(k) => e.key = Some(k),
-            None if e.key.as_deref() == Some("worker.hw") && (p.gpu.is_some() || p.tp.is_some()) => {
+            None if e.key.as_deref() == Some("worker.hw") && (p.gpu.is_some() || p.tp.is_some() || p.pp.is_some()) => {
                 e.key = Some(at.to_string());
                 e.message = format!("in the [{at}] pool: {}", e.message);
             }

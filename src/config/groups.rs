@@ -156,13 +156,13 @@ pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> f
         let chunk = [PrefillChunk { cached: done, end }];
         let samples = u64::from(end == prompt);
         let work = StepWork { prefill: &chunk, decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0, samples };
-        prefill += cfg.perf.step_time(&work).as_secs_f64();
+        prefill += cfg.price(&work, |_| samples == 1).0.as_secs_f64();
         done = end;
     }
     let batch = concurrency(cfg, (prompt as f64, output as f64));
     let context = prompt + output / 2;
     let window = cfg.sliding_window.map_or(context, |w| context.min(w));
-    let step = cfg.perf.step_time(&StepWork::decode(batch, batch * context, batch * window)).as_secs_f64();
+    let step = cfg.price(&StepWork::decode(batch, batch * context, batch * window), |_| false).0.as_secs_f64();
     1.0 / (prefill + output as f64 * step / batch as f64)
 }
 

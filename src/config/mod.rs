@@ -249,9 +249,11 @@ pub const RENAMED: [(&str, &str); 1] = [("max_concurrent_requests", "max_outstan
 
 /// vLLM's (and Opal's) names for settings this simulator keeps elsewhere:
 /// (their key, where it lives here).
-pub const ELSEWHERE: [(&str, &str); 4] = [
+pub const ELSEWHERE: [(&str, &str); 6] = [
     ("tensor_parallel_size", "worker.hw.tp"),
     ("tp", "worker.hw.tp"),
+    ("pipeline_parallel_size", "worker.hw.pp"),
+    ("pp", "worker.hw.pp"),
     ("enable_chunked_prefill", "worker.vllm_params.chunked_prefill"),
     ("num_gpus", "worker.hw.tp (GPUs per worker) or simulation.num_workers (workers)"),
 ];

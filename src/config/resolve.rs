@@ -116,17 +116,17 @@ impl Scenario {
         LoadScale { weight: weight as u32, slots: group.slots }
     }
 
-    /// The GPU and TP degree of worker `w`.
+    /// The GPU of worker `w` and how many it has (`tp` × pipeline stages).
     pub fn hardware_of(&self, w: usize) -> (&GpuSpec, u32) {
         match &self.disagg {
             Some(d) => {
                 let pool = d.pool_of(w).1;
-                (&pool.gpu, pool.tp)
+                (&pool.gpu, pool.tp * pool.worker.stages())
             }
-            None if self.groups.is_empty() => (&self.gpu, self.tp),
+            None if self.groups.is_empty() => (&self.gpu, self.tp * self.worker.stages()),
             None => {
                 let pool = &self.groups[self.group_of(w)].pool;
-                (&pool.gpu, pool.tp)
+                (&pool.gpu, pool.tp * pool.worker.stages())
             }
         }
     }

@@ -161,6 +161,9 @@ pub struct PoolSection {
     /// The pool's tensor-parallel degree (default: `worker.hw.tp`).
     #[serde(default)]
     pub tp: Option<u32>,
+    /// The pool's pipeline-parallel stages (default: `worker.hw.pp`).
+    #[serde(default)]
+    pub pp: Option<u32>,
     /// The pool's `[worker.vllm_params]` overrides (e.g. `{ max_num_batched_tokens = 16384 }`).
     #[serde(default)]
     pub vllm_params: Option<toml::Table>,
@@ -182,6 +185,9 @@ pub struct WorkerGroupSection {
     /// The group's tensor-parallel degree (default: `worker.hw.tp`).
     #[serde(default)]
     pub tp: Option<u32>,
+    /// The group's pipeline-parallel stages (default: `worker.hw.pp`).
+    #[serde(default)]
+    pub pp: Option<u32>,
     /// Price of one of the group's GPU-hours, US dollars (default: `worker.hw.usd_per_gpu_hour`).
     #[serde(default)]
     pub usd_per_gpu_hour: Option<f64>,
@@ -803,6 +809,16 @@ pub struct HwParams {
     pub memory_watts: Option<f64>,
     /// Tensor-parallel interconnect per GPU and direction, GB/s (10⁹ B/s); overrides the preset's (NVLink, or PCIe).
     pub link_GBps: Option<f64>,
+    /// Pipeline-parallel stages per worker, each `tp` GPUs holding its share
+    /// of the layers and their KV (vLLM's `--pipeline-parallel-size`; needs
+    /// the v1 scheduler).
+    pub pp: u32,
+    /// Link between pipeline stages per GPU and direction, GB/s (default: the
+    /// TP link when the worker's `tp × pp` GPUs fit one 8-GPU node, else 50,
+    /// one 400 Gb/s InfiniBand NIC per GPU).
+    pub pp_link_GBps: Option<f64>,
+    /// Latency of one hop between pipeline stages, µs (default 10).
+    pub pp_link_latency_us: Option<f64>,
     /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
     pub usd_per_gpu_hour: Option<f64>,
 }
@@ -822,6 +838,9 @@ impl Default for HwParams {
             compute_watts: None,
             memory_watts: None,
             link_GBps: None,
+            pp: 1,
+            pp_link_GBps: None,
+            pp_link_latency_us: None,
             usd_per_gpu_hour: None,
         }
     }

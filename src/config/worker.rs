@@ -10,6 +10,7 @@ use crate::worker::model::{KvPool, ModelArch};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
 use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, shipped, vidur};
 use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PrefillBatch, Roofline, StepModel};
+use crate::worker::pipeline::{Pipeline, partition};
 use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
 use crate::worker::{Scheduler, SlotMode, WorkerConfig};
@@ -334,13 +335,27 @@ pub(super) fn resolve_worker(
         }
     };
 
-    let pool = KvPool::new(model, gpu.memory_gb, tp, util, block_size as u64);
-    let fit_hint = "use more GPUs per worker (worker.hw.tp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
+    let hw = &file.worker.hw;
+    let pp = cx.at_least("worker.hw.pp", i64::from(hw.pp), 1)?;
+    if u64::from(pp) > model.num_layers {
+        return Err(cx.err(
+            "worker.hw.pp",
+            format!(
+                "{} has {} layers, which {pp} pipeline stages cannot split (each needs one)",
+                model.name, model.num_layers
+            ),
+            format!("use at most {} stages", model.num_layers),
+        ));
+    }
+    let layers = partition(model.num_layers, u64::from(pp));
+    let pool = KvPool::staged(model, gpu.memory_gb, tp, util, block_size as u64, &layers);
+    let fit_hint = "use more GPUs per worker (worker.hw.tp, or pipeline stages: worker.hw.pp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
     if !pool.fits() {
+        let (of, what) = if pp > 1 { (" a stage", " per stage") } else { ("", "") };
         return Err(cx.err(
             "worker.hw",
             format!(
-                "the model does not fit in GPU memory: {} needs {:.1} GiB of weights but {} × {} at gpu_memory_utilization {util} leaves {:.1} GiB",
+                "the model does not fit in GPU memory: {} needs {:.1} GiB of weights{of} but {} × {} at gpu_memory_utilization {util} leaves {:.1} GiB{what}",
                 model.name,
                 pool.weight_bytes / (1u64 << 30) as f64,
                 tp,
@@ -430,6 +445,46 @@ pub(super) fn resolve_worker(
         }
     };
     let chunked_prefill = v.chunked_prefill;
+    let pipeline = match pp {
+        1 => None,
+        _ if scheduler == Scheduler::V0 => {
+            return Err(cx.err(
+                "worker.hw.pp",
+                "pipeline parallelism is modelled with the v1 scheduler (vLLM v0's virtual engines are not)",
+                "set worker.vllm_params.scheduler = \"v1\", or pp = 1",
+            ));
+        }
+        _ => {
+            let gbps = |k: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+                v.map_or(Ok(default), |x| cx.positive(&format!("worker.hw.{k}"), x))
+            };
+            // One 8-GPU node: the stages talk over the TP link (NVLink);
+            // across nodes, one 400 Gb/s NIC per GPU.
+            let one_node = u64::from(tp) * u64::from(pp) <= 8;
+            let link = gbps("pp_link_GBps", hw.pp_link_GBps, if one_node { gpu.link_gbps } else { 50.0 })?;
+            let latency_us = match hw.pp_link_latency_us {
+                None => 10.0,
+                Some(x) if x.is_finite() && x >= 0.0 => x,
+                Some(x) => {
+                    return Err(cx.err(
+                        "worker.hw.pp_link_latency_us",
+                        format!("must be ≥ 0 µs, got {x}"),
+                        "the default is 10",
+                    ));
+                }
+            };
+            Some(Pipeline {
+                layers,
+                micro_budget: budget,
+                chunked_prefill,
+                bytes_per_token: (2 * model.hidden_size * model.dtype_bytes) as f64,
+                tp,
+                link_bytes_per_s: link * 1e9,
+                tp_link_bytes_per_s: gpu.link_gbps * 1e9,
+                hop_latency_s: latency_us * 1e-6,
+            })
+        }
+    };
     Ok(WorkerConfig {
         max_running: max_num_seqs.min(gpu_slots),
         scheduler,
@@ -439,7 +494,8 @@ pub(super) fn resolve_worker(
             Scheduler::V1 => 0,
             Scheduler::V0 => total_blocks / 100,
         },
-        token_budget: budget,
+        // With pipeline stages a step is a round of up to `pp` micro-batches, each within the budget.
+        token_budget: budget * u64::from(pp),
         chunked_prefill,
         block_size: u64::from(block_size),
         total_blocks,
@@ -455,6 +511,7 @@ pub(super) fn resolve_worker(
         usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
         sliding_window: model.window.map(|(w, _)| w),
         power: gpu.power,
+        pipeline,
     })
 }
 

@@ -82,6 +82,7 @@ mod accounting;
 mod decode_run;
 pub mod model;
 pub mod perf;
+pub mod pipeline;
 pub mod power;
 pub mod presets;
 mod scheduler;
@@ -97,6 +98,7 @@ use crate::metrics::{PeakSeconds, StepSpan};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
+use pipeline::Pipeline;
 use power::PowerModel;
 
 /// How I/O slots are held.
@@ -168,12 +170,29 @@ pub struct WorkerConfig {
     pub sliding_window: Option<u64>,
     /// The GPU's power model (energy per step).
     pub power: PowerModel,
+    /// Pipeline stages (`None`: one; then a step is priced by `perf` alone).
+    pub pipeline: Option<Pipeline>,
 }
 
 impl WorkerConfig {
     /// Blocks needed to hold `tokens` tokens.
     pub fn blocks_for(&self, tokens: u64) -> u64 {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// Pipeline stages (1 without pipeline parallelism).
+    pub fn stages(&self) -> u32 {
+        self.pipeline.as_ref().map_or(1, |p| p.stages() as u32)
+    }
+
+    /// A step's duration and what it asks of each GPU: `perf`'s price, or
+    /// with pipeline stages a round's ([`Pipeline::price`]). `finishing(i)`:
+    /// whether prefill chunk `i` ends its sequence's context.
+    pub fn price(&self, work: &StepWork<'_>, finishing: impl Fn(usize) -> bool) -> (SimDuration, PeakSeconds) {
+        match &self.pipeline {
+            None => (self.perf.step_time(work), self.usage.peak_seconds(work)),
+            Some(p) => p.price(&self.perf, &self.usage, work, finishing),
+        }
     }
 
     /// Most leading blocks of a `num_tokens`-token sequence that may come
@@ -268,6 +287,8 @@ pub struct Worker {
     step_index: u64,
     chunks: Vec<(RequestId, PrefillChunk)>,
     perf_chunks: Vec<PrefillChunk>,
+    /// Whether each of `perf_chunks` ends its sequence's context (samples).
+    perf_finishing: Vec<bool>,
     busy: SimDuration,
     steps: u64,
     /// Step prices computed (see [`Self::priced_steps`]).
@@ -319,6 +340,7 @@ impl Worker {
             step_index: 0,
             chunks: Vec::new(),
             perf_chunks: Vec::new(),
+            perf_finishing: Vec::new(),
             busy: SimDuration::ZERO,
             steps: 0,
             priced: 0,
@@ -740,6 +762,7 @@ impl Worker {
         cfg: &WorkerConfig,
     ) -> Option<(SimTime, u32)> {
         self.perf_chunks.clear();
+        self.perf_finishing.clear();
         // The first step of a handed-over P/D request computes the one token
         // its prefill worker sampled, on top of the pulled prompt KV: a decode
         // with that context, priced as one (SplitwiseSim's token machines do
@@ -752,6 +775,7 @@ impl Worker {
                 first_window += cfg.sliding_window.map_or(c.cached, |w| c.cached.min(w));
             } else {
                 self.perf_chunks.push(c);
+                self.perf_finishing.push(c.end >= reqs[id.index()].seq.num_tokens);
             }
         }
         // (A v0 prefill-only step leaves the decoding sequences alone.)
@@ -771,14 +795,23 @@ impl Worker {
             decode_window_tokens: window,
             samples: decodes + finishing as u64,
         };
-        self.step_peak = cfg.usage.peak_seconds(&work);
-        // A decode-only step becomes a run when nothing else can happen (its price is the run's).
+        // A decode-only step becomes a run when nothing else can happen (its
+        // price is the run's); a pipeline's rounds are priced one by one.
         let run = self.chunks.is_empty()
             && decodes > 0
             && self.waiting.queue.is_empty()
             && cfg.apc_ttl.0 == 0
-            && self.paused_since.is_none();
-        let single = (!run).then(|| now + cfg.perf.step_time(&work));
+            && self.paused_since.is_none()
+            && cfg.pipeline.is_none();
+        let single = if run {
+            self.step_peak = cfg.usage.peak_seconds(&work);
+            None
+        } else {
+            let finishing = &self.perf_finishing;
+            let (t, peak) = cfg.price(&work, |i| finishing[i]);
+            self.step_peak = peak;
+            Some(now + t)
+        };
         self.priced += u64::from(!run);
         if self.log.is_some() {
             self.log_start(Self::row_of(self.id, &work, cfg));
@@ -829,6 +862,7 @@ mod tests {
             usage: Roofline::toy(1.0, 10.0, 4.0, 24.0, 1e6, 1e6, 1000.0, 10.0),
             sliding_window: None,
             power: crate::worker::presets::GpuSpec::preset("H100").unwrap().power,
+            pipeline: None,
         }
     }
 

@@ -315,6 +315,46 @@ impl ModelArch {
         (self.parameter_count() - q) * self.dtype_bytes + (q as f64 * per).round() as u64
     }
 
+    /// Bytes of weights a pipeline stage holds over its TP ranks: decoder
+    /// layers `first .. first + n` (each layer's share of the layers' bytes
+    /// by its parameters: MoE models' dense layers come first, as
+    /// DeepSeek-V3's `first_k_dense_replace`), the token embedding on the
+    /// first stage, and on the last the final norm and the LM head — a copy
+    /// of the embedding when they are tied and there is more than one stage
+    /// (vLLM's `LlamaModel.__init__` builds `embed_tokens` on the last rank
+    /// then too). Over the whole model in one stage, [`Self::weight_bytes`].
+    pub fn stage_weight_bytes(&self, first: u64, n: u64, stages: u64) -> u64 {
+        let embedding = self.vocab_size * self.d();
+        let outside = (self.embedding_params() + self.d()) * self.dtype_bytes;
+        let layers_bytes = u128::from(self.weight_bytes() - outside);
+        let per = |i: u64| -> u128 {
+            let mlp = match &self.moe {
+                Some(m) if i >= self.dense_layers() => m.experts * self.expert_params(m) + self.moe_fixed_params(m),
+                _ => self.mlp_params(self.intermediate_size),
+            };
+            u128::from(
+                self.attention_linear_params() + self.attention_other_params() + self.norms_per_layer * self.d() + mlp,
+            )
+        };
+        let all: u128 = (0..self.num_layers).map(per).sum();
+        let mine: u128 = (first..first + n).map(per).sum();
+        let mut bytes = (layers_bytes * mine / all.max(1)) as u64;
+        let last = first + n == self.num_layers;
+        if first == 0 {
+            bytes += embedding * self.dtype_bytes;
+        }
+        if last {
+            let head = if !self.tie_word_embeddings || stages > 1 { embedding } else { 0 };
+            bytes += (head + self.d()) * self.dtype_bytes;
+        }
+        bytes
+    }
+
+    /// KV-cache bytes per token of `n` layers (a pipeline stage's).
+    pub fn kv_bytes_per_token_of(&self, n: u64) -> u64 {
+        n * self.kv_values_per_layer() * self.kv_dtype_bytes
+    }
+
     /// Bytes of one routed expert's weights in one layer.
     pub fn expert_bytes(&self) -> f64 {
         let Some(m) = &self.moe else { return 0.0 };
@@ -429,6 +469,43 @@ impl KvPool {
             0
         };
         KvPool { memory_bytes, weight_bytes, block_bytes, blocks }
+    }
+
+    /// The pool of a worker whose layers are split over pipeline stages
+    /// (`layers[s]` on stage `s`, each on `tp` GPUs): each stage's blocks
+    /// from its own memory, weights and layers, and the engine's the fewest
+    /// of any stage, as vLLM v1 takes the minimum over its ranks
+    /// (`get_kv_cache_configs`, `vllm/v1/core/kv_cache_utils.py`).
+    /// `memory_bytes` and `weight_bytes` are then one stage's (the heaviest),
+    /// `block_bytes` a block over every layer. One stage is [`Self::new`].
+    pub fn staged(
+        model: &ModelArch,
+        memory_gb: f64,
+        tp: u32,
+        utilization: f64,
+        block_size: u64,
+        layers: &[u64],
+    ) -> KvPool {
+        if layers.len() <= 1 {
+            return KvPool::new(model, memory_gb, tp, utilization, block_size);
+        }
+        let memory_bytes = memory_gb * f64::from(tp) * (1u64 << 30) as f64 * utilization;
+        let (mut first, mut blocks, mut heaviest) = (0, u64::MAX, 0u64);
+        for &n in layers {
+            let weights = model.stage_weight_bytes(first, n, layers.len() as u64);
+            heaviest = heaviest.max(weights);
+            let stage_block = block_size * model.kv_bytes_per_token_of(n);
+            let w = weights as f64;
+            blocks =
+                blocks.min(if w < memory_bytes { ((memory_bytes - w) / stage_block as f64).floor() as u64 } else { 0 });
+            first += n;
+        }
+        KvPool {
+            memory_bytes,
+            weight_bytes: heaviest as f64,
+            block_bytes: block_size * model.kv_bytes_per_token(),
+            blocks,
+        }
     }
 
     /// Whether the weights leave room for any KV cache.
