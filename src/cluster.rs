@@ -130,7 +130,7 @@ impl<'a> Cluster<'a> {
     pub fn new(scenario: &'a Scenario) -> Cluster<'a> {
         let seeds = SeedTree::new(scenario.seed);
         let pd = scenario.disagg.as_ref().map(|d| PdRule {
-            prefill_workers: d.prefill.count as usize,
+            prefill_workers: d.prefill_workers as usize,
             max_local_prefill_length: d.max_local_prefill_length,
             max_prefill_queue_size: d.max_prefill_queue_size,
         });

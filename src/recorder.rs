@@ -122,7 +122,7 @@ pub fn gauges(s: &Scenario, workers: &[Worker]) -> Gauges {
         queue_depth_prefill: s
             .disagg
             .as_ref()
-            .map_or(0, |d| workers[..d.prefill.count as usize].iter().map(|w| w.waiting() as u64).sum()),
+            .map_or(0, |d| workers[..d.prefill_workers as usize].iter().map(|w| w.waiting() as u64).sum()),
         running: workers.iter().map(|w| w.running() as u64).sum(),
         active_workers: workers.len() as u32,
         used_blocks: workers.iter().map(Worker::used_blocks).sum(),
@@ -476,7 +476,7 @@ impl Recorder {
                         let (gpu, tp) = s.hardware_of(w.id().index());
                         gpu.cost(tp, alive, busy, w.step_joules())
                     },
-                    role: s.disagg.as_ref().map_or(Role::Mixed, |d| d.pool_of(w.id().index()).0).name(),
+                    role: s.disagg.as_ref().map_or(Role::Mixed, |d| d.role_of(w.id().index())).name(),
                     group: s.group_name(w.id().index()).to_string(),
                     link_bytes: st.link_bytes,
                 }
@@ -587,7 +587,7 @@ impl Recorder {
             if alive > 0.0 { busy / alive } else { 0.0 }
         };
         let links: Vec<_> = connector.link_report(end).collect();
-        let decode_links = &links[d.prefill.count as usize..];
+        let decode_links = &links[d.prefill_workers as usize..];
         PdSummary {
             remote_prefills: self.pd_counts.0,
             local_prefills: self.pd_counts.1,

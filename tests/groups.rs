@@ -119,8 +119,65 @@ fn worker_groups_refuse_what_they_cannot_mean_naming_the_key() {
     assert_eq!(e.key.as_deref(), Some("worker_groups.0.vllm_params.max_model_len"), "{e}");
     let e = err(base().group("a", 1, toml! { capacity = 0.0 }));
     assert_eq!(e.key.as_deref(), Some("worker_groups.0.capacity"), "{e}");
-    let e = err(base().group("a", 1, toml::Table::new()).table("disaggregation", toml! { [decode] count = 1 }));
-    assert_eq!(e.key.as_deref(), Some("worker_groups"), "{e}");
+    // P/D pools made of groups: the groups make the pools, each says which.
+    let e = err(base().group("a", 1, toml! { role = "decode" }).table("disaggregation", toml! { [decode] count = 1 }));
+    assert_eq!(e.key.as_deref(), Some("disaggregation.decode"), "{e}");
+    let e = err(base().group("a", 1, toml! { role = "decode" }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.0.role"), "{e}");
+    let pd = || base().table("disaggregation", toml! { max_local_prefill_length = 0 });
+    let e = err(pd().group("a", 1, toml! { role = "prefill" }).group("b", 1, toml::Table::new()));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.1.role"), "{e}");
+    let e = err(pd().group("a", 1, toml! { role = "prefil" }));
+    assert_eq!(e.key.as_deref(), Some("worker_groups.0.role"), "{e}");
+    let e = err(pd().group("a", 1, toml! { role = "prefill" }).group("b", 0, toml! { role = "decode" }));
+    assert!(e.message.contains("decode groups are empty"), "{e}");
+}
+
+#[test]
+fn prefill_and_decode_pools_made_of_groups_route_each_phase_within_its_pool() {
+    // One H100 prefills every prompt (max_local_prefill_length = 0); two
+    // A100s and one H100 decode. The spec lists a decode group first: the
+    // prefill group's workers are numbered first all the same.
+    let spec = fleet(2000, 100, 8.0, 160)
+        .table("disaggregation", toml! { max_local_prefill_length = 0 })
+        .set("worker.hw.usd_per_gpu_hour", 2.5)
+        .group("a100-decode", 2, toml! { gpu = "A100-80G" usd_per_gpu_hour = 1.8 role = "decode" })
+        .group("h100-prefill", 1, toml! { role = "prefill" })
+        .group("h100-decode", 1, toml! { role = "decode" });
+    let s = spec.scenario();
+    let d = s.disagg.as_ref().expect("pools");
+    assert_eq!((d.prefill_workers, d.decode_workers), (1, 3));
+    let names: Vec<&str> = (0..4).map(|w| s.group_name(w)).collect();
+    assert_eq!(names, ["h100-prefill", "a100-decode", "a100-decode", "h100-decode"]);
+    assert_eq!(s.hardware_of(1).0.name, "A100-80G");
+    // Each pool's weights are against its own most capable group: the
+    // prefill group alone weighs 1,024; the A100 decoders more than the H100.
+    let (p, a, h) = (s.load_scale(0), s.load_scale(1), s.load_scale(3));
+    assert_eq!((p.weight, h.weight), (1024, 1024));
+    assert!(a.weight > 1024, "{a:?}");
+    let out = spec.run();
+    assert_eq!(out.summary.requests_completed, 160);
+    assert_eq!(out.summary.pd.remote_prefills, 160);
+    let roles: Vec<&str> = out.workers.iter().map(|w| w.role).collect();
+    assert_eq!(roles, ["prefill", "decode", "decode", "decode"]);
+    // The prefill worker completes every prompt; every request decodes on
+    // a decode worker, the H100 most.
+    let routed: Vec<u64> = out.workers.iter().map(|w| w.requests_completed).collect();
+    assert_eq!(routed[0], 160, "{routed:?}");
+    assert_eq!(routed[1..].iter().sum::<u64>(), 160);
+    assert!(routed[3] > routed[1] && routed[3] > routed[2], "{routed:?}");
+    for w in &out.workers {
+        let price = if w.group == "a100-decode" { 1.8 } else { 2.5 };
+        assert!((w.cost.usd - price * w.cost.gpu_hours).abs() < 1e-12, "{}: {:?}", w.group, w.cost);
+    }
+    // The effective configuration writes the groups with their roles.
+    let parsed = opal::config::Spec::from_text(&spec.toml(), std::path::Path::new("pd.toml")).unwrap();
+    let again = crate::scenario(&opal::sweep::effective_config(&parsed, None).unwrap());
+    assert_eq!(again, s);
+    // Without a prefill worker the groups serve requests whole (a sweep's baseline).
+    let mixed = spec.clone().set("worker_groups.1.count", 0).scenario();
+    assert!(mixed.disagg.is_none());
+    assert_eq!(mixed.num_workers, 3);
 }
 
 #[test]

@@ -53,10 +53,14 @@ pub struct Pool {
 /// Resolved `[disaggregation]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Disaggregation {
-    /// The prefill pool (workers `0 … prefill.count − 1`).
-    pub prefill: Pool,
-    /// The decode pool (the workers after them).
-    pub decode: Pool,
+    /// Workers in the prefill pool (workers `0 … prefill_workers − 1`).
+    pub prefill_workers: u32,
+    /// Workers in the decode pool (the workers after them).
+    pub decode_workers: u32,
+    /// The prefill and decode pools' workers when `[disaggregation.prefill]`
+    /// and `[disaggregation.decode]` give them (`None`: worker groups with a
+    /// `role` make the pools, and say each worker's settings).
+    pub pools: Option<Box<(Pool, Pool)>>,
     /// Prefill remotely only when the uncached part of the prompt is longer than this (tokens).
     pub max_local_prefill_length: u64,
     /// Prefill locally when the chosen prefill worker has this many requests waiting (`None`: never for that).
@@ -68,14 +72,19 @@ pub struct Disaggregation {
 }
 
 impl Disaggregation {
-    /// The role of worker `w` and its pool.
-    pub fn pool_of(&self, w: usize) -> (Role, &Pool) {
-        if w < self.prefill.count as usize { (Role::Prefill, &self.prefill) } else { (Role::Decode, &self.decode) }
+    /// The role of worker `w`.
+    pub fn role_of(&self, w: usize) -> Role {
+        if w < self.prefill_workers as usize { Role::Prefill } else { Role::Decode }
+    }
+
+    /// Worker `w`'s pool, when the pools are `[disaggregation]`'s own.
+    pub fn pool_of(&self, w: usize) -> Option<&Pool> {
+        self.pools.as_ref().map(|p| if w < self.prefill_workers as usize { &p.0 } else { &p.1 })
     }
 
     /// Workers in both pools.
     pub fn workers(&self) -> u32 {
-        self.prefill.count + self.decode.count
+        self.prefill_workers + self.decode_workers
     }
 }
 
@@ -217,37 +226,59 @@ pub(super) enum Resolved {
     Pools(Box<Disaggregation>),
     /// `prefill.count = 0`: the decode pool's workers serve requests whole.
     Mixed(Box<Pool>),
+    /// Worker groups with no prefill workers: the groups serve requests whole.
+    MixedGroups,
 }
 
-/// Resolves `section` over the spec's worker settings (`base`, for the block size every pool must share).
+/// Resolves `section` over the spec's worker settings (`base`, for the
+/// block size every pool must share); with worker groups (each with a
+/// role, prefill groups first), the groups make the pools: `groups` is
+/// then their prefill and decode workers.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn resolve(
     cx: &Ctx<'_>,
     file: &SpecFile,
     section: &DisaggregationSection,
+    groups: Option<(u32, u32)>,
     model: &ModelArch,
     stages: &[StageConfig],
     base: &WorkerConfig,
     base_dir: &Path,
 ) -> Result<Resolved, ConfigError> {
     let key = |k: &str| format!("disaggregation.{k}");
-    let missing = |which: &str| {
-        cx.err(
-            &key(which),
-            format!("disaggregation needs a [disaggregation.{which}] pool"),
-            format!("add [disaggregation.{which}] with count (and optionally gpu, tp, vllm_params)"),
-        )
+    let (prefill_workers, decode_workers, pools) = if let Some((prefill, decode)) = groups {
+        if prefill == 0 {
+            return Ok(Resolved::MixedGroups);
+        }
+        if decode == 0 {
+            return Err(cx.err(
+                "worker_groups",
+                "the decode groups are empty (every worker would only prefill)",
+                "give a group with role = \"decode\" at least one worker",
+            ));
+        }
+        (prefill, decode, None)
+    } else {
+        let missing = |which: &str| {
+            cx.err(
+                &key(which),
+                format!("disaggregation needs a [disaggregation.{which}] pool"),
+                format!("add [disaggregation.{which}] with count (and optionally gpu, tp, pp, vllm_params), or worker groups with role = \"{which}\""),
+            )
+        };
+        let pd = section.prefill.as_ref().ok_or_else(|| missing("prefill"))?;
+        let dd = section.decode.as_ref().ok_or_else(|| missing("decode"))?;
+        let prefill = resolve_pool(cx, file, &pd.into(), &key("prefill"), model, stages, base, base_dir)?;
+        let decode = resolve_pool(cx, file, &dd.into(), &key("decode"), model, stages, base, base_dir)?;
+        cx.workers(&key("decode.count"), prefill.count + decode.count)?;
+        if decode.count == 0 {
+            return Err(cx.err(&key("decode.count"), "the decode pool is empty", "give it at least one worker"));
+        }
+        if prefill.count == 0 {
+            return Ok(Resolved::Mixed(Box::new(decode)));
+        }
+        (prefill.count, decode.count, Some(Box::new((prefill, decode))))
     };
-    let pd = section.prefill.as_ref().ok_or_else(|| missing("prefill"))?;
-    let dd = section.decode.as_ref().ok_or_else(|| missing("decode"))?;
-    let prefill = resolve_pool(cx, file, &pd.into(), &key("prefill"), model, stages, base, base_dir)?;
-    let decode = resolve_pool(cx, file, &dd.into(), &key("decode"), model, stages, base, base_dir)?;
-    cx.workers(&key("decode.count"), prefill.count + decode.count)?;
-    if decode.count == 0 {
-        return Err(cx.err(&key("decode.count"), "the decode pool is empty", "give it at least one worker"));
-    }
-    if prefill.count == 0 {
-        return Ok(Resolved::Mixed(Box::new(decode)));
-    }
     if file.router.router_params.enable_scaling {
         return Err(cx.err(
             "router.router_params.enable_scaling",
@@ -297,8 +328,9 @@ pub(super) fn resolve(
     }
     Ok(Resolved::Pools(Box::new(Disaggregation {
         kv_path,
-        prefill,
-        decode,
+        prefill_workers,
+        decode_workers,
+        pools,
         max_local_prefill_length: max_local as u64,
         max_prefill_queue_size: max_queue,
         link: DeviceConfig {

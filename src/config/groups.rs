@@ -4,7 +4,7 @@
 //! which load-based routing divides its load.
 
 use super::context::Ctx;
-use super::disagg::{Pool, PoolKeys, resolve_pool};
+use super::disagg::{Pool, PoolKeys, Role, resolve_pool};
 use super::error::ConfigError;
 use super::schema::SpecFile;
 use crate::rng::SeedTree;
@@ -27,6 +27,9 @@ pub struct Group {
     /// Requests one of its workers runs at once for the mean request
     /// ([`concurrency`]): the router's count of its slots.
     pub slots: u32,
+    /// Its workers' part: `Mixed`, or with `[disaggregation]` the pool they
+    /// join (the groups are then ordered prefill first).
+    pub role: Role,
 }
 
 /// Prompt and output tokens of the mean request when no stage says.
@@ -53,11 +56,14 @@ pub(super) fn resolve_groups(
         }
         return Ok(Vec::new());
     }
-    if file.disaggregation.is_some() {
+    if let Some(d) = &file.disaggregation
+        && let Some((which, _)) =
+            [("prefill", &d.prefill), ("decode", &d.decode)].into_iter().find(|(_, p)| p.is_some())
+    {
         return Err(cx.err(
-            "worker_groups",
-            "worker groups and [disaggregation] pools cannot be combined yet",
-            "use either [[worker_groups]] (a mixed fleet) or [disaggregation] (prefill and decode pools)",
+            &format!("disaggregation.{which}"),
+            "with [[worker_groups]] the groups make the prefill and decode pools",
+            "remove [disaggregation.prefill] and [disaggregation.decode], and give each group role = \"prefill\" or \"decode\"",
         ));
     }
     if file.simulation.num_workers != 1 {
@@ -103,14 +109,51 @@ pub(super) fn resolve_groups(
                 format!("set {} (US dollars per GPU-hour)", key("usd_per_gpu_hour")),
             ));
         }
+        let role = match (file.disaggregation.is_some(), g.role.as_deref().map(str::to_ascii_lowercase)) {
+            (false, None) => Role::Mixed,
+            (false, Some(_)) => {
+                return Err(cx.err(
+                    &key("role"),
+                    "a group's role names its [disaggregation] pool, and the spec has none",
+                    "remove role, or add [disaggregation] (its link and thresholds)",
+                ));
+            }
+            (true, None) => {
+                return Err(cx.err(
+                    &key("role"),
+                    "with [disaggregation] every worker group says which pool it joins",
+                    "set role = \"prefill\" or role = \"decode\"",
+                ));
+            }
+            (true, Some(r)) => match r.as_str() {
+                "prefill" => Role::Prefill,
+                "decode" => Role::Decode,
+                other => {
+                    return Err(cx
+                        .err(&key("role"), format!("unknown role {other:?}"), "use prefill or decode")
+                        .schema());
+                }
+            },
+        };
         let capacity = match g.capacity {
-            Some(c) => cx.positive(&key("capacity"), c)?,
-            None => estimated_capacity(&pool.worker, shape),
+            Some(c) => Some(cx.positive(&key("capacity"), c)?),
+            None => None,
         };
         let slots = u32::try_from(concurrency(&pool.worker, shape)).unwrap_or(u32::MAX);
         total += u64::from(pool.count);
-        groups.push(Group { name: g.name.clone(), pool, capacity, slots });
+        groups.push(Group { name: g.name.clone(), capacity: capacity.unwrap_or(f64::NAN), pool, slots, role });
     }
+    // Without prefill workers the groups serve requests whole (a sweep's baseline).
+    if !groups.iter().any(|g| g.role == Role::Prefill && g.pool.count > 0) {
+        groups.iter_mut().for_each(|g| g.role = Role::Mixed);
+    }
+    for g in &mut groups {
+        if g.capacity.is_nan() {
+            g.capacity = estimated_capacity(&g.pool.worker, shape, g.role);
+        }
+    }
+    // The prefill pool is workers 0 … P − 1: prefill groups first, each role in the spec's order.
+    groups.sort_by_key(|g| g.role != Role::Prefill);
     if let Some(name) = &file.router.router_params.scale_group
         && !groups.iter().any(|g| &g.name == name)
     {
@@ -145,8 +188,10 @@ pub fn concurrency(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> u64 {
 /// so a fleet of unequal workers is loaded in proportion to what each can
 /// do (llm-d's and Dynamo's scorers likewise weigh a worker's queue
 /// against its size). A closed form, not a simulation: it ignores prefix
-/// hits and mixed steps, which change every group alike.
-pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> f64 {
+/// hits and mixed steps, which change every group alike. A prefill
+/// group's workers only prefill (`1 / T_prefill`), a decode group's only
+/// decode (`B / (output × T_decode)`).
+pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64), role: Role) -> f64 {
     let prompt = prompt.round().max(1.0) as u64;
     let output = output.round().max(1.0) as u64;
     let mut prefill = 0.0;
@@ -163,7 +208,12 @@ pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> f
     let context = prompt + output / 2;
     let window = cfg.sliding_window.map_or(context, |w| context.min(w));
     let step = cfg.price(&StepWork::decode(batch, batch * context, batch * window), |_| false).0.as_secs_f64();
-    1.0 / (prefill + output as f64 * step / batch as f64)
+    let decode = output as f64 * step / batch as f64;
+    match role {
+        Role::Mixed => 1.0 / (prefill + decode),
+        Role::Prefill => 1.0 / prefill,
+        Role::Decode => 1.0 / decode,
+    }
 }
 
 /// The mean request's prompt and output tokens over the stages that say

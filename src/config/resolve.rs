@@ -79,10 +79,16 @@ impl Scenario {
 
     /// The settings of worker `w`: its pool's or group's, else the spec's.
     pub fn worker_config(&self, w: usize) -> &WorkerConfig {
+        self.pool_of(w).map_or(&self.worker, |p| &p.worker)
+    }
+
+    /// Worker `w`'s pool: its group's, or its `[disaggregation]` pool's
+    /// (`None`: `[worker]`'s settings, `num_workers` of them).
+    fn pool_of(&self, w: usize) -> Option<&super::disagg::Pool> {
         match &self.disagg {
-            Some(d) => &d.pool_of(w).1.worker,
-            None if self.groups.is_empty() => &self.worker,
-            None => &self.groups[self.group_of(w)].pool.worker,
+            _ if !self.groups.is_empty() => Some(&self.groups[self.group_of(w)].pool),
+            Some(d) => d.pool_of(w),
+            None => None,
         }
     }
 
@@ -109,8 +115,9 @@ impl Scenario {
         if self.groups.is_empty() {
             return LoadScale::EQUAL;
         }
-        let most = self.groups.iter().map(|g| g.capacity).fold(0.0, f64::max);
         let group = &self.groups[self.group_of(w)];
+        // The router compares a worker with others of its pool only.
+        let most = self.groups.iter().filter(|g| g.role == group.role).map(|g| g.capacity).fold(0.0, f64::max);
         let unit = f64::from(crate::router::LOAD_UNIT);
         let weight = (unit * most / group.capacity).round().clamp(unit, f64::from(crate::router::MAX_LOAD_WEIGHT));
         LoadScale { weight: weight as u32, slots: group.slots }
@@ -118,25 +125,18 @@ impl Scenario {
 
     /// The GPU of worker `w` and how many it has (`tp` × pipeline stages).
     pub fn hardware_of(&self, w: usize) -> (&GpuSpec, u32) {
-        match &self.disagg {
-            Some(d) => {
-                let pool = d.pool_of(w).1;
-                (&pool.gpu, pool.tp * pool.worker.stages())
-            }
-            None if self.groups.is_empty() => (&self.gpu, self.tp * self.worker.stages()),
-            None => {
-                let pool = &self.groups[self.group_of(w)].pool;
-                (&pool.gpu, pool.tp * pool.worker.stages())
-            }
+        match self.pool_of(w) {
+            Some(pool) => (&pool.gpu, pool.tp * pool.worker.stages()),
+            None => (&self.gpu, self.tp * self.worker.stages()),
         }
     }
 
     /// The name of worker `w`'s group: its group's, its P/D pool's role, or `default`.
     pub fn group_name(&self, w: usize) -> &str {
         match &self.disagg {
-            Some(d) => d.pool_of(w).0.name(),
-            None if self.groups.is_empty() => "default",
-            None => &self.groups[self.group_of(w)].name,
+            _ if !self.groups.is_empty() => &self.groups[self.group_of(w)].name,
+            Some(d) => d.role_of(w).name(),
+            None => "default",
         }
     }
 }
@@ -198,20 +198,24 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
     worker.event_stride = kvc.chunk_blocks as u32;
     worker.publish_events = kvc.publish_events;
     worker.report_evictions = kvc.store_on_gpu_eviction && !kvc.tiers.is_empty();
-    // (Before the pools: groups and pools do not combine, and the error says so.)
+    // (Before the pools: groups with a role make them.)
     let groups = super::groups::resolve_groups(&cx, file, &model, &stages, &worker, base_dir)?;
     let mut gpu = gpu;
     let mut tp = tp;
     let disagg = match &file.disaggregation {
-        Some(d) => match super::disagg::resolve(&cx, file, d, &model, &stages, &worker, base_dir)? {
-            super::disagg::Resolved::Pools(d) => Some(*d),
-            super::disagg::Resolved::Mixed(pool) => {
-                // No prefill pool: the decode pool's workers are mixed.
-                let pool = *pool;
-                (num_workers, gpu, tp, worker) = (pool.count, pool.gpu, pool.tp, pool.worker);
-                None
+        Some(d) => {
+            match super::disagg::resolve(&cx, file, d, role_counts(&groups), &model, &stages, &worker, base_dir)? {
+                super::disagg::Resolved::Pools(d) => Some(*d),
+                super::disagg::Resolved::Mixed(pool) => {
+                    // No prefill pool: the decode pool's workers are mixed.
+                    let pool = *pool;
+                    (num_workers, gpu, tp, worker) = (pool.count, pool.gpu, pool.tp, pool.worker);
+                    None
+                }
+                // No prefill workers: the groups are a mixed fleet (resolve_groups made them so).
+                super::disagg::Resolved::MixedGroups => None,
             }
-        },
+        }
         None => None,
     };
     if let Some(d) = &disagg {
@@ -245,6 +249,14 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         scale_group,
         request_slo,
     })
+}
+
+/// The prefill and decode workers of worker groups with roles (`None`
+/// without groups: `[disaggregation]`'s own pools say).
+fn role_counts(groups: &[super::groups::Group]) -> Option<(u32, u32)> {
+    use super::disagg::Role;
+    let count = |role: Role| groups.iter().filter(|g| g.role == role).map(|g| g.pool.count).sum::<u32>();
+    (!groups.is_empty()).then(|| (count(Role::Prefill), count(Role::Decode)))
 }
 
 fn resolve_router(

@@ -194,6 +194,9 @@ pub struct WorkerGroupSection {
     /// The group's `[worker.vllm_params]` overrides (e.g. `{ max_num_seqs = 128 }`; `block_size` and `max_model_len` are the fleet's).
     #[serde(default)]
     pub vllm_params: Option<toml::Table>,
+    /// With `[disaggregation]`: the pool the group's workers join, `prefill` or `decode`.
+    #[serde(default)]
+    pub role: Option<String>,
     /// One worker's capacity relative to the other groups', by which load-based routing divides its load (default: estimated from the step model, see the README).
     #[serde(default)]
     pub capacity: Option<f64>,

@@ -178,7 +178,8 @@ impl<'a> Router<'a> {
     /// Disaggregated routing: the decode worker by load (least outstanding
     /// requests); the prefill worker by pending prefill work — the one whose
     /// pending prefill tokens plus this prompt's tokens not cached there
-    /// (per the index, under a KV-aware policy) are fewest, lowest id on
+    /// (per the index, under a KV-aware policy; with worker groups, times
+    /// the worker's [`LoadScale`] weight) are fewest, lowest id on
     /// ties, as Dynamo's KV router costs a prefill by its new blocks — or,
     /// with RoundRobin and Random, by the policy; then [`PdRule::remote`]
     /// decides whether the prefill worker takes the prompt or the decode
@@ -190,7 +191,11 @@ impl<'a> Router<'a> {
         let mut prefill = if self.needs.loads || self.needs.kv_index {
             self.score(r);
             let uncached = |w: usize| prompt.saturating_sub(self.cached(w, prompt));
-            let best = (0..p).min_by_key(|&w| (self.pending_prefill[w] + uncached(w), w)).expect("a prefill pool");
+            // With worker groups, tokens weigh the inverse of the worker's prefill capacity.
+            let weight = |w: usize| u128::from(self.loads[w].scale.weight);
+            let best = (0..p)
+                .min_by_key(|&w| (u128::from(self.pending_prefill[w] + uncached(w)) * weight(w), w))
+                .expect("a prefill pool");
             self.pick(WorkerId(best as u32), r)
         } else {
             self.choose(r, 0..p)
