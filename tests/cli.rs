@@ -307,6 +307,20 @@ fn model_prints_what_is_derived_from_deepseek_v3_on_eight_h200s() {
 }
 
 #[test]
+fn model_prints_each_pipeline_stages_layers_and_weights() {
+    // Llama-3.1-405B at TP 8 × PP 2 (sized by hand in tests/pipeline.rs).
+    let dir = temp_dir("model-pp");
+    let o = opal_sweep(&["model", "llama-3.1-405b", "--gpu", "H100", "--tp", "8", "--pp", "2"], &dir);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("on 2 stages of 8 × H100"), "{text}");
+    assert!(text.contains("layers 63 + 63; weights per GPU 47.25 + 47.25 GiB"), "{text}");
+    assert!(text.contains("51497 blocks of 16 = 823952 tokens"), "{text}");
+    let o = opal_sweep(&["model", "llama-3.1-8b", "--pp", "33"], &dir);
+    assert_input_error(&o, &["--pp 33", "32 layers"]);
+}
+
+#[test]
 fn model_says_when_a_model_does_not_fit_and_refuses_unmodelled_families() {
     let dir = temp_dir("model-fit");
     let o = opal_sweep(&["model", "llama-3.1-405b", "--gpu", "H100", "--tp", "4"], &dir);

@@ -14,9 +14,12 @@ pub struct ModelArgs {
     /// A GPU preset (A100-40G, A100-80G, H100, H100-PCIe, H200, B200, MI300X, L40S).
     #[arg(long)]
     gpu: Option<String>,
-    /// GPUs per worker (tensor parallelism).
+    /// GPUs per worker (tensor parallelism; per stage with --pp).
     #[arg(long, default_value_t = 1)]
     tp: u32,
+    /// Pipeline stages per worker, each --tp GPUs.
+    #[arg(long, default_value_t = 1)]
+    pp: u32,
     /// Fraction of GPU memory vLLM may use.
     #[arg(long, default_value_t = 0.9)]
     gpu_memory_utilization: f64,
@@ -122,10 +125,23 @@ pub(super) fn model(args: &ModelArgs) -> Result<ExitCode, Failure> {
             args.tp
         )));
     }
+    if args.pp == 0 || u64::from(args.pp) > model.num_layers {
+        return Err(Failure::Input(format!(
+            "--pp {}: {} has {} layers, and each stage needs at least one
+  fix: use 1 to {} stages",
+            args.pp, model.name, model.num_layers, model.num_layers
+        )));
+    }
     let gpu = args.gpu.as_deref().map(load_gpu).transpose()?;
-    let fit = gpu
-        .as_ref()
-        .map(|g| (g.name.as_str(), g.memory_gb, args.tp, args.gpu_memory_utilization, args.block_size, args.context));
+    let fit = gpu.as_ref().map(|g| crate::worker::model::FitInput {
+        gpu: g.name.as_str(),
+        memory_gb: g.memory_gb,
+        tp: args.tp,
+        pp: args.pp,
+        utilization: args.gpu_memory_utilization,
+        block_size: args.block_size,
+        context: args.context,
+    });
     let report = ModelReport::new(&model, fit);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report).expect("a report serializes"));

@@ -668,13 +668,27 @@ pub fn model_text(m: &crate::worker::model::ModelReport) -> String {
         None => out.push('\n'),
     }
     if let Some(f) = &m.fit {
-        out.push_str(&format!(
-            "on {} × {} (gpu_memory_utilization {}): {:.1} GiB for vLLM\n",
-            f.tp,
-            f.gpu,
-            f.gpu_memory_utilization,
-            gib(f.memory_bytes)
-        ));
+        if f.pp > 1 {
+            let list = |v: Vec<String>| v.join(" + ");
+            out.push_str(&format!(
+                "on {} stages of {} × {} (gpu_memory_utilization {}): {:.1} GiB for vLLM a stage\n  layers {}; weights per GPU {} GiB\n",
+                f.pp,
+                f.tp,
+                f.gpu,
+                f.gpu_memory_utilization,
+                gib(f.memory_bytes),
+                list(f.stage_layers.iter().map(u64::to_string).collect()),
+                list(f.stage_weight_bytes_per_gpu.iter().map(|&b| format!("{:.2}", gib(b as f64))).collect()),
+            ));
+        } else {
+            out.push_str(&format!(
+                "on {} × {} (gpu_memory_utilization {}): {:.1} GiB for vLLM\n",
+                f.tp,
+                f.gpu,
+                f.gpu_memory_utilization,
+                gib(f.memory_bytes)
+            ));
+        }
         if f.fits {
             out.push_str(&format!(
                 "  KV cache: {:.1} GiB = {} blocks of {} = {} tokens\n  sequences of {} tokens that fit at once: {}\n",
@@ -687,7 +701,7 @@ pub fn model_text(m: &crate::worker::model::ModelReport) -> String {
             ));
         } else {
             out.push_str(&format!(
-                "  does not fit: the weights need {:.1} GiB, {:.1} GiB is available; use more GPUs (--tp) or a larger GPU\n",
+                "  does not fit: the weights need {:.1} GiB, {:.1} GiB is available; use more GPUs (--tp, --pp) or a larger GPU\n",
                 gib(m.weight_bytes as f64),
                 gib(f.memory_bytes)
             ));

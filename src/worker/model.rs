@@ -572,11 +572,17 @@ pub struct ModelReport {
 pub struct FitReport {
     /// GPU.
     pub gpu: String,
-    /// GPUs per worker.
+    /// GPUs per pipeline stage.
     pub tp: u32,
+    /// Pipeline stages.
+    pub pp: u32,
+    /// Decoder layers on each stage (vLLM's split).
+    pub stage_layers: Vec<u64>,
+    /// Weight bytes on each GPU of each stage.
+    pub stage_weight_bytes_per_gpu: Vec<u64>,
     /// Fraction of memory vLLM may use.
     pub gpu_memory_utilization: f64,
-    /// Memory vLLM may use, bytes.
+    /// Memory vLLM may use on one stage (all of it without stages), bytes.
     pub memory_bytes: f64,
     /// Whether the weights leave room for a KV cache.
     pub fits: bool,
@@ -594,14 +600,46 @@ pub struct FitReport {
     pub max_batch_at_context: u64,
 }
 
+/// A worker to fit a model on: what `opal-sweep model --gpu` describes.
+#[derive(Clone, Copy, Debug)]
+pub struct FitInput<'a> {
+    /// GPU name.
+    pub gpu: &'a str,
+    /// Its memory, GiB.
+    pub memory_gb: f64,
+    /// GPUs per stage.
+    pub tp: u32,
+    /// Pipeline stages (at most the model's layers).
+    pub pp: u32,
+    /// Fraction of memory vLLM may use.
+    pub utilization: f64,
+    /// Tokens per KV block.
+    pub block_size: u64,
+    /// Sequence length for the batch figure, tokens.
+    pub context: u64,
+}
+
 impl ModelReport {
-    /// The report of `model`, and of its fit on `(gpu name, memory GiB, tp, utilisation, block size, context)`.
-    pub fn new(model: &ModelArch, fit: Option<(&str, f64, u32, f64, u64, u64)>) -> ModelReport {
-        let fit = fit.map(|(gpu, memory_gb, tp, util, block_size, context)| {
-            let pool = KvPool::new(model, memory_gb, tp, util, block_size);
+    /// The report of `model`, and of its fit on a worker.
+    pub fn new(model: &ModelArch, fit: Option<FitInput<'_>>) -> ModelReport {
+        let fit = fit.map(|f| {
+            let FitInput { gpu, memory_gb, tp, pp, utilization: util, block_size, context } = f;
+            let layers = crate::worker::pipeline::partition(model.num_layers, u64::from(pp));
+            let pool = KvPool::staged(model, memory_gb, tp, util, block_size, &layers);
+            let mut first = 0;
+            let per_gpu = layers
+                .iter()
+                .map(|&n| {
+                    first += n;
+                    model.stage_weight_bytes(first - n, n, layers.len() as u64) / u64::from(tp)
+                })
+                .collect();
             FitReport {
                 gpu: gpu.to_string(),
                 tp,
+                pp,
+                stage_layers: layers,
+                stage_weight_bytes_per_gpu: per_gpu,
                 gpu_memory_utilization: util,
                 memory_bytes: pool.memory_bytes,
                 fits: pool.fits(),
