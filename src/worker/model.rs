@@ -140,6 +140,22 @@ pub struct ModelArch {
     pub max_model_len: u64,
 }
 
+/// The decoder layers each of `pp` stages holds, as vLLM's
+/// `get_pp_indices` splits `layers` (`vllm/distributed/utils.py`, since
+/// #13839): `⌊layers / pp⌋` each, and the remainder one each to stages
+/// `pp − 2, pp − 3, …` — the last stage, which also runs the LM head,
+/// never takes one (with `pp` = 1, the whole model).
+pub fn partition(layers: u64, pp: u64) -> Vec<u64> {
+    let pp = pp.max(1);
+    let mut parts = vec![layers / pp; pp as usize];
+    let n = parts.len();
+    for i in 0..(layers % pp) as usize {
+        // `remaining ≤ pp − 1`, so `n − 2 − i` stays ≥ 0.
+        parts[n - 2 - i] += 1;
+    }
+    parts
+}
+
 /// `E·(1 − (1 − k/E)^T)`: expected distinct experts of `E` that `tokens`
 /// tokens routed to `k` experts each touch, with independent uniform routing.
 pub fn expected_experts(experts: u64, active: u64, tokens: f64) -> f64 {
@@ -624,7 +640,7 @@ impl ModelReport {
     pub fn new(model: &ModelArch, fit: Option<FitInput<'_>>) -> ModelReport {
         let fit = fit.map(|f| {
             let FitInput { gpu, memory_gb, tp, pp, utilization: util, block_size, context } = f;
-            let layers = crate::worker::pipeline::partition(model.num_layers, u64::from(pp));
+            let layers = partition(model.num_layers, u64::from(pp));
             let pool = KvPool::staged(model, memory_gb, tp, util, block_size, &layers);
             let mut first = 0;
             let per_gpu = layers
@@ -916,5 +932,18 @@ mod tests {
         // Window 4: 2·(1 + 2 + 3 + 4) + 6·8 = 68; from 5 on each token adds 8.
         assert_eq!(attention_pairs(0, 10, 4), 68.0);
         assert_eq!(attention_pairs(5, 10, 4), 40.0);
+    }
+
+    #[test]
+    fn layers_split_as_vllm_get_pp_indices_does() {
+        // Cases run through vLLM's rule (vllm/distributed/utils.py at 9aaf83ef5).
+        assert_eq!(partition(32, 1), [32]);
+        assert_eq!(partition(32, 3), [11, 11, 10]);
+        assert_eq!(partition(80, 3), [27, 27, 26]);
+        assert_eq!(partition(126, 2), [63, 63]);
+        assert_eq!(partition(126, 4), [31, 32, 32, 31]);
+        assert_eq!(partition(126, 8), [15, 16, 16, 16, 16, 16, 16, 15]);
+        assert_eq!(partition(61, 4), [15, 15, 16, 15]);
+        assert_eq!(partition(32, 5), [6, 6, 7, 7, 6]);
     }
 }

@@ -54,7 +54,7 @@ use crate::time::SimDuration;
 /// How a worker's model is split into pipeline stages, and what a hop costs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Pipeline {
-    /// Decoder layers on each stage ([`partition`]).
+    /// Decoder layers on each stage ([`crate::worker::model::partition`]).
     pub layers: Vec<u64>,
     /// Token budget of one micro-batch (`max_num_batched_tokens`).
     pub micro_budget: u64,
@@ -71,22 +71,6 @@ pub struct Pipeline {
     pub tp_link_bytes_per_s: f64,
     /// Latency of one hop, seconds (also the sampled tokens' way back to stage 0).
     pub hop_latency_s: f64,
-}
-
-/// The decoder layers each of `pp` stages holds, as vLLM's
-/// `get_pp_indices` splits `layers` (`vllm/distributed/utils.py`, since
-/// #13839): `⌊layers / pp⌋` each, and the remainder one each to stages
-/// `pp − 2, pp − 3, …` — the last stage, which also runs the LM head,
-/// never takes one (with `pp` = 1, the whole model).
-pub fn partition(layers: u64, pp: u64) -> Vec<u64> {
-    let pp = pp.max(1);
-    let mut parts = vec![layers / pp; pp as usize];
-    let n = parts.len();
-    for i in 0..(layers % pp) as usize {
-        // `remaining ≤ pp − 1`, so `n − 2 − i` stays ≥ 0.
-        parts[n - 2 - i] += 1;
-    }
-    parts
 }
 
 /// One micro-batch of a round.
@@ -222,19 +206,7 @@ impl Pipeline {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layers_split_as_vllm_get_pp_indices_does() {
-        // Cases run through vLLM's rule (vllm/distributed/utils.py at 9aaf83ef5).
-        assert_eq!(partition(32, 1), [32]);
-        assert_eq!(partition(32, 3), [11, 11, 10]);
-        assert_eq!(partition(80, 3), [27, 27, 26]);
-        assert_eq!(partition(126, 2), [63, 63]);
-        assert_eq!(partition(126, 4), [31, 32, 32, 31]);
-        assert_eq!(partition(126, 8), [15, 16, 16, 16, 16, 16, 16, 15]);
-        assert_eq!(partition(61, 4), [15, 15, 16, 15]);
-        assert_eq!(partition(32, 5), [6, 6, 7, 7, 6]);
-    }
+    use crate::worker::model::partition;
 
     fn pipe(layers: &[u64]) -> Pipeline {
         Pipeline {
