@@ -77,6 +77,46 @@ pub fn sets() -> Vec<MeasurementSet> {
             None
         ),
         set!(
+            "aiconfigurator H100 Qwen3-30B-A3B TP1 (MoE)",
+            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+            "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp1.csv",
+            "qwen3-30b-a3b",
+            "H100",
+            1,
+            ProfileChoice::Auto,
+            None
+        ),
+        set!(
+            "aiconfigurator H100 Qwen3-30B-A3B TP2 (MoE)",
+            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+            "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp2.csv",
+            "qwen3-30b-a3b",
+            "H100",
+            2,
+            ProfileChoice::Auto,
+            None
+        ),
+        set!(
+            "aiconfigurator H100 Mixtral-8x7B TP2 (MoE)",
+            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+            "measurements/aiconfigurator/mixtral-8x7b-h100-tp2.csv",
+            "mixtral-8x7b",
+            "H100",
+            2,
+            ProfileChoice::Auto,
+            None
+        ),
+        set!(
+            "aiconfigurator H200 DeepSeek-V3 TP8, experts EP8 (MoE; priced as TP8)",
+            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables, FP8 weights",
+            "measurements/aiconfigurator/deepseek-v3-h200-ep8.csv",
+            "deepseek-v3",
+            "H200",
+            8,
+            ProfileChoice::Auto,
+            None
+        ),
+        set!(
             "SplitwiseSim A100 Llama-2-70B TP2/4/8",
             "measured, vLLM of 2023 (splitwise-sim data/perf_model.csv)",
             "measurements/splitwise/llama-2-70b-a100.csv",
