@@ -26,7 +26,9 @@ fn main() {
     for system in SYSTEMS {
         let dir = std::path::Path::new("profiles/aiconfigurator").join(system);
         let mut files = Vec::new();
-        for name in [aic_rows::GEMM_FILE, aic_rows::CTX_FILE, aic_rows::GEN_FILE, aic_rows::ALLREDUCE_FILE] {
+        for name in
+            [aic_rows::GEMM_FILE, aic_rows::CTX_FILE, aic_rows::GEN_FILE, aic_rows::ALLREDUCE_FILE, aic_rows::MOE_FILE]
+        {
             let path = dir.join(name);
             println!("cargo:rerun-if-changed={}", path.display());
             let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));

@@ -53,6 +53,7 @@ fn a_fit_to_the_sc25_measurements_reproduces_them_in_an_sc25_run() {
         gpu: "H100".into(),
         tp: 4,
         profile: ProfileChoice::Auto,
+        routing: Default::default(),
     };
     let fit = calibrate(&setup, &rows, &FitOptions::default()).unwrap();
     let sc25_run = |inference: &str| {

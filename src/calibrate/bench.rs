@@ -3,7 +3,7 @@
 use crate::Scenario;
 use crate::worker::model::ModelArch;
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
-use crate::worker::perf::profile::{Profile, analytic::Analytic, shipped, vidur};
+use crate::worker::perf::profile::{Profile, Routing, analytic::Analytic, shipped, vidur};
 use crate::worker::perf::{Measured, Phase, StepModel};
 use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
@@ -44,6 +44,8 @@ pub struct Setup {
     pub tp: u32,
     /// Where operator prices come from.
     pub profile: ProfileChoice,
+    /// How routed experts share the tokens (MoE models).
+    pub routing: Routing,
 }
 
 /// What one run of a row gave.
@@ -73,7 +75,7 @@ impl Setup {
 
     /// The profile for `tp` GPUs of this model.
     pub fn profile(&self, model: &ModelArch, gpu: &GpuSpec, tp: u32) -> Result<Profile, String> {
-        let analytic = Analytic { peaks: gpu.peaks() };
+        let (analytic, routing) = (Analytic { peaks: gpu.peaks() }, self.routing);
         let tables = || shipped::tables(&gpu.name, gpu.peaks());
         let vidur_shape = || match model.attention {
             crate::worker::model::Attention::Gqa { heads, kv_heads, .. } => Ok(vidur::VidurShape {
@@ -86,8 +88,8 @@ impl Setup {
             _ => Err("a Vidur profile prices only grouped-query attention models".to_string()),
         };
         Ok(match &self.profile {
-            ProfileChoice::Auto => Profile { vidur: None, tables: tables(), analytic },
-            ProfileChoice::Analytic => Profile { vidur: None, tables: None, analytic },
+            ProfileChoice::Auto => Profile { vidur: None, tables: tables(), analytic, routing },
+            ProfileChoice::Analytic => Profile { vidur: None, tables: None, analytic, routing },
             ProfileChoice::VidurText(what, mlp, attention) => Profile {
                 vidur: Some(Arc::new(vidur::VidurProfile::from_text(
                     mlp,
@@ -97,16 +99,19 @@ impl Setup {
                 )?)),
                 tables: tables(),
                 analytic,
+                routing,
             },
             ProfileChoice::Dir(dir) if dir.join("mlp.csv").is_file() => Profile {
                 vidur: Some(Arc::new(vidur::VidurProfile::from_dir(dir, vidur_shape()?)?)),
                 tables: tables(),
                 analytic,
+                routing,
             },
             ProfileChoice::Dir(dir) => Profile {
                 vidur: None,
                 tables: Some(Arc::new(crate::worker::perf::profile::aic::AicTables::from_dir(dir, gpu.peaks())?)),
                 analytic,
+                routing,
             },
         })
     }
@@ -165,6 +170,7 @@ enable_prefix_caching = false
 [worker.inference_params]
 model = "operators"
 profile = {profile}
+expert_routing = {routing:?}
 [kvc]
 kvc_tiers = []
 [[workload.stages]]
@@ -179,6 +185,7 @@ default_prefix_length = 0
         gpu = setup.gpu,
         batch = row.batch,
         profile = setup.profile_toml(),
+        routing = setup.routing.name(),
     );
     let file = crate::config::parse_spec(&text, "calibration row").map_err(|e| e.to_string())?;
     crate::config::resolve(&file, "calibration row", std::path::Path::new(".")).map_err(|e| e.to_string())

@@ -5,6 +5,7 @@
 
 use super::bench::{ModelRef, ProfileChoice, Setup};
 use super::fit::{FitOptions, Prepared, median_max, residual};
+use crate::worker::perf::profile::Routing;
 use crate::worker::perf::{Measured, parse_measured};
 
 /// A shipped measurement set.
@@ -28,6 +29,8 @@ pub struct MeasurementSet {
     pub profile: ProfileChoice,
     /// Also fit to the rows of this TP degree alone and predict the others.
     pub cross_tp: Option<u32>,
+    /// How the model's routed experts share the tokens (a MoE set: as its source assumed).
+    pub routing: Routing,
 }
 
 macro_rules! set {
@@ -42,6 +45,7 @@ macro_rules! set {
             tp: $tp,
             profile: $profile,
             cross_tp: $cross,
+            routing: Routing::Balanced,
         }
     };
 }
@@ -53,7 +57,10 @@ const VIDUR_LLAMA2_7B: ProfileChoice = ProfileChoice::VidurText(
     Some(include_str!("../../profiles/vidur/a100/llama-2-7b/attention.csv")),
 );
 
-/// Every shipped set.
+/// Every shipped set. The MoE sets route tokens as aiconfigurator did
+/// when it made them (its `workload_distribution` default, `power_law`, at
+/// the α its model classes set: 1.2 in `sdk/models/moe.py`, 1.01 in
+/// `sdk/models/deepseek.py`).
 pub fn sets() -> Vec<MeasurementSet> {
     vec![
         set!(
@@ -76,46 +83,58 @@ pub fn sets() -> Vec<MeasurementSet> {
             ProfileChoice::Auto,
             None
         ),
-        set!(
-            "aiconfigurator H100 Qwen3-30B-A3B TP1 (MoE)",
-            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
-            "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp1.csv",
-            "qwen3-30b-a3b",
-            "H100",
-            1,
-            ProfileChoice::Auto,
-            None
-        ),
-        set!(
-            "aiconfigurator H100 Qwen3-30B-A3B TP2 (MoE)",
-            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
-            "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp2.csv",
-            "qwen3-30b-a3b",
-            "H100",
-            2,
-            ProfileChoice::Auto,
-            None
-        ),
-        set!(
-            "aiconfigurator H100 Mixtral-8x7B TP2 (MoE)",
-            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
-            "measurements/aiconfigurator/mixtral-8x7b-h100-tp2.csv",
-            "mixtral-8x7b",
-            "H100",
-            2,
-            ProfileChoice::Auto,
-            None
-        ),
-        set!(
-            "aiconfigurator H200 DeepSeek-V3 TP8, experts EP8 (MoE; priced as TP8)",
-            "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables, FP8 weights",
-            "measurements/aiconfigurator/deepseek-v3-h200-ep8.csv",
-            "deepseek-v3",
-            "H200",
-            8,
-            ProfileChoice::Auto,
-            None
-        ),
+        MeasurementSet {
+            routing: Routing::PowerLaw12,
+            ..set!(
+                "aiconfigurator H100 Qwen3-30B-A3B TP1 (MoE)",
+                "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+                "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp1.csv",
+                "qwen3-30b-a3b",
+                "H100",
+                1,
+                ProfileChoice::Auto,
+                None
+            )
+        },
+        MeasurementSet {
+            routing: Routing::PowerLaw12,
+            ..set!(
+                "aiconfigurator H100 Qwen3-30B-A3B TP2 (MoE)",
+                "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+                "measurements/aiconfigurator/qwen3-30b-a3b-h100-tp2.csv",
+                "qwen3-30b-a3b",
+                "H100",
+                2,
+                ProfileChoice::Auto,
+                None
+            )
+        },
+        MeasurementSet {
+            routing: Routing::PowerLaw12,
+            ..set!(
+                "aiconfigurator H100 Mixtral-8x7B TP2 (MoE)",
+                "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables",
+                "measurements/aiconfigurator/mixtral-8x7b-h100-tp2.csv",
+                "mixtral-8x7b",
+                "H100",
+                2,
+                ProfileChoice::Auto,
+                None
+            )
+        },
+        MeasurementSet {
+            routing: Routing::PowerLaw101,
+            ..set!(
+                "aiconfigurator H200 DeepSeek-V3 TP8, experts EP8 (MoE; priced as TP8)",
+                "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables, FP8 weights",
+                "measurements/aiconfigurator/deepseek-v3-h200-ep8.csv",
+                "deepseek-v3",
+                "H200",
+                8,
+                ProfileChoice::Auto,
+                None
+            )
+        },
         set!(
             "SplitwiseSim A100 Llama-2-70B TP2/4/8",
             "measured, vLLM of 2023 (splitwise-sim data/perf_model.csv)",
@@ -189,6 +208,7 @@ impl MeasurementSet {
             gpu: self.gpu.to_string(),
             tp: self.tp,
             profile: self.profile.clone(),
+            routing: self.routing,
         };
         Ok((setup, parse_measured(self.csv, self.file)?))
     }

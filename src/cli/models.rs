@@ -2,6 +2,7 @@
 //! the step model and validation against the shipped measurements.
 
 use super::{Failure, out};
+use crate::worker::perf::profile::Routing;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -55,6 +56,10 @@ pub struct CalibrateArgs {
     /// analytic, or a directory of aiconfigurator tables or a Vidur profile.
     #[arg(long, default_value = "auto")]
     profile: String,
+    /// A mixture of experts' routing, which picks the measured MoE rows:
+    /// balanced, power_law_1.01 or power_law_1.2 (as `expert_routing`).
+    #[arg(long, default_value = "balanced")]
+    expert_routing: String,
     /// The constants to fit (comma-separated; the others keep their
     /// defaults): compute_scale, memory_scale, comm_scale,
     /// step_overhead_secs, seq_overhead_secs.
@@ -193,7 +198,13 @@ pub(super) fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
         })?,
         None => FitOptions::default(),
     };
-    let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile };
+    let routing = Routing::parse(&args.expert_routing).ok_or_else(|| {
+        Failure::Input(format!(
+            "--expert-routing {}: unknown routing\n  fix: use balanced, power_law_1.01 or power_law_1.2",
+            args.expert_routing
+        ))
+    })?;
+    let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile, routing };
     let file = args.measurements.display().to_string();
     let fit = crate::calibrate::calibrate(&setup, &rows, &opts)
         .map_err(|e| Failure::Input(format!("{file}: {e}{CSV_FIX}")))?;

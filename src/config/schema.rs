@@ -948,6 +948,8 @@ pub struct InferenceParams {
     pub model: String,
     /// `operators`: where operator prices come from — `auto` (the GPU preset's shipped measured tables, else analytic), `analytic`, or a directory of aiconfigurator Parquet tables or Vidur profile CSVs (relative to the spec).
     pub profile: Option<String>,
+    /// `operators`: how a mixture of experts' router spreads tokens over its experts, which picks the measured MoE table's rows: `balanced` (default), `power_law_1.01` or `power_law_1.2` (skewed; aiconfigurator's defaults are 1.2 for Qwen3/Mixtral-style models and 1.01 for DeepSeek's).
+    pub expert_routing: Option<String>,
     /// `operators`: multiplies compute-bound time (1 = as the profile prices it; `opal-sweep calibrate` fits it).
     pub compute_scale: Option<f64>,
     /// `operators`: multiplies memory-bound time (`opal-sweep calibrate` fits it).
@@ -981,6 +983,7 @@ impl Default for InferenceParams {
         InferenceParams {
             model: "operators".into(),
             profile: None,
+            expert_routing: None,
             compute_scale: None,
             memory_scale: None,
             comm_scale: None,
@@ -1000,8 +1003,9 @@ impl Default for InferenceParams {
 
 /// The keys of `[worker.inference_params]` that belong to some step models
 /// only, with those models.
-pub const MODEL_KEYS: [(&str, &[&str]); 14] = [
+pub const MODEL_KEYS: [(&str, &[&str]); 15] = [
     ("profile", &["operators"]),
+    ("expert_routing", &["operators"]),
     ("compute_scale", &["operators"]),
     ("memory_scale", &["operators"]),
     ("comm_scale", &["operators"]),

@@ -8,7 +8,7 @@ use super::schema::{DEFAULT_BATCHED_TOKENS, InferenceParams, NumberOrString, Spe
 use crate::time::SimDuration;
 use crate::worker::model::{KvPool, ModelArch, partition};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
-use crate::worker::perf::profile::{Profile, aic::AicTables, analytic::Analytic, shipped, vidur};
+use crate::worker::perf::profile::{Profile, Routing, aic::AicTables, analytic::Analytic, shipped, vidur};
 use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PrefillBatch, Roofline, StepModel};
 use crate::worker::pipeline::Pipeline;
 use crate::worker::power::PowerModel;
@@ -186,7 +186,17 @@ fn resolve_perf(
                 seq_overhead_s: non_negative("seq_overhead_secs", ip.seq_overhead_secs, 0.0)?,
                 prefill_overhead_s: non_negative("prefill_overhead_secs", ip.prefill_overhead_secs, 0.0)?,
             };
-            let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir)?;
+            let routing = match ip.expert_routing.as_deref() {
+                None => Routing::default(),
+                Some(name) => Routing::parse(name).ok_or_else(|| {
+                    cx.err(
+                        &key("expert_routing"),
+                        format!("unknown routing {name:?}"),
+                        "use `balanced` (the default), `power_law_1.01` or `power_law_1.2` (the distributions aiconfigurator's MoE tables measure)",
+                    )
+                })?,
+            };
+            let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir, routing)?;
             let cache_key = format!("{id}|tp {tp}|{:?}|{:?}", gpu.peaks(), model);
             StepModel::Operators(Operators {
                 curves: OperatorCurves::cached(cache_key, model, tp, &profile),
@@ -248,14 +258,15 @@ fn resolve_profile(
     gpu: &GpuSpec,
     tp: u32,
     base_dir: &Path,
+    routing: Routing,
 ) -> Result<(Profile, String), ConfigError> {
     let key = "worker.inference_params.profile";
     let analytic = Analytic { peaks: gpu.peaks() };
     // Shipped tables describe the preset's GPU: they hold utilisation against its own peaks.
     let shipped = || GpuSpec::preset(&gpu.name).and_then(|p| shipped::tables(&p.name, p.peaks()));
     let profile = match profile.unwrap_or("auto") {
-        "auto" => Profile { vidur: None, tables: shipped(), analytic },
-        "analytic" => Profile { vidur: None, tables: None, analytic },
+        "auto" => Profile { vidur: None, tables: shipped(), analytic, routing },
+        "analytic" => Profile { vidur: None, tables: None, analytic, routing },
         dir => {
             let path = base_dir.join(dir);
             if !path.is_dir() {
@@ -286,10 +297,10 @@ fn resolve_profile(
                 let v = vidur::VidurProfile::from_dir(&path, shape).map_err(|e| {
                     cx.err(key, e, "profile the model at this tensor-parallel degree with Vidur, or use auto")
                 })?;
-                Profile { vidur: Some(std::sync::Arc::new(v)), tables: shipped(), analytic }
+                Profile { vidur: Some(std::sync::Arc::new(v)), tables: shipped(), analytic, routing }
             } else {
                 let t = AicTables::from_dir(&path, gpu.peaks()).map_err(|e| cx.err(key, e, "give a directory of tables in aiconfigurator's format (gemm_perf.parquet, and its attention and all-reduce tables; any Parquet codec): correct or remove a row the message names (sizes at least 1, latencies in milliseconds)"))?;
-                Profile { vidur: None, tables: Some(std::sync::Arc::new(t)), analytic }
+                Profile { vidur: None, tables: Some(std::sync::Arc::new(t)), analytic, routing }
             }
         }
     };

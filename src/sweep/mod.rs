@@ -473,6 +473,7 @@ fn expand(spec: &Spec) -> Result<SweepPlan, ConfigError> {
     canonical.push_str(&toml::to_string(&scenario_table).unwrap_or_default());
     let mut notes = notes;
     notes.extend(trace_burst_notes(&points));
+    notes.extend(pricing_notes(&points));
     let scenario_with_defaults = crate::config::effective::effective_table(&base_file, None, &base_dir)
         .map(|t| toml::to_string(&t).unwrap_or_default())
         .unwrap_or_default();
@@ -522,6 +523,22 @@ fn trace_burst_notes(points: &[Point]) -> Vec<String> {
         }
     }
     notes
+}
+
+/// The step models' notes on their prices (routed experts the measured
+/// tables lack), each once.
+fn pricing_notes(points: &[Point]) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for s in points.iter().filter_map(|p| p.scenario.as_ref().ok()) {
+        let workers = std::iter::once(&s.worker).chain(s.groups.iter().map(|g| &g.pool.worker));
+        let pools = s.disagg.iter().filter_map(|d| d.pools.as_deref()).flat_map(|(a, b)| [&a.worker, &b.worker]);
+        for w in workers.chain(pools) {
+            if let crate::worker::perf::StepModel::Operators(o) = &w.perf {
+                seen.extend(o.curves.notes.iter().cloned());
+            }
+        }
+    }
+    seen.into_iter().collect()
 }
 
 /// What `spec` runs, with every key written out (see

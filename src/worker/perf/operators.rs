@@ -45,8 +45,8 @@
 //! costs a few binary searches, whatever the model.
 
 use super::StepWork;
-use super::profile::{AttnShape, Bound, Elementwise, Gemm, Precision, Priced, Profile, Role};
-use crate::worker::model::{Attention, ModelArch, attention_pairs, expected_experts};
+use super::profile::{AttnShape, Bound, Elementwise, Experts, Gemm, Precision, Priced, Profile, Role};
+use crate::worker::model::{Attention, ModelArch, attention_pairs};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -325,8 +325,10 @@ struct LayerOps {
     /// Layers like this one.
     count: f64,
     gemms: Vec<(Role, u64, u64, Precision)>,
-    /// Routed experts: (experts E, per token k, width F/tp, precision).
-    experts: Option<(u64, u64, u64, Precision)>,
+    /// Routed experts, and their activation's bytes per token (priced
+    /// apart where the analytic model prices them; a measured fused MoE
+    /// kernel includes it).
+    experts: Option<(Experts, f64)>,
     /// Element-wise operators: bytes per token.
     elementwise: Vec<(Elementwise, f64)>,
 }
@@ -350,6 +352,9 @@ pub struct OperatorCurves {
     window: u64,
     /// The profile's sources, for messages.
     pub source: String,
+    /// What a user should know about the prices: routed experts the
+    /// measured tables lack, priced analytically.
+    pub notes: Vec<String>,
 }
 
 /// The `operators` step model: the precomputed curves and the constants.
@@ -441,15 +446,21 @@ fn layers(model: &ModelArch, tp: u64, fp8_cores: bool) -> (Vec<LayerOps>, AttnSh
             gemms.push((Role::GateUp, 2 * f, d, mlp_p));
             gemms.push((Role::Down, d, f, mlp_p));
         }
-        let expert_p = quantized(q.is_some());
-        let f = m.expert_intermediate / tp;
-        let mut elementwise = base(m.shared_intermediate / tp);
-        elementwise.push((Elementwise::Activation, 6.0 * (m.active * f) as f64));
+        let x = Experts {
+            experts: m.experts,
+            topk: m.active,
+            hidden: d,
+            inter: m.expert_intermediate,
+            tp,
+            ep: 1,
+            precision: quantized(q.is_some()),
+        };
+        let activation = 6.0 * (m.active * (m.expert_intermediate / tp)) as f64;
         out.push(LayerOps {
             count: m.layers as f64,
             gemms,
-            experts: Some((m.experts, m.active, f, expert_p)),
-            elementwise,
+            experts: Some((x, activation)),
+            elementwise: base(m.shared_intermediate / tp),
         });
     }
     (out, shape)
@@ -493,11 +504,17 @@ impl OperatorCurves {
                 for &(role, n, k, p) in &g.gemms {
                     c.add(profile.gemm(role, &Gemm { m, n, k, precision: p }), g.count);
                 }
-                if let Some((e, active, f, p)) = g.experts {
-                    c.add(experts(profile, m, e, active, f, model.hidden_size, p), g.count);
+                let measured = g.experts.and_then(|(x, _)| profile.measured_experts(&x, m));
+                if let Some(p) = measured {
+                    c.add(p, g.count);
+                } else if let Some((x, _)) = &g.experts {
+                    c.add(profile.analytic.experts(x, m), g.count);
                 }
                 for &(op, bytes) in &g.elementwise {
                     c.add(profile.elementwise(op, m, bytes * m), g.count);
+                }
+                if let (None, Some((_, activation))) = (measured, g.experts) {
+                    c.add(profile.elementwise(Elementwise::Activation, m, activation * m), g.count);
                 }
                 if tp > 1 {
                     c.add(profile.allreduce(tp, m * d), 2.0 * g.count);
@@ -542,6 +559,12 @@ impl OperatorCurves {
             windowed_layers: windowed as f64,
             window,
             source: profile.describe(),
+            notes: groups
+                .iter()
+                .filter_map(|g| g.experts.as_ref())
+                .filter(|(x, _)| profile.tables.is_some() && profile.measured_experts(x, 1.0).is_none())
+                .map(|(x, _)| format!("{} at TP {tp}: {}", model.name, profile.describe_experts(x)))
+                .collect(),
         }
     }
 
@@ -589,28 +612,6 @@ impl OperatorCurves {
             }
         }
         c
-    }
-}
-
-/// The routed experts of one MoE layer for `m` tokens, priced as the fused
-/// grouped GEMM vLLM runs (`fused_moe`): the FLOPs of the experts each token
-/// uses, the weights of the `E·(1 − (1 − k/E)^m)` experts the tokens are
-/// expected to touch, at the analytic GEMM efficiencies for the tokens each
-/// touched expert gets (one launch for the gate/up and one for the down GEMM).
-fn experts(profile: &Profile, m: f64, e: u64, active: u64, f: u64, d: u64, p: Precision) -> Priced {
-    use super::profile::analytic::{GEMM_COMPUTE_EFFICIENCY, GEMM_HALF_ROWS, GEMM_LATENCY_S, GEMM_MEMORY_EFFICIENCY};
-    let touched = expected_experts(e, active, m);
-    let per_expert = m * active as f64 / touched;
-    let weights = 3.0 * (d * f) as f64;
-    let flops = 2.0 * m * active as f64 * weights;
-    let bytes =
-        touched * weights * p.weight_bytes() + p.activation_bytes() * m * active as f64 * (3 * f + 2 * d) as f64;
-    let peaks = &profile.analytic.peaks;
-    let compute = flops / (peaks.flops(p) * GEMM_COMPUTE_EFFICIENCY * per_expert / (per_expert + GEMM_HALF_ROWS));
-    let memory = bytes / (peaks.mem_bw * GEMM_MEMORY_EFFICIENCY);
-    Priced {
-        secs: compute.max(memory) + 2.0 * GEMM_LATENCY_S,
-        bound: if compute >= memory { Bound::Compute } else { Bound::Memory },
     }
 }
 
@@ -703,7 +704,12 @@ mod tests {
     use crate::worker::presets::GpuSpec;
 
     fn analytic_h100() -> Profile {
-        Profile { vidur: None, tables: None, analytic: Analytic { peaks: GpuSpec::preset("H100").unwrap().peaks() } }
+        Profile {
+            vidur: None,
+            tables: None,
+            analytic: Analytic { peaks: GpuSpec::preset("H100").unwrap().peaks() },
+            routing: Default::default(),
+        }
     }
 
     #[test]

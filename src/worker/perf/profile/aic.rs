@@ -26,6 +26,13 @@
 //!   queries spread over ±10 % of `s`.
 //! - **All-reduce** (`communication.rs`): the CUDA-graph rows (eager rows
 //!   skipped), linear in the message size, extrapolated linearly beyond.
+//! - **Routed experts** (the fused MoE kernel): the configuration measured
+//!   exactly (dtype, routing distribution, top-k, experts, hidden and
+//!   intermediate size, MoE TP and EP) or not at all; linear in the
+//!   step's tokens between rows, proportional to them beyond the last
+//!   (probed on aiconfigurator 0.12.0: Qwen3-30B-A3B's 3, 12, 2,000 and
+//!   5,000 tokens are the linear blends of the rows beside them, 20,000
+//!   and 40,000 the 16,384-token row × tokens / 16,384, to the last digit).
 //!
 //! Attention tables are keyed by KV heads with `0` for multi-head attention
 //! (as aiconfigurator stores them) and by window (`0`: full attention). A
@@ -34,7 +41,7 @@
 //! count that did: the latency there, its fixed part counted once and the
 //! rest scaled by the work (here, not in aiconfigurator: see `priced_from`).
 
-pub use super::aic_rows::{ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE};
+pub use super::aic_rows::{ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE, MOE_FILE, MoeKey};
 use super::aic_rows::{AttnKey, Grouped, MAGIC, Points, heads_range, sort_first_of_each};
 use super::grid::{Grid, Node};
 use super::{AttnShape, Gemm, Peaks, Precision};
@@ -267,6 +274,26 @@ pub struct AicTables {
     decode: HashMap<AttnKey, AttnPoints>,
     /// All-reduce: GPUs → (elements, seconds), increasing elements.
     allreduce: Vec<(u32, Vec<(f64, f64)>)>,
+    /// Routed experts: (tokens, seconds) by configuration, increasing tokens.
+    moe: HashMap<MoeKey, MoeCurve>,
+}
+
+/// One MoE configuration's rows, decoded on first use.
+#[derive(Clone, Debug)]
+struct MoeCurve {
+    rows: Held<(f64, f64)>,
+    curve: OnceLock<Vec<(f64, f64)>>,
+}
+
+impl MoeCurve {
+    fn new(rows: Held<(f64, f64)>) -> MoeCurve {
+        MoeCurve { rows, curve: OnceLock::new() }
+    }
+
+    /// (tokens, seconds), increasing tokens (sorted when read).
+    fn curve(&self) -> &[(f64, f64)] {
+        self.curve.get_or_init(|| self.rows.pairs())
+    }
 }
 
 /// The dtype code of a KV cache of `bytes` per element.
@@ -389,6 +416,7 @@ impl AicTables {
         t.ctx = keyed(g.ctx);
         t.decode = keyed(g.decode);
         t.allreduce = g.allreduce;
+        t.moe = g.moe.into_iter().map(|(k, rows)| (k, MoeCurve::new(Held::Owned(rows)))).collect();
         Ok(t)
     }
 
@@ -420,11 +448,28 @@ impl AicTables {
             let (gpus, first, rows) = (r.u32()?, r.u32()?, r.u32()?);
             curves.push((gpus, first as usize, rows as usize));
         }
+        let mut moe = Vec::new();
+        for _ in 0..r.u32()? {
+            let (dtype, routing) = (r.u8()?, r.u8()?);
+            let [topk, experts, hidden, inter, tp, ep, first, rows] = [(); 8].map(|_| r.u32());
+            let key = MoeKey {
+                dtype,
+                routing,
+                topk: topk?,
+                experts: experts?,
+                hidden: hidden?,
+                inter: inter?,
+                tp: tp?,
+                ep: ep?,
+            };
+            moe.push((key, first? as usize, rows? as usize));
+        }
         let gemm_at = r.at;
         let gemm_rows: usize = gemm.iter().map(|s| s.5).sum();
         let attn_at = gemm_at + 16 * gemm_rows;
         let attn_rows: usize = attn.iter().flatten().map(|k| k.3).sum();
         let ar_at = attn_at + 20 * attn_rows;
+        let moe_at = ar_at + 16 * curves.iter().map(|c| c.2).sum::<usize>();
         let cut = format!("{}: packed tables cut short", t.name);
         let slice = |at: usize, len: usize| bytes.get(at..at + len).ok_or_else(|| cut.clone());
         for (dtype, n, k, m_range, first, rows) in gemm {
@@ -440,6 +485,9 @@ impl AicTables {
         for (gpus, first, rows) in curves {
             t.allreduce.push((gpus, Held::<(f64, f64)>::Packed(slice(ar_at + 16 * first, 16 * rows)?).pairs()));
         }
+        for (key, first, rows) in moe {
+            t.moe.insert(key, MoeCurve::new(Held::Packed(slice(moe_at + 16 * first, 16 * rows)?)));
+        }
         Ok(t)
     }
 
@@ -453,6 +501,7 @@ impl AicTables {
             ctx: HashMap::new(),
             decode: HashMap::new(),
             allreduce: Vec::new(),
+            moe: HashMap::new(),
         }
     }
 
@@ -464,7 +513,7 @@ impl AicTables {
     /// Reads the tables of a directory (any of the four files; at least one).
     pub fn from_dir(dir: &Path, peaks: Peaks) -> Result<AicTables, String> {
         let mut files = Vec::new();
-        for name in [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE] {
+        for name in [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE] {
             let path = dir.join(name);
             if path.is_file() {
                 let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -473,7 +522,7 @@ impl AicTables {
         }
         if files.is_empty() {
             return Err(format!(
-                "{}: no aiconfigurator table ({GEMM_FILE}, {CTX_FILE}, {GEN_FILE} or {ALLREDUCE_FILE})",
+                "{}: no aiconfigurator table ({GEMM_FILE}, {CTX_FILE}, {GEN_FILE}, {ALLREDUCE_FILE} or {MOE_FILE})",
                 dir.display()
             ));
         }
@@ -599,6 +648,30 @@ impl AicTables {
         Some(total / 5.0)
     }
 
+    /// One MoE layer's routed experts for a step of `tokens` tokens, on one
+    /// GPU (`None`: the configuration was not measured).
+    pub fn moe(&self, key: &MoeKey, tokens: f64) -> Option<f64> {
+        let c = self.moe.get(key)?.curve();
+        let (&(x0, y0), &(xn, yn)) = (c.first()?, c.last()?);
+        if tokens >= xn {
+            return Some(tokens * yn / xn);
+        }
+        if tokens <= x0 {
+            return Some(tokens * y0 / x0);
+        }
+        let i = c.partition_point(|p| p.0 < tokens);
+        let ((xa, ya), (xb, yb)) = (c[i - 1], c[i]);
+        if xb == tokens {
+            return Some(yb);
+        }
+        Some(ya + (yb - ya) * (tokens - xa) / (xb - xa))
+    }
+
+    /// Whether the MoE table measured `key`.
+    pub fn has_moe(&self, key: &MoeKey) -> bool {
+        self.moe.contains_key(key)
+    }
+
     /// One all-reduce's latency (`None`: no curve for `tp` GPUs).
     pub fn allreduce(&self, tp: u32, elements: f64) -> Option<f64> {
         let curve = &self.allreduce.iter().find(|c| c.0 == tp.min(8))?.1;
@@ -673,7 +746,7 @@ mod tests {
     /// The Parquet files of a shipped system.
     fn shipped_files(system: &str) -> Vec<(&'static str, bytes::Bytes)> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/aiconfigurator").join(system);
-        [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE]
+        [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE]
             .into_iter()
             .map(|name| (name, bytes::Bytes::from(std::fs::read(dir.join(name)).unwrap())))
             .collect()
@@ -706,6 +779,11 @@ mod tests {
                 }
             }
             assert_eq!(read.allreduce, packed.allreduce);
+            assert!(!read.moe.is_empty());
+            assert_eq!(read.moe.len(), packed.moe.len());
+            for (key, x) in &read.moe {
+                assert_eq!(x.curve(), packed.moe[key].curve(), "{system} {key:?}");
+            }
         }
         // What the binary holds is what packing them gives.
         let files = shipped_files("h100_sxm");
@@ -797,6 +875,34 @@ mod tests {
         for m in [1.0, 64.0, 777.0, 8192.0] {
             assert_eq!(t.gemm(&bf16(m, 6144, 4096)), shipped.gemm(&bf16(m, 6144, 4096)), "m = {m}");
         }
+    }
+
+    /// aiconfigurator 0.12.0's own answers for Qwen3-30B-A3B's routed
+    /// experts on H100 (BF16, power_law_1.2, 128 experts top-8, hidden
+    /// 2,048, intermediate 768, TP 1), asked of its engine directly
+    /// (`ops.MoE(...)._engine_query(db, x=tokens)`), ms.
+    #[test]
+    fn moe_rows_are_read_as_aiconfigurator_reads_them() {
+        let (t, _) = h100();
+        let key = MoeKey { dtype: 1, routing: 2, topk: 8, experts: 128, hidden: 2048, inter: 768, tp: 1, ep: 1 };
+        for (tokens, ms) in [
+            (1.0, 0.04780159890651703),    // a row
+            (3.0, 0.09405120313167573),    // between rows 2 and 4
+            (12.0, 0.1875551998615265),    // between 8 and 16
+            (2000.0, 0.690790618956089),   // between 1,536 and 2,048
+            (2048.0, 0.6968704223632812),  // a row
+            (20000.0, 3.7285704165697093), // beyond the last row (16,384): proportional
+            (40000.0, 7.457140833139419),
+        ] {
+            let secs = t.moe(&key, tokens).unwrap();
+            assert!((secs * 1e3 - ms).abs() < 1e-12 * ms.max(1.0), "{tokens}: {} ms vs {ms}", secs * 1e3);
+        }
+        // The balanced rows of the same configuration are others.
+        let balanced = MoeKey { routing: 0, ..key };
+        assert!((t.moe(&balanced, 16.0).unwrap() * 1e3 - 0.420384).abs() < 1e-6);
+        // A configuration the table did not measure is not priced from it.
+        assert_eq!(t.moe(&MoeKey { experts: 96, ..key }, 16.0), None);
+        assert!(!t.has_moe(&MoeKey { ep: 3, ..key }));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! the crate.
 
 use arrow_array::types::{Float64Type, Int64Type};
-use arrow_array::{Array, ArrowPrimitiveType, PrimitiveArray, RecordBatch, StringArray};
+use arrow_array::{Array, ArrowPrimitiveType, LargeStringArray, PrimitiveArray, RecordBatch, StringArray};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -22,6 +22,35 @@ pub const CTX_FILE: &str = "context_attention_perf.parquet";
 pub const GEN_FILE: &str = "generation_attention_perf.parquet";
 /// All-reduce.
 pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
+/// Routed experts: vLLM's fused MoE kernel (gate/up GEMM, activation, down GEMM).
+pub const MOE_FILE: &str = "moe_perf.parquet";
+
+/// One measured configuration of the MoE table. Sizes are the model's
+/// (`inter`: one expert's full intermediate size), `tp` × `ep` the GPUs
+/// the experts are split over (each expert's width over `tp`, the experts
+/// over `ep`); latencies are of one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MoeKey {
+    /// 1 BF16, 2 FP8 (per tensor), 3 FP8 with block scales.
+    pub dtype: u8,
+    /// How tokens spread over the experts: 0 `balanced`, 1 `power_law_1.01`, 2 `power_law_1.2`.
+    pub routing: u8,
+    /// Experts a token uses.
+    pub topk: u32,
+    /// Routed experts.
+    pub experts: u32,
+    /// Model width.
+    pub hidden: u32,
+    /// One expert's intermediate size.
+    pub inter: u32,
+    /// Tensor-parallel split of each expert.
+    pub tp: u32,
+    /// Expert-parallel split of the experts.
+    pub ep: u32,
+}
+
+/// The routing distributions the MoE tables measure, by code.
+pub const ROUTINGS: [&str; 3] = ["balanced", "power_law_1.01", "power_law_1.2"];
 
 /// The attention of one (KV dtype code, KV heads — 0 for multi-head
 /// attention —, head dim, window).
@@ -57,6 +86,9 @@ pub fn heads_range(points: &Points) -> (i64, i64) {
 /// = `isl + step`).
 pub type Points = Vec<([i64; 3], f64)>;
 
+/// MoE curves: configuration → (tokens, seconds), increasing tokens.
+pub type MoeCurves = Vec<(MoeKey, Vec<(f64, f64)>)>;
+
 /// All-reduce curves: GPUs → (elements, seconds), increasing elements; by GPUs.
 pub type Curves = Vec<(u32, Vec<(f64, f64)>)>;
 
@@ -71,6 +103,10 @@ pub struct Grouped {
     pub decode: Vec<(AttnKey, Points)>,
     /// All-reduce curves.
     pub allreduce: Curves,
+    /// Routed experts by configuration, in the order the file first names
+    /// them: (tokens, seconds), increasing tokens (the first of repeated
+    /// measurements standing).
+    pub moe: MoeCurves,
 }
 
 impl Grouped {
@@ -110,6 +146,21 @@ impl Grouped {
                 ALLREDUCE_FILE => {
                     let wanted = ["num_gpus", "message_size", "latency", "kernel_source", "backend"];
                     g.allreduce = allreduce_curves(&Columns::read(bytes.clone(), file, &wanted)?, file)?
+                }
+                MOE_FILE => {
+                    let wanted = [
+                        "moe_dtype",
+                        "num_tokens",
+                        "hidden_size",
+                        "inter_size",
+                        "topk",
+                        "num_experts",
+                        "moe_tp_size",
+                        "moe_ep_size",
+                        "distribution",
+                        "latency",
+                    ];
+                    g.moe = moe_curves(&Columns::read(bytes.clone(), file, &wanted)?, file)?
                 }
                 _ => {}
             }
@@ -184,12 +235,15 @@ impl Columns {
     fn codes(&self, name: &str, what: &str, code: impl Fn(&str) -> u8) -> Result<Vec<u8>, String> {
         let mut out = Vec::new();
         for b in &self.batches {
-            let c = Self::column(b, name, what)?;
-            let c = c
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .ok_or_else(|| format!("{what}: column `{name}` is not a string column"))?;
-            out.extend((0..c.len()).map(|i| code(c.value(i))));
+            let c = Self::column(b, name, what)?.as_any();
+            // pandas writes `string`, pyarrow's `large_string` (aiconfigurator's MoE table) is as good.
+            if let Some(c) = c.downcast_ref::<StringArray>() {
+                out.extend((0..c.len()).map(|i| code(c.value(i))));
+            } else if let Some(c) = c.downcast_ref::<LargeStringArray>() {
+                out.extend((0..c.len()).map(|i| code(c.value(i))));
+            } else {
+                return Err(format!("{what}: column `{name}` is not a string column"));
+            }
         }
         Ok(out)
     }
@@ -357,8 +411,51 @@ fn allreduce_curves(c: &Columns, what: &str) -> Result<Curves, String> {
     Ok(curves)
 }
 
+/// The MoE rows by configuration (rows of other dtypes and distributions skipped).
+fn moe_curves(c: &Columns, what: &str) -> Result<MoeCurves, String> {
+    let dtype = c.codes("moe_dtype", what, |n| match n {
+        "fp8_block" => 3,
+        other => dtype_code(other),
+    })?;
+    let routing =
+        c.codes("distribution", what, |n| ROUTINGS.iter().position(|r| *r == n).map_or(u8::MAX, |i| i as u8))?;
+    let tokens = c.ints("num_tokens", what)?;
+    let sizes = ["topk", "num_experts", "hidden_size", "inter_size", "moe_tp_size", "moe_ep_size"]
+        .map(|col| c.ints(col, what).map(|v| (col, v)));
+    let mut cols = Vec::new();
+    for s in sizes {
+        cols.push(s?);
+    }
+    let lat = c.floats("latency", what)?;
+    let mut curves: MoeCurves = Vec::new();
+    let mut index: std::collections::HashMap<MoeKey, usize> = Default::default();
+    for i in 0..tokens.len() {
+        if dtype[i] == 0 || routing[i] == u8::MAX {
+            continue;
+        }
+        shape(tokens[i], 1, "num_tokens", what, i)?;
+        let mut v = [0u32; 6];
+        for (slot, (col, values)) in v.iter_mut().zip(&cols) {
+            let x = shape(values[i], 1, col, what, i)?;
+            *slot = u32::try_from(x).map_err(|_| format!("{what}: row {}: `{col}` is {x}, above 2³²", i + 1))?;
+        }
+        let secs = seconds(lat[i], what, i)?;
+        let [topk, experts, hidden, inter, tp, ep] = v;
+        let key = MoeKey { dtype: dtype[i], routing: routing[i], topk, experts, hidden, inter, tp, ep };
+        let at = *index.entry(key).or_insert_with(|| {
+            curves.push((key, Vec::new()));
+            curves.len() - 1
+        });
+        curves[at].1.push((tokens[i] as f64, secs));
+    }
+    for c in &mut curves {
+        sort_first_of_each(&mut c.1);
+    }
+    Ok(curves)
+}
+
 /// The first bytes of packed tables.
-pub const MAGIC: &[u8; 8] = b"OPALAIC1";
+pub const MAGIC: &[u8; 8] = b"OPALAIC2";
 
 /// Packs `g`: a header of every GEMM shape, attention key and all-reduce
 /// curve with where its rows lie, then the rows, little-endian — so that
@@ -370,7 +467,9 @@ pub const MAGIC: &[u8; 8] = b"OPALAIC1";
 /// 2 × (u32 keys; per key: u8 dtype, i64 KV heads, i64 head dim, i64 window,
 ///      i64 least heads, i64 most heads, u32 first row, u32 rows)        — prefill, then decode
 /// u32 curves; per curve: u32 GPUs, u32 first row, u32 rows
-/// GEMM rows (f64 m, f64 s); prefill rows, then decode rows (3 × i32, f64 s); all-reduce rows (f64, f64 s)
+/// u32 MoE configurations; per one: u8 dtype, u8 routing, u32 topk, experts, hidden, inter, tp, ep, first row, rows
+/// GEMM rows (f64 m, f64 s); prefill rows, then decode rows (3 × i32, f64 s); all-reduce rows (f64, f64 s);
+/// MoE rows (f64 tokens, f64 s)
 /// ```
 pub fn pack(g: &Grouped) -> Vec<u8> {
     let mut head = MAGIC.to_vec();
@@ -425,8 +524,26 @@ pub fn pack(g: &Grouped) -> Vec<u8> {
             ar_rows.extend(secs.to_le_bytes());
         }
     }
+    let mut moe_rows = Vec::new();
+    head.extend(u32_of(g.moe.len()));
+    let mut row = 0;
+    for (key, curve) in &g.moe {
+        head.push(key.dtype);
+        head.push(key.routing);
+        for v in [key.topk, key.experts, key.hidden, key.inter, key.tp, key.ep] {
+            head.extend(v.to_le_bytes());
+        }
+        head.extend(u32_of(row));
+        head.extend(u32_of(curve.len()));
+        row += curve.len();
+        for &(x, secs) in curve {
+            moe_rows.extend(x.to_le_bytes());
+            moe_rows.extend(secs.to_le_bytes());
+        }
+    }
     head.extend(gemm_rows);
     head.extend(attn_rows);
     head.extend(ar_rows);
+    head.extend(moe_rows);
     head
 }

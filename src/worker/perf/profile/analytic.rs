@@ -13,7 +13,8 @@
 //! aiconfigurator's rule for operators it has no table for:
 //! `bytes / (0.8 · bandwidth) + 3 µs`.
 
-use super::{AttnShape, Bound, Gemm, Peaks, Priced};
+use super::{AttnShape, Bound, Experts, Gemm, Peaks, Priced};
+use crate::worker::model::expected_experts;
 
 /// GEMM: `max(FLOPs / (peak · e_c · m / (m + m½)), bytes / (bandwidth · e_m)) + t₀`
 /// — small-m GEMMs are far from the compute peak (tiles mostly empty).
@@ -66,6 +67,43 @@ impl Analytic {
         let (compute, memory) = self.peaks.gemm_sol(g);
         let e_c = GEMM_COMPUTE_EFFICIENCY * g.m / (g.m + GEMM_HALF_ROWS);
         roof(compute / e_c, memory / GEMM_MEMORY_EFFICIENCY, GEMM_LATENCY_S)
+    }
+
+    /// One MoE layer's routed experts for `m` tokens, priced as the fused
+    /// grouped GEMM vLLM runs (`fused_moe`): the FLOPs of the experts each
+    /// token uses, the weights of the `E·(1 − (1 − k/E)^m)` experts the
+    /// tokens are expected to touch (this GPU's `1/ep` of them), at the GEMM
+    /// efficiencies for the tokens each touched expert gets (one launch for
+    /// the gate/up and one for the down GEMM). Balanced routing.
+    pub fn experts(&self, x: &Experts, m: f64) -> Priced {
+        let touched = expected_experts(x.experts, x.topk, m);
+        let per_expert = m * x.topk as f64 / touched;
+        let (flops, bytes) = self.experts_work(x, m);
+        let compute = flops
+            / (self.peaks.flops(x.precision) * GEMM_COMPUTE_EFFICIENCY * per_expert / (per_expert + GEMM_HALF_ROWS));
+        let memory = bytes / (self.peaks.mem_bw * GEMM_MEMORY_EFFICIENCY);
+        Priced {
+            secs: compute.max(memory) + 2.0 * GEMM_LATENCY_S,
+            bound: if compute >= memory { Bound::Compute } else { Bound::Memory },
+        }
+    }
+
+    /// The routed experts' speed of light for `m` tokens: their FLOPs and bytes at the peaks, seconds.
+    pub fn experts_sol(&self, x: &Experts, m: f64) -> (f64, f64) {
+        let (flops, bytes) = self.experts_work(x, m);
+        (flops / self.peaks.flops(x.precision), bytes / self.peaks.mem_bw)
+    }
+
+    /// The routed experts' FLOPs and bytes on this GPU for `m` tokens.
+    fn experts_work(&self, x: &Experts, m: f64) -> (f64, f64) {
+        let (p, ep, active) = (x.precision, x.ep as f64, x.topk as f64);
+        let (d, f) = (x.hidden, x.inter / x.tp);
+        let touched = expected_experts(x.experts, x.topk, m) / ep;
+        let weights = 3.0 * (d * f) as f64;
+        let flops = 2.0 * m * active * weights / ep;
+        let bytes =
+            touched * weights * p.weight_bytes() + p.activation_bytes() * m * active * (3 * f + 2 * d) as f64 / ep;
+        (flops, bytes)
     }
 
     /// An element-wise operator moving `bytes`.

@@ -161,6 +161,60 @@ impl AttnShape {
     }
 }
 
+/// How a mixture of experts' router spreads a step's tokens over its
+/// experts: the distributions aiconfigurator's MoE tables measure
+/// (`balanced`: evenly; `power_law_α`: expert loads drawn from a power law,
+/// the smaller α the more skewed — aiconfigurator's default for
+/// Qwen3/Mixtral-style models is 1.2, for DeepSeek's 1.01).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Routing {
+    /// Every expert gets its share.
+    #[default]
+    Balanced,
+    /// `power_law_1.01`.
+    PowerLaw101,
+    /// `power_law_1.2`.
+    PowerLaw12,
+}
+
+impl Routing {
+    const ALL: [Routing; 3] = [Routing::Balanced, Routing::PowerLaw101, Routing::PowerLaw12];
+
+    /// By its name in the tables (`balanced`, `power_law_1.01`, `power_law_1.2`).
+    pub fn parse(name: &str) -> Option<Routing> {
+        Routing::ALL.into_iter().find(|r| r.name() == name)
+    }
+
+    /// Its name in the tables.
+    pub fn name(self) -> &'static str {
+        aic_rows::ROUTINGS[self.code() as usize]
+    }
+
+    /// Its code in [`aic_rows::MoeKey`].
+    fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// One MoE layer's routed experts on one GPU of a worker.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Experts {
+    /// Routed experts of the model.
+    pub experts: u64,
+    /// Experts each token uses (top-k).
+    pub topk: u64,
+    /// Model width.
+    pub hidden: u64,
+    /// One expert's intermediate size (the whole expert's, before any split).
+    pub inter: u64,
+    /// Each expert's width split over this many GPUs (vLLM without expert parallelism: the worker's TP).
+    pub tp: u64,
+    /// The experts split over this many GPUs (expert parallelism).
+    pub ep: u64,
+    /// Their number format.
+    pub precision: Precision,
+}
+
 /// A GPU's peaks, as the speed of light of every operator.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Peaks {
@@ -198,6 +252,8 @@ pub struct Profile {
     pub tables: Option<Arc<aic::AicTables>>,
     /// The analytic model (everything the others lack).
     pub analytic: analytic::Analytic,
+    /// How routed experts share the tokens (picks the MoE table's rows).
+    pub routing: Routing,
 }
 
 impl Profile {
@@ -265,6 +321,61 @@ impl Profile {
         }
     }
 
+    /// One MoE layer's routed experts for `m` tokens from the measured
+    /// table (`None`: no table measured this configuration): the fused MoE
+    /// kernel, its activation included; bound by whichever of its FLOPs and
+    /// the weights of the experts the tokens touch its speed of light says.
+    pub fn measured_experts(&self, x: &Experts, m: f64) -> Option<Priced> {
+        let t = self.tables.as_ref()?;
+        let key = self.moe_key(t, x)?;
+        let secs = t.moe(&key, m)?;
+        let (compute, memory) = self.analytic.experts_sol(x, m);
+        Some(Priced { secs, bound: if compute >= memory { Bound::Compute } else { Bound::Memory } })
+    }
+
+    /// The MoE table's configuration for `x` under this routing, if measured
+    /// (FP8 experts: per-tensor scales, else block scales — the table
+    /// distinguishes them, the model's config does not here).
+    fn moe_key(&self, t: &aic::AicTables, x: &Experts) -> Option<aic::MoeKey> {
+        let dtypes: &[u8] = match x.precision {
+            Precision::Bf16 => &[1],
+            Precision::Fp8 => &[2, 3],
+            Precision::WeightOnly(_) => &[],
+        };
+        let u = |v: u64| u32::try_from(v).ok();
+        dtypes.iter().find_map(|&dtype| {
+            let key = aic::MoeKey {
+                dtype,
+                routing: self.routing.code(),
+                topk: u(x.topk)?,
+                experts: u(x.experts)?,
+                hidden: u(x.hidden)?,
+                inter: u(x.inter)?,
+                tp: u(x.tp)?,
+                ep: u(x.ep)?,
+            };
+            t.has_moe(&key).then_some(key)
+        })
+    }
+
+    /// Where routed experts `x` are priced from, for messages.
+    pub fn describe_experts(&self, x: &Experts) -> String {
+        match self.tables.as_ref().and_then(|t| self.moe_key(t, x).map(|_| t)) {
+            Some(t) => format!("routed experts: {} moe_perf rows ({} routing)", t.describe(), self.routing.name()),
+            None => format!(
+                "routed experts: analytic (balanced routing) — no measured MoE rows for {} experts top-{}, hidden {}, intermediate {}, MoE TP {} × EP {}, {:?}, {} routing",
+                x.experts,
+                x.topk,
+                x.hidden,
+                x.inter,
+                x.tp,
+                x.ep,
+                x.precision,
+                self.routing.name()
+            ),
+        }
+    }
+
     /// The sources, for messages (`opal-sweep model`, the effective configuration).
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
@@ -275,6 +386,56 @@ impl Profile {
             parts.push(t.describe());
         }
         parts.push("analytic (efficiencies fitted to aiconfigurator's tables) for what those lack".to_string());
+        if self.routing != Routing::default() {
+            parts.push(format!("{} expert routing", self.routing.name()));
+        }
         parts.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::presets::GpuSpec;
+
+    fn profile(gpu: &str, routing: Routing) -> Profile {
+        let peaks = GpuSpec::preset(gpu).unwrap().peaks();
+        Profile { vidur: None, tables: shipped::tables(gpu, peaks), analytic: analytic::Analytic { peaks }, routing }
+    }
+
+    /// Qwen3-30B-A3B's routed experts at TP 1.
+    const QWEN3: Experts =
+        Experts { experts: 128, topk: 8, hidden: 2048, inter: 768, tp: 1, ep: 1, precision: Precision::Bf16 };
+
+    #[test]
+    fn routed_experts_come_from_the_measured_table_where_it_has_them_else_from_the_analytic_model_with_a_note() {
+        // H100 measured Qwen3's experts under every routing: its rows, whatever they are.
+        let h100 = profile("H100", Routing::PowerLaw12);
+        let p = h100.measured_experts(&QWEN3, 2048.0).unwrap();
+        assert!((p.secs - 0.6968704223632812e-3).abs() < 1e-15, "{}", p.secs);
+        // Bound as its speed of light says: 2,048 × 8 / 128 = 128 tokens an expert
+        // (155 GFLOP, 156 µs at 989 TFLOP/s) against all 128 experts' 1.2 GB of
+        // BF16 weights (361 µs at 3.35 TB/s): memory.
+        assert_eq!(p.bound, Bound::Memory);
+        assert!(h100.describe_experts(&QWEN3).contains("moe_perf rows (power_law_1.2 routing)"));
+        let balanced = profile("H100", Routing::Balanced).measured_experts(&QWEN3, 16.0).unwrap();
+        assert!((balanced.secs - 0.420384e-3).abs() < 1e-9);
+        // A100's table measured no balanced routing: the analytic model prices it, and says so.
+        let a100 = profile("A100-80G", Routing::Balanced);
+        assert_eq!(a100.measured_experts(&QWEN3, 16.0), None);
+        let note = a100.describe_experts(&QWEN3);
+        assert!(note.starts_with("routed experts: analytic") && note.contains("balanced routing"), "{note}");
+        // An expert split the table never measured (TP 3), or weights it has no rows for (int4): analytic.
+        assert_eq!(h100.measured_experts(&Experts { tp: 3, ..QWEN3 }, 16.0), None);
+        assert_eq!(h100.measured_experts(&Experts { precision: Precision::WeightOnly(0.5), ..QWEN3 }, 16.0), None);
+    }
+
+    #[test]
+    fn routings_are_named_as_the_tables_name_them() {
+        for name in ["balanced", "power_law_1.01", "power_law_1.2"] {
+            assert_eq!(Routing::parse(name).unwrap().name(), name);
+        }
+        assert_eq!(Routing::parse("uniform"), None);
+        assert_eq!(Routing::default(), Routing::Balanced);
     }
 }
