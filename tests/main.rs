@@ -7,6 +7,7 @@ mod claims;
 mod cli;
 mod crn;
 mod disagg;
+mod experts;
 mod fixtures;
 mod golden;
 mod groups;

@@ -46,6 +46,15 @@ pub struct Setup {
     pub profile: ProfileChoice,
     /// How routed experts share the tokens (MoE models).
     pub routing: Routing,
+    /// Routed experts sharded over each row's TP GPUs (`ep = tp`; MoE models).
+    pub expert_parallel: bool,
+}
+
+impl Setup {
+    /// The expert-parallel degree of a row at `tp`.
+    fn ep(&self, tp: u32) -> u32 {
+        if self.expert_parallel { tp } else { 1 }
+    }
 }
 
 /// What one run of a row gave.
@@ -160,6 +169,7 @@ num_workers = 1
 [worker.hw]
 gpu = {gpu:?}
 tp = {tp}
+ep = {ep}
 memory_gb = {memory_gb}
 [worker.vllm_params]
 max_num_seqs = {batch}
@@ -186,6 +196,7 @@ default_prefix_length = 0
         batch = row.batch,
         profile = setup.profile_toml(),
         routing = setup.routing.name(),
+        ep = setup.ep(tp),
     );
     let file = crate::config::parse_spec(&text, "calibration row").map_err(|e| e.to_string())?;
     crate::config::resolve(&file, "calibration row", std::path::Path::new(".")).map_err(|e| e.to_string())
@@ -198,8 +209,9 @@ impl Bench {
         let tp = row.tp.unwrap_or(setup.tp);
         let scenario = row_scenario(setup, &model, row, tp)?;
         let profile = setup.profile(&model, &scenario.gpu, tp)?;
-        let key = format!("calibrate|{}|tp {tp}|{:?}|{model:?}", profile.describe(), scenario.gpu.peaks());
-        let curves = OperatorCurves::cached(key, &model, tp, &profile);
+        let ep = setup.ep(tp);
+        let key = format!("calibrate|{}|tp {tp}|ep {ep}|{:?}|{model:?}", profile.describe(), scenario.gpu.peaks());
+        let curves = OperatorCurves::cached(key, &model, (tp, ep), &profile);
         Ok(Bench { scenario, curves, row: row.clone() })
     }
 

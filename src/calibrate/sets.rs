@@ -31,6 +31,8 @@ pub struct MeasurementSet {
     pub cross_tp: Option<u32>,
     /// How the model's routed experts share the tokens (a MoE set: as its source assumed).
     pub routing: Routing,
+    /// Its routed experts sharded over the TP GPUs (`ep = tp`).
+    pub expert_parallel: bool,
 }
 
 macro_rules! set {
@@ -46,6 +48,7 @@ macro_rules! set {
             profile: $profile,
             cross_tp: $cross,
             routing: Routing::Balanced,
+            expert_parallel: false,
         }
     };
 }
@@ -124,8 +127,9 @@ pub fn sets() -> Vec<MeasurementSet> {
         },
         MeasurementSet {
             routing: Routing::PowerLaw101,
+            expert_parallel: true,
             ..set!(
-                "aiconfigurator H200 DeepSeek-V3 TP8, experts EP8 (MoE; priced as TP8)",
+                "aiconfigurator H200 DeepSeek-V3 TP8, experts EP8 (MoE)",
                 "aiconfigurator-core 0.12.0, vLLM 0.24.0 tables, FP8 weights",
                 "measurements/aiconfigurator/deepseek-v3-h200-ep8.csv",
                 "deepseek-v3",
@@ -209,6 +213,7 @@ impl MeasurementSet {
             tp: self.tp,
             profile: self.profile.clone(),
             routing: self.routing,
+            expert_parallel: self.expert_parallel,
         };
         Ok((setup, parse_measured(self.csv, self.file)?))
     }

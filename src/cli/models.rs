@@ -60,6 +60,10 @@ pub struct CalibrateArgs {
     /// balanced, power_law_1.01 or power_law_1.2 (as `expert_routing`).
     #[arg(long, default_value = "balanced")]
     expert_routing: String,
+    /// The routed experts were sharded over each row's TP GPUs (vLLM's
+    /// --enable-expert-parallel; `ep = tp`).
+    #[arg(long)]
+    ep: bool,
     /// The constants to fit (comma-separated; the others keep their
     /// defaults): compute_scale, memory_scale, comm_scale,
     /// step_overhead_secs, seq_overhead_secs.
@@ -204,7 +208,7 @@ pub(super) fn calibrate(args: &CalibrateArgs) -> Result<ExitCode, Failure> {
             args.expert_routing
         ))
     })?;
-    let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile, routing };
+    let setup = Setup { model, gpu: gpu.name.clone(), tp: args.tp, profile, routing, expert_parallel: args.ep };
     let file = args.measurements.display().to_string();
     let fit = crate::calibrate::calibrate(&setup, &rows, &opts)
         .map_err(|e| Failure::Input(format!("{file}: {e}{CSV_FIX}")))?;

@@ -822,6 +822,10 @@ pub struct HwParams {
     pub pp_link_GBps: Option<f64>,
     /// Latency of one hop between pipeline stages, µs (default 10).
     pub pp_link_latency_us: Option<f64>,
+    /// GPUs a mixture of experts' routed experts are sharded over, each
+    /// holding whole experts (vLLM's `--enable-expert-parallel`): 1 (the
+    /// default: every expert split over the `tp` GPUs) or `tp`.
+    pub ep: u32,
     /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
     pub usd_per_gpu_hour: Option<f64>,
 }
@@ -844,6 +848,7 @@ impl Default for HwParams {
             pp: 1,
             pp_link_GBps: None,
             pp_link_latency_us: None,
+            ep: 1,
             usd_per_gpu_hour: None,
         }
     }

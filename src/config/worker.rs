@@ -118,12 +118,36 @@ fn parse_coefficient(cx: &Ctx<'_>, key: &str, v: &NumberOrString) -> Result<f64,
     }
 }
 
+/// `worker.hw.ep`, checked: 1, or the worker's `tp` for a mixture of
+/// experts (vLLM's `--enable-expert-parallel` without data-parallel
+/// attention shards the experts over the TP ranks).
+fn expert_parallel(cx: &Ctx<'_>, ep: u32, model: &ModelArch, tp: u32, pp: u32) -> Result<u32, ConfigError> {
+    let key = "worker.hw.ep";
+    match ep {
+        1 => Ok(1),
+        _ if model.moe.is_none() => {
+            Err(cx.err(key, format!("{} has no experts to shard", model.name), "remove ep (or set it to 1)"))
+        }
+        _ if pp > 1 => Err(cx.err(
+            key,
+            "expert parallelism with pipeline stages is not modelled yet",
+            "set ep = 1, or pp = 1",
+        )),
+        _ if ep == tp => Ok(ep),
+        _ => Err(cx.err(
+            key,
+            format!("ep = {ep} with tp = {tp}: without data-parallel attention vLLM shards the experts over the TP ranks, so ep is tp"),
+            format!("set ep = {tp} (or 1: every expert split over the TP ranks)"),
+        )),
+    }
+}
+
 fn resolve_perf(
     cx: &Ctx<'_>,
     ip: &InferenceParams,
     model: &ModelArch,
     gpu: &GpuSpec,
-    tp: u32,
+    (tp, ep): (u32, u32),
     base_dir: &Path,
 ) -> Result<StepModel, ConfigError> {
     let key = |k: &str| format!("worker.inference_params.{k}");
@@ -197,9 +221,9 @@ fn resolve_perf(
                 })?,
             };
             let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir, routing)?;
-            let cache_key = format!("{id}|tp {tp}|{:?}|{:?}", gpu.peaks(), model);
+            let cache_key = format!("{id}|tp {tp}|ep {ep}|{:?}|{:?}", gpu.peaks(), model);
             StepModel::Operators(Operators {
-                curves: OperatorCurves::cached(cache_key, model, tp, &profile),
+                curves: OperatorCurves::cached(cache_key, model, (tp, ep), &profile),
                 constants,
             })
         }
@@ -358,8 +382,10 @@ pub(super) fn resolve_worker(
             format!("use at most {} stages", model.num_layers),
         ));
     }
+    let ep = expert_parallel(cx, hw.ep, model, tp, pp)?;
     let layers = partition(model.num_layers, u64::from(pp));
-    let pool = KvPool::staged(model, gpu.memory_gb, tp, util, block_size as u64, &layers);
+    let pool = KvPool::staged(model, gpu.memory_gb, tp, util, block_size as u64, &layers)
+        .with_weights_added(model.expert_parallel_padding_bytes(u64::from(ep)));
     let fit_hint = "use more GPUs per worker (worker.hw.tp, or pipeline stages: worker.hw.pp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
     if !pool.fits() {
         let (of, what) = if pp > 1 { (" a stage", " per stage") } else { ("", "") };
@@ -518,7 +544,7 @@ pub(super) fn resolve_worker(
         event_stride: 1,
         report_evictions: false,
         publish_events: false,
-        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, tp, base_dir)?,
+        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, (tp, ep), base_dir)?,
         usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
         sliding_window: model.window.map(|(w, _)| w),
         power: gpu.power,

@@ -366,6 +366,18 @@ impl ModelArch {
         bytes
     }
 
+    /// Bytes beyond [`Self::weight_bytes`] that sharding the routed experts
+    /// over `ep` GPUs costs, counted as if every GPU held as many experts as
+    /// the busiest: vLLM places `E/ep` experts on each rank and one more on
+    /// each of the first `E mod ep` (`determine_expert_map`,
+    /// `vllm/model_executor/layers/fused_moe/layer.py`), and the KV pool is
+    /// the busiest rank's. 0 for a dense model or an even split.
+    pub fn expert_parallel_padding_bytes(&self, ep: u64) -> u64 {
+        let Some(m) = &self.moe else { return 0 };
+        let spare = m.experts.div_ceil(ep) * ep - m.experts;
+        (m.layers as f64 * spare as f64 * self.expert_bytes()).round() as u64
+    }
+
     /// KV-cache bytes per token of `n` layers (a pipeline stage's).
     pub fn kv_bytes_per_token_of(&self, n: u64) -> u64 {
         n * self.kv_values_per_layer() * self.kv_dtype_bytes
@@ -522,6 +534,21 @@ impl KvPool {
             block_bytes: block_size * model.kv_bytes_per_token(),
             blocks,
         }
+    }
+
+    /// The pool of one stage with `bytes` more weights (all ranks together;
+    /// none: the pool as it is, staged or not).
+    pub fn with_weights_added(self, bytes: u64) -> KvPool {
+        if bytes == 0 {
+            return self;
+        }
+        let weight_bytes = self.weight_bytes + bytes as f64;
+        let blocks = if weight_bytes < self.memory_bytes {
+            ((self.memory_bytes - weight_bytes) / self.block_bytes as f64).floor() as u64
+        } else {
+            0
+        };
+        KvPool { weight_bytes, blocks, ..self }
     }
 
     /// Whether the weights leave room for any KV cache.

@@ -383,8 +383,8 @@ fn precision(bytes: f64, fp8_cores: bool) -> Precision {
     }
 }
 
-/// The layers of `model` on one of `tp` GPUs.
-fn layers(model: &ModelArch, tp: u64, fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
+/// The layers of `model` on one of `tp` GPUs (routed experts sharded over `ep`).
+fn layers(model: &ModelArch, (tp, ep): (u64, u64), fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
     let d = model.hidden_size;
     let dtype = model.dtype_bytes as f64;
     let q = model.quantization.as_ref();
@@ -446,16 +446,19 @@ fn layers(model: &ModelArch, tp: u64, fp8_cores: bool) -> (Vec<LayerOps>, AttnSh
             gemms.push((Role::GateUp, 2 * f, d, mlp_p));
             gemms.push((Role::Down, d, f, mlp_p));
         }
+        // Expert parallelism (vLLM's `--enable-expert-parallel`): each GPU
+        // holds whole experts, 1/ep of them, and runs the tokens routed there.
+        let expert_tp = if ep > 1 { 1 } else { tp };
         let x = Experts {
             experts: m.experts,
             topk: m.active,
             hidden: d,
             inter: m.expert_intermediate,
-            tp,
-            ep: 1,
+            tp: expert_tp,
+            ep,
             precision: quantized(q.is_some()),
         };
-        let activation = 6.0 * (m.active * (m.expert_intermediate / tp)) as f64;
+        let activation = 6.0 * (m.active * (m.expert_intermediate / expert_tp)) as f64 / ep as f64;
         out.push(LayerOps {
             count: m.layers as f64,
             gemms,
@@ -476,11 +479,11 @@ fn cache() -> &'static Mutex<HashMap<String, Arc<OperatorCurves>>> {
 impl OperatorCurves {
     /// The curves of `model` on `tp` GPUs priced by `profile` (memoised by
     /// `key`, which must name everything the curves depend on).
-    pub fn cached(key: String, model: &ModelArch, tp: u32, profile: &Profile) -> Arc<OperatorCurves> {
+    pub fn cached(key: String, model: &ModelArch, split: (u32, u32), profile: &Profile) -> Arc<OperatorCurves> {
         if let Some(c) = cache().lock().expect("the curve cache is never poisoned").get(&key) {
             return c.clone();
         }
-        let curves = Arc::new(OperatorCurves::build(model, tp, profile));
+        let curves = Arc::new(OperatorCurves::build(model, split, profile));
         let mut map = cache().lock().expect("the curve cache is never poisoned");
         if map.len() >= 256 {
             map.clear();
@@ -489,11 +492,12 @@ impl OperatorCurves {
         curves
     }
 
-    /// Builds the curves of `model` on `tp` GPUs priced by `profile`.
-    pub fn build(model: &ModelArch, tp: u32, profile: &Profile) -> OperatorCurves {
+    /// Builds the curves of `model` on `tp` GPUs priced by `profile`, its
+    /// routed experts sharded over `ep` of them (1: each split over the `tp`).
+    pub fn build(model: &ModelArch, (tp, ep): (u32, u32), profile: &Profile) -> OperatorCurves {
         let tpu = u64::from(tp);
         let fp8 = profile.analytic.peaks.fp8_flops.is_some();
-        let (groups, shape) = layers(model, tpu, fp8);
+        let (groups, shape) = layers(model, (tpu, u64::from(ep)), fp8);
         let d = model.hidden_size as f64;
         let m_axis = token_axis();
         let head_p = precision(model.dtype_bytes as f64, fp8);
@@ -778,7 +782,7 @@ mod tests {
     fn a_mixed_step_is_its_operators_once_on_its_tokens_plus_attention_per_sequence() {
         let model = ModelArch::preset("llama-3.1-8b").unwrap();
         let p = analytic_h100();
-        let curves = OperatorCurves::build(&model, 1, &p);
+        let curves = OperatorCurves::build(&model, (1, 1), &p);
         // One 96-token prompt finishing (0 → 96) and 8 decodes with 1,023 cached tokens each:
         // the linear operators on 96 + 8 = 104 tokens, the LM head on 9 sequences, the
         // prompt's attention over 96 tokens, decode attention of 8 sequences over 1,024 keys.
@@ -807,7 +811,7 @@ mod tests {
     fn tensor_parallel_steps_shard_the_operators_and_add_two_allreduces_per_layer() {
         let model = ModelArch::preset("llama-3.1-8b").unwrap();
         let p = analytic_h100();
-        let curves = OperatorCurves::build(&model, 2, &p);
+        let curves = OperatorCurves::build(&model, (2, 1), &p);
         // 16 decodes at 4,095 cached tokens on 2 GPUs: 16 tokens, heads 16 and 4 per GPU,
         // 2·32 + 1 all-reduces of 16 × 4096 values.
         let work = StepWork::decode(16, 16 * 4095, 16 * 4095);
