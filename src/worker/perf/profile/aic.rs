@@ -274,9 +274,16 @@ pub struct AicTables {
     decode: HashMap<AttnKey, AttnPoints>,
     /// All-reduce: GPUs → (elements, seconds), increasing elements.
     allreduce: Vec<(u32, Vec<(f64, f64)>)>,
-    /// Routed experts: (tokens, seconds) by configuration, increasing tokens.
-    moe: HashMap<MoeKey, MoeCurve>,
+    /// Routed experts: (tokens, seconds) by configuration, increasing
+    /// tokens — indexed on first use (few runs price a mixture of experts;
+    /// indexing H100's 1,700 configurations cost 1.4 M instructions).
+    moe: OnceLock<HashMap<MoeKey, MoeCurve>>,
+    /// Packed tables' MoE configurations (34 bytes each) and rows, until indexed.
+    moe_packed: Option<(&'static [u8], &'static [u8])>,
 }
+
+/// Bytes of one packed MoE configuration.
+const MOE_ENTRY: usize = 2 + 8 * 4;
 
 /// One MoE configuration's rows, decoded on first use.
 #[derive(Clone, Debug)]
@@ -416,7 +423,8 @@ impl AicTables {
         t.ctx = keyed(g.ctx);
         t.decode = keyed(g.decode);
         t.allreduce = g.allreduce;
-        t.moe = g.moe.into_iter().map(|(k, rows)| (k, MoeCurve::new(Held::Owned(rows)))).collect();
+        let moe: HashMap<_, _> = g.moe.into_iter().map(|(k, rows)| (k, MoeCurve::new(Held::Owned(rows)))).collect();
+        t.moe = OnceLock::from(moe);
         Ok(t)
     }
 
@@ -448,22 +456,13 @@ impl AicTables {
             let (gpus, first, rows) = (r.u32()?, r.u32()?, r.u32()?);
             curves.push((gpus, first as usize, rows as usize));
         }
-        let mut moe = Vec::new();
-        for _ in 0..r.u32()? {
-            let (dtype, routing) = (r.u8()?, r.u8()?);
-            let [topk, experts, hidden, inter, tp, ep, first, rows] = [(); 8].map(|_| r.u32());
-            let key = MoeKey {
-                dtype,
-                routing,
-                topk: topk?,
-                experts: experts?,
-                hidden: hidden?,
-                inter: inter?,
-                tp: tp?,
-                ep: ep?,
-            };
-            moe.push((key, first? as usize, rows? as usize));
-        }
+        let moe_count = r.u32()? as usize;
+        let moe_head = r.take(MOE_ENTRY * moe_count)?;
+        // Each configuration's row count is its entry's last u32.
+        let moe_rows: usize = moe_head
+            .chunks_exact(MOE_ENTRY)
+            .map(|e| u32::from_le_bytes(e[MOE_ENTRY - 4..].try_into().expect("4 bytes")) as usize)
+            .sum();
         let gemm_at = r.at;
         let gemm_rows: usize = gemm.iter().map(|s| s.5).sum();
         let attn_at = gemm_at + 16 * gemm_rows;
@@ -485,9 +484,7 @@ impl AicTables {
         for (gpus, first, rows) in curves {
             t.allreduce.push((gpus, Held::<(f64, f64)>::Packed(slice(ar_at + 16 * first, 16 * rows)?).pairs()));
         }
-        for (key, first, rows) in moe {
-            t.moe.insert(key, MoeCurve::new(Held::Packed(slice(moe_at + 16 * first, 16 * rows)?)));
-        }
+        t.moe_packed = Some((moe_head, slice(moe_at, 16 * moe_rows)?));
         Ok(t)
     }
 
@@ -501,8 +498,27 @@ impl AicTables {
             ctx: HashMap::new(),
             decode: HashMap::new(),
             allreduce: Vec::new(),
-            moe: HashMap::new(),
+            moe: OnceLock::new(),
+            moe_packed: None,
         }
+    }
+
+    /// The MoE configurations, indexed on first use.
+    fn moe_map(&self) -> &HashMap<MoeKey, MoeCurve> {
+        self.moe.get_or_init(|| {
+            let Some((head, rows)) = self.moe_packed else { return HashMap::new() };
+            head.chunks_exact(MOE_ENTRY)
+                .map(|e| {
+                    let u = |i: usize| u32::from_le_bytes(e[2 + 4 * i..6 + 4 * i].try_into().expect("4 bytes"));
+                    let [topk, experts, hidden, inter, tp, ep, first, n] = std::array::from_fn(u);
+                    let key = MoeKey { dtype: e[0], routing: e[1], topk, experts, hidden, inter, tp, ep };
+                    let at = 16 * first as usize;
+                    // `pack` lays each configuration's rows after the previous one's, and
+                    // `from_packed` checked that all of them lie within `rows`.
+                    (key, MoeCurve::new(Held::Packed(&rows[at..at + 16 * n as usize])))
+                })
+                .collect()
+        })
     }
 
     /// The GEMM table of dtype code `dtype` (2: FP8; else BF16).
@@ -651,7 +667,7 @@ impl AicTables {
     /// One MoE layer's routed experts for a step of `tokens` tokens, on one
     /// GPU (`None`: the configuration was not measured).
     pub fn moe(&self, key: &MoeKey, tokens: f64) -> Option<f64> {
-        let c = self.moe.get(key)?.curve();
+        let c = self.moe_map().get(key)?.curve();
         let (&(x0, y0), &(xn, yn)) = (c.first()?, c.last()?);
         if tokens >= xn {
             return Some(tokens * yn / xn);
@@ -669,7 +685,7 @@ impl AicTables {
 
     /// Whether the MoE table measured `key`.
     pub fn has_moe(&self, key: &MoeKey) -> bool {
-        self.moe.contains_key(key)
+        self.moe_map().contains_key(key)
     }
 
     /// One all-reduce's latency (`None`: no curve for `tp` GPUs).
@@ -779,10 +795,10 @@ mod tests {
                 }
             }
             assert_eq!(read.allreduce, packed.allreduce);
-            assert!(!read.moe.is_empty());
-            assert_eq!(read.moe.len(), packed.moe.len());
-            for (key, x) in &read.moe {
-                assert_eq!(x.curve(), packed.moe[key].curve(), "{system} {key:?}");
+            assert!(!read.moe_map().is_empty());
+            assert_eq!(read.moe_map().len(), packed.moe_map().len());
+            for (key, x) in read.moe_map() {
+                assert_eq!(x.curve(), packed.moe_map()[key].curve(), "{system} {key:?}");
             }
         }
         // What the binary holds is what packing them gives.
