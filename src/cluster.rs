@@ -172,7 +172,7 @@ impl<'a> Cluster<'a> {
     /// Adds a worker with cold caches (and its per-worker tiers) at `now`.
     fn add_worker(&mut self, now: SimTime) -> WorkerId {
         let id = WorkerId(self.workers.len() as u32);
-        self.workers.push(Worker::new(id, self.scenario.worker_config(id.index())));
+        self.workers.push(Worker::new(id, self.scenario.worker_config(id.index())).seeded(self.scenario.seed));
         if self.log_steps {
             self.workers[id.index()].log_steps();
         }

@@ -522,6 +522,11 @@ impl Recorder {
             gpu_hbm_fraction: if worker_time > 0.0 { peak.memory * 1e9 / worker_time } else { 0.0 },
             preemptions: workers.iter().map(Worker::preemptions).sum(),
             prefill_tokens_computed: t.prefill_tokens_computed,
+            spec_acceptance_length: {
+                let (verifies, accepted) =
+                    workers.iter().map(Worker::speculation).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+                if verifies > 0 { 1.0 + accepted as f64 / verifies as f64 } else { f64::NAN }
+            },
             mean_requests_in_system: self.in_system.mean(at),
             steady: self.steady.finish(),
             slo_attainment: if self.slo.is_set() && self.completed > 0 {

@@ -22,6 +22,7 @@ mod scenarios;
 mod search;
 mod shipped;
 mod signals;
+mod speculative;
 mod sweep;
 mod vllm_bench;
 mod workloads;

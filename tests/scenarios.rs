@@ -574,6 +574,7 @@ fn a_batch_1_decode_of_llama_2_7b_on_a100_grows_with_its_context_as_flashattenti
         let work = opal::worker::perf::StepWork {
             prefill: &[],
             decodes: 1,
+            drafts: 0,
             decode_context_tokens: ctx,
             decode_window_tokens: ctx,
             samples: 1,

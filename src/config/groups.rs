@@ -200,7 +200,14 @@ pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64), role
         let end = prompt.min(done + cfg.token_budget.max(1));
         let chunk = [PrefillChunk { cached: done, end }];
         let samples = u64::from(end == prompt);
-        let work = StepWork { prefill: &chunk, decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0, samples };
+        let work = StepWork {
+            prefill: &chunk,
+            decodes: 0,
+            drafts: 0,
+            decode_context_tokens: 0,
+            decode_window_tokens: 0,
+            samples,
+        };
         prefill += cfg.price(&work, |_| samples == 1).0.as_secs_f64();
         done = end;
     }

@@ -761,6 +761,40 @@ pub struct WorkerSection {
     /// `[worker.inference_params]`.
     #[serde(default)]
     pub inference_params: InferenceParams,
+    /// `[worker.speculative]` (unset: no speculative decoding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeParams>,
+}
+
+/// `[worker.speculative]`: speculative decoding, as vLLM's
+/// `--speculative-config` (`vllm/config/speculative.py`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeParams {
+    /// How drafts are proposed: `ngram` (prompt lookup, no model), `eagle`
+    /// (an EAGLE head: one decoder layer on the target's features), `mtp`
+    /// (the model's own multi-token-prediction layer, DeepSeek-V3's) or
+    /// `draft_model` (a smaller model of the same vocabulary); `none` turns
+    /// it off (the other keys then unused), so a sweep axis can compare.
+    pub method: String,
+    /// Draft tokens proposed per sequence and step, k.
+    pub num_speculative_tokens: u32,
+    /// The chance each draft is accepted given the ones before it were, α
+    /// (draft j is then accepted with probability α^j). One of this and
+    /// `acceptance_rates`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance_rate: Option<f64>,
+    /// Per-position acceptance, k values: the fraction of drafts whose
+    /// position j was accepted (vLLM's `spec_decode` per-position metric,
+    /// `num_accepted_tokens_per_pos[j] / num_drafts`), non-increasing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance_rates: Option<Vec<f64>>,
+    /// `draft_model`: the draft model, a preset name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// `draft_model`: the draft model's Hugging Face `config.json`, relative to the spec file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_config_path: Option<String>,
 }
 
 /// `[worker.worker_params]`.

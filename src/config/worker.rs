@@ -4,7 +4,7 @@
 
 use super::context::Ctx;
 use super::error::ConfigError;
-use super::schema::{DEFAULT_BATCHED_TOKENS, InferenceParams, NumberOrString, SpecFile, VllmParams};
+use super::schema::{DEFAULT_BATCHED_TOKENS, InferenceParams, NumberOrString, SpecFile, SpeculativeParams, VllmParams};
 use crate::time::SimDuration;
 use crate::worker::model::{KvPool, ModelArch, partition};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
@@ -13,6 +13,7 @@ use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PrefillBatch, Roo
 use crate::worker::pipeline::Pipeline;
 use crate::worker::power::PowerModel;
 use crate::worker::presets::GpuSpec;
+use crate::worker::speculative::{Drafter, Method, Speculative};
 use crate::worker::{Scheduler, SlotMode, WorkerConfig};
 use crate::workload::StageConfig;
 use std::path::Path;
@@ -384,8 +385,17 @@ pub(super) fn resolve_worker(
     }
     let ep = expert_parallel(cx, hw.ep, model, tp, pp)?;
     let layers = partition(model.num_layers, u64::from(pp));
+    let speculative = match &file.worker.speculative {
+        // `none` switches it off, so that an axis can compare with and without.
+        Some(sp) if !sp.method.eq_ignore_ascii_case("none") => {
+            Some(resolve_speculative(cx, file, sp, model, gpu, (tp, ep), pp, base_dir)?)
+        }
+        _ => None,
+    };
+    let (draft_weights, draft_kv) = speculative.as_ref().map_or((0, 0), |(_, w, kv)| (*w, *kv));
     let pool = KvPool::staged(model, gpu.memory_gb, tp, util, block_size as u64, &layers)
-        .with_weights_added(model.expert_parallel_padding_bytes(u64::from(ep)));
+        .with_weights_added(model.expert_parallel_padding_bytes(u64::from(ep)))
+        .with_drafter(draft_weights, draft_kv, block_size as u64);
     let fit_hint = "use more GPUs per worker (worker.hw.tp, or pipeline stages: worker.hw.pp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
     if !pool.fits() {
         let (of, what) = if pp > 1 { (" a stage", " per stage") } else { ("", "") };
@@ -549,7 +559,183 @@ pub(super) fn resolve_worker(
         sliding_window: model.window.map(|(w, _)| w),
         power: gpu.power,
         pipeline,
+        speculative: speculative.map(|(s, ..)| s),
     })
+}
+
+/// `[worker.speculative]`: the method, k, the acceptance, and the drafter
+/// priced as the target is (its weights and KV bytes per token beside).
+#[allow(clippy::too_many_arguments)]
+fn resolve_speculative(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    sp: &SpeculativeParams,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    (tp, ep): (u32, u32),
+    pp: u32,
+    base_dir: &Path,
+) -> Result<(Speculative, u64, u64), ConfigError> {
+    let key = |k: &str| format!("worker.speculative.{k}");
+    let method = Method::parse(&sp.method).ok_or_else(|| {
+        cx.err(
+            &key("method"),
+            format!("unknown speculative method {:?}", sp.method),
+            "use ngram, eagle, mtp or draft_model (vLLM's speculative_config.method), or none (off)",
+        )
+        .schema()
+    })?;
+    // vLLM accepts any k; past 16 drafts the acceptance of the last is nil in practice.
+    let k = u64::from(sp.num_speculative_tokens);
+    if !(1..=16).contains(&k) {
+        return Err(cx.err(
+            &key("num_speculative_tokens"),
+            format!("must be an integer from 1 to 16, got {k}"),
+            "vLLM's examples use 2 to 5 (EAGLE) and up to 5 (ngram)",
+        ));
+    }
+    let rate_ok = |x: f64| x.is_finite() && (0.0..=1.0).contains(&x);
+    let at_least = match (sp.acceptance_rate, &sp.acceptance_rates) {
+        (Some(a), None) if rate_ok(a) => (1..=k).map(|j| a.powi(j as i32)).collect(),
+        (Some(a), None) => {
+            return Err(cx.err(&key("acceptance_rate"), format!("must be in [0, 1], got {a}"), "a probability α"));
+        }
+        (None, Some(rates)) => {
+            if rates.len() as u64 != k {
+                return Err(cx.err(
+                    &key("acceptance_rates"),
+                    format!("has {} values but num_speculative_tokens is {k}", rates.len()),
+                    "give one rate per draft position",
+                ));
+            }
+            if let Some(bad) = rates.iter().find(|&&x| !rate_ok(x)) {
+                return Err(cx.err(
+                    &key("acceptance_rates"),
+                    format!("{bad} is not in [0, 1]"),
+                    "rates are shares of drafts",
+                ));
+            }
+            if rates.windows(2).any(|w| w[1] > w[0]) {
+                return Err(cx.err(
+                    &key("acceptance_rates"),
+                    format!("{rates:?} rises: a position is accepted only if every one before it was"),
+                    "give vLLM's per-position acceptance (accepted at position j / drafts), which never rises",
+                ));
+            }
+            rates.clone()
+        }
+        (Some(_), Some(_)) => {
+            return Err(cx.err(
+                &key("acceptance_rate"),
+                "both acceptance_rate and acceptance_rates are set",
+                "keep one: α for every position, or the per-position list",
+            ));
+        }
+        (None, None) => {
+            return Err(cx.err(
+                &key("acceptance_rate"),
+                "speculative decoding needs its acceptance",
+                "set acceptance_rate = α (e.g. 0.7), or acceptance_rates = [one per position] from vLLM's spec_decode metrics",
+            ));
+        }
+    };
+    let draft_keys = sp.draft_model.is_some() || sp.draft_config_path.is_some();
+    if method != Method::DraftModel && draft_keys {
+        return Err(cx.err(
+            &key(if sp.draft_model.is_some() { "draft_model" } else { "draft_config_path" }),
+            format!("a draft model belongs to method = \"draft_model\", and this one is {}", sp.method),
+            "remove it, or set method = \"draft_model\"",
+        ));
+    }
+    let refuse = |k: &str, why: &str, fix: &str| Err(cx.err(k, why.to_string(), fix.to_string()));
+    if pp > 1 {
+        return refuse(
+            &key("method"),
+            "speculative decoding with pipeline stages is not modelled",
+            "set worker.hw.pp = 1",
+        );
+    }
+    if file.worker.vllm_params.scheduler.eq_ignore_ascii_case("v0") {
+        return refuse(
+            &key("method"),
+            "speculative decoding is modelled on vLLM v1's scheduler",
+            "set worker.vllm_params.scheduler = \"v1\"",
+        );
+    }
+    let ip = &file.worker.inference_params;
+    let kind = ip.model.to_ascii_lowercase();
+    if kind == "table" {
+        return refuse(
+            &key("method"),
+            "a table of measured step latencies cannot price a verify of k + 1 tokens per sequence",
+            "use the operators or roofline model (or measure with speculative decoding on and drop [worker.speculative])",
+        );
+    }
+    // The drafter: none, the model's own head, or another model.
+    let (drafter_arch, weights) = match method {
+        Method::Ngram => (None, 0),
+        Method::Eagle | Method::Mtp => {
+            let (head, bytes) = model.draft_head();
+            (Some(head), bytes)
+        }
+        Method::DraftModel => {
+            let draft = match (&sp.draft_model, &sp.draft_config_path) {
+                (_, Some(path)) => ModelArch::from_hf_config(&base_dir.join(path)).map_err(|e| {
+                    cx.err(&key("draft_config_path"), e, "point it at the draft model's Hugging Face config.json")
+                })?,
+                (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
+                    cx.err(
+                        &key("draft_model"),
+                        format!("unknown model {name:?}"),
+                        format!("use a preset ({}) or draft_config_path", ModelArch::preset_list()),
+                    )
+                })?,
+                (None, None) => {
+                    return refuse(
+                        &key("draft_model"),
+                        "method = \"draft_model\" needs the draft model",
+                        "set draft_model = a preset, or draft_config_path = its config.json",
+                    );
+                }
+            };
+            let draft_key = key(if sp.draft_config_path.is_some() { "draft_config_path" } else { "draft_model" });
+            if draft.vocab_size != model.vocab_size {
+                return Err(cx.err(
+                    &draft_key,
+                    format!(
+                        "{} has a vocabulary of {} tokens and {} of {}: drafts must be the target's tokens",
+                        draft.name, draft.vocab_size, model.name, model.vocab_size
+                    ),
+                    "use a draft model of the target's family (e.g. llama-3.1-8b for llama-3.1-70b)",
+                ));
+            }
+            if let Some(why) = draft.tp_problem(u64::from(tp)) {
+                return Err(cx.err(
+                    &draft_key,
+                    format!("the draft model at TP {tp}: {why}"),
+                    "use a draft model whose heads split over the TP GPUs",
+                ));
+            }
+            let bytes = draft.weight_bytes();
+            (Some(draft), bytes)
+        }
+    };
+    // The drafter's KV is kept as the target's is (`--kv-cache-dtype`).
+    let drafter_arch = drafter_arch.map(|mut arch| {
+        arch.kv_dtype_bytes = model.kv_dtype_bytes;
+        arch
+    });
+    let kv = drafter_arch.as_ref().map_or(0, ModelArch::kv_bytes_per_token);
+    let drafter = match drafter_arch {
+        // A synthetic step takes its fixed time, drafts and all.
+        Some(arch) if kind != "synthetic" => {
+            let draft_ep = if arch.moe.is_some() { ep } else { 1 };
+            let perf = resolve_perf(cx, ip, &arch, gpu, (tp, draft_ep), base_dir)?.without_overheads();
+            Some(Drafter { perf, usage: Roofline::new(&arch, gpu, tp, Coefficients::OPAL) })
+        }
+        _ => None,
+    };
+    Ok((Speculative { method, k, at_least, drafter }, weights, kv))
 }
 
 /// The step token budget, as vLLM sets and checks it

@@ -590,6 +590,10 @@ pub struct RunSummary {
     pub preemptions: u64,
     /// Prompt tokens prefilled, including recomputation.
     pub prefill_tokens_computed: u64,
+    /// Speculative decoding's mean acceptance length: tokens a sequence's
+    /// verify emits on average, `1 + accepted drafts / verifies` (vLLM's
+    /// `spec_decode` metric; NaN without speculative decoding).
+    pub spec_acceptance_length: f64,
     /// Time-average number of requests in the system (generated, not completed).
     pub mean_requests_in_system: f64,
     /// Its warm-up, steady latencies and stability verdict.
@@ -802,6 +806,7 @@ impl Default for RunSummary {
             gpu_hbm_fraction: 0.0,
             preemptions: 0,
             prefill_tokens_computed: 0,
+            spec_acceptance_length: f64::NAN,
             mean_requests_in_system: 0.0,
             steady: steady::SteadySummary::default(),
             slo_attainment: f64::NAN,
@@ -866,6 +871,7 @@ impl RunSummary {
             (col::GPU_HBM_FRACTION.into(), Real(self.gpu_hbm_fraction)),
             (col::PREEMPTIONS.into(), Count(self.preemptions)),
             ("prefill_tokens_computed".into(), Count(self.prefill_tokens_computed)),
+            ("spec_acceptance_length".into(), Real(self.spec_acceptance_length)),
             ("mean_requests_in_system".into(), Real(self.mean_requests_in_system)),
             ("slo_attainment".into(), Real(self.slo_attainment)),
             ("goodput_rps".into(), Real(self.goodput_rps)),

@@ -283,12 +283,22 @@ impl DecodeGroup {
                 break;
             }
             self.cross.pop();
-            let d = reqs[id.index()].seq.decode;
-            if d.active && d.epoch == epoch {
+            if self.holds(id, epoch, reqs) {
+                let d = reqs[id.index()].seq.decode;
                 self.below -= 1;
                 self.below_context -= d.computed_at_join + (s - d.join_step);
             }
         }
+    }
+
+    /// Whether a heap entry for `id` pushed at its join of `epoch` is still
+    /// its: it is this group's member, in that membership. (Epochs count
+    /// this group's joins: a request slot reused by a request decoding on
+    /// another worker may hold the same epoch, but not this group's member
+    /// at its position.)
+    fn holds(&self, id: RequestId, epoch: u32, reqs: &[Request]) -> bool {
+        let d = reqs[id.index()].seq.decode;
+        d.active && d.epoch == epoch && self.members.get(d.pos as usize) == Some(&id)
     }
 
     /// The earliest step a member finishes in (`u64::MAX` without members).
@@ -452,9 +462,8 @@ impl DecodeGroup {
                 return None;
             }
             self.finish.pop();
-            let d = reqs[id.index()].seq.decode;
-            if !d.active || d.epoch != epoch {
-                continue; // preempted since this entry was pushed
+            if !self.holds(id, epoch, reqs) {
+                continue; // it left since this entry was pushed
             }
             debug_assert_eq!(step, s, "a decoder outlived its finish step");
             // `leave` at s + 1 gives the counts after step s.

@@ -86,6 +86,7 @@ pub mod pipeline;
 pub mod power;
 pub mod presets;
 mod scheduler;
+pub mod speculative;
 
 use accounting::{StepCounts, StepLog};
 pub use decode_run::DecodeGroup;
@@ -100,6 +101,7 @@ use crate::time::{SimDuration, SimTime};
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
 use pipeline::Pipeline;
 use power::PowerModel;
+use speculative::Speculative;
 
 /// How I/O slots are held.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +174,8 @@ pub struct WorkerConfig {
     pub power: PowerModel,
     /// Pipeline stages (`None`: one; then a step is priced by `perf` alone).
     pub pipeline: Option<Pipeline>,
+    /// Speculative decoding (`None`: off).
+    pub speculative: Option<Speculative>,
 }
 
 impl WorkerConfig {
@@ -188,10 +192,22 @@ impl WorkerConfig {
     /// A step's duration and what it asks of each GPU: `perf`'s price, or
     /// with pipeline stages a round's ([`Pipeline::price`]). `finishing(i)`:
     /// whether prefill chunk `i` ends its sequence's context.
+    /// With speculative decoding, the drafter's passes over the sequences
+    /// that sample are added ([`Speculative::draft`]).
     pub fn price(&self, work: &StepWork<'_>, finishing: impl Fn(usize) -> bool) -> (SimDuration, PeakSeconds) {
-        match &self.pipeline {
+        let (t, peak) = match &self.pipeline {
             None => (self.perf.step_time(work), self.usage.peak_seconds(work)),
             Some(p) => p.price(&self.perf, &self.usage, work, finishing),
+        };
+        match &self.speculative {
+            None => (t, peak),
+            Some(sp) => {
+                let (dt, dp) =
+                    sp.draft(work.samples - work.drafts, work.decode_context_tokens, work.decode_window_tokens);
+                let mut peak = peak;
+                peak += dp;
+                (t + dt, peak)
+            }
         }
     }
 
@@ -313,6 +329,12 @@ pub struct Worker {
     /// The start of the first step since the last decoding one that left
     /// the decoders out (v0's prefill-only steps): their last token came then.
     paused_since: Option<SimTime>,
+    /// The run's seed (names speculative decoding's acceptance draws).
+    seed: u64,
+    /// Speculative decoding so far: sequence verifies, and drafts accepted in them.
+    spec: (u64, u64),
+    /// Scratch: the decoding sequences a verify goes through.
+    verified: Vec<RequestId>,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -353,7 +375,23 @@ impl Worker {
             power: cfg.power,
             log: None,
             paused_since: None,
+            seed: 0,
+            spec: (0, 0),
+            verified: Vec::new(),
         }
+    }
+
+    /// The worker of a run seeded `seed` (its speculative decoding's
+    /// acceptance draws are named by it).
+    pub fn seeded(mut self, seed: u64) -> Worker {
+        self.seed = seed;
+        self
+    }
+
+    /// Speculative decoding so far: sequence verifies, and the drafts
+    /// accepted in them (vLLM's `num_drafts` and `num_accepted_tokens`).
+    pub fn speculation(&self) -> (u64, u64) {
+        self.spec
     }
 
     /// Its id.
@@ -518,6 +556,9 @@ impl Worker {
         }
         if decode_step {
             self.decode.advance();
+            if let Some(sp) = &cfg.speculative {
+                out.generated_tokens += self.verify(s, sp, reqs, cfg);
+            }
             while let Some(id) = self.decode.pop_finished(s, reqs) {
                 self.complete(now, id, reqs, cfg, out);
             }
@@ -564,6 +605,43 @@ impl Worker {
         self.chunks = chunks;
         self.step_index += u64::from(decode_step);
         Ok(())
+    }
+
+    /// The verify of step `s` (after every decoder's own token): each
+    /// decoder keeps the drafts accepted up to the first rejection — drawn
+    /// for it at its position in its output ([`speculative::acceptance_draw`])
+    /// — at most all but one of the tokens it has left, and the KV slots
+    /// reserved beyond what it keeps are given back (vLLM rolls
+    /// `num_computed_tokens` back over the rejected ones). Returns the extra
+    /// tokens emitted.
+    fn verify(&mut self, s: u64, sp: &Speculative, reqs: &mut [Request], cfg: &WorkerConfig) -> u64 {
+        let mut members = std::mem::take(&mut self.verified);
+        members.extend_from_slice(self.decode.members());
+        let (mut surplus, mut extra_tokens) = (0, 0);
+        for &id in &members {
+            // Before step s it had computed `c` and generated `g` tokens.
+            let c = self.decode.computed(id, s, reqs);
+            let r = &reqs[id.index()];
+            let d = r.seq.decode;
+            let g = d.generated_at_join + (s - d.join_step);
+            let accepted = sp.accepted(speculative::acceptance_draw(self.seed, r.serial, g));
+            let extra = accepted.min(u64::from(r.output_tokens) - g - 1);
+            self.spec.0 += 1;
+            self.spec.1 += accepted;
+            surplus += cfg.blocks_for(c + sp.reach()) - cfg.blocks_for(c + 1 + extra);
+            if extra > 0 {
+                let (computed, generated) = self.decode.leave(id, s + 1, reqs);
+                let seq = &mut reqs[id.index()].seq;
+                seq.computed = computed + extra;
+                seq.generated = generated + extra;
+                self.decode.join(id, s + 1, reqs);
+                extra_tokens += extra;
+            }
+        }
+        self.cache.free_private(surplus);
+        members.clear();
+        self.verified = members;
+        extra_tokens
     }
 
     /// Registers the request's newly computed full blocks in the prefix cache.
@@ -629,9 +707,14 @@ impl Worker {
         let mut budget = cfg.token_budget;
         let mut preempted = false;
 
-        // 1. Decoding sequences: one token each; blocks for those crossing a block boundary.
+        // 1. Decoding sequences: one token each (and their drafts); blocks
+        //    for those crossing a block boundary.
         loop {
-            match self.room(self.decode.blocks_needed(s), now, reqs, cfg) {
+            let need = match &cfg.speculative {
+                None => self.decode.blocks_needed(s),
+                Some(sp) => self.decode.blocks_over(s, sp.reach()),
+            };
+            match self.room(need, now, reqs, cfg) {
                 Room::Got => break,
                 Room::Freed => {}
                 Room::Wait => return self.wait_for_loads(now),
@@ -643,7 +726,10 @@ impl Worker {
             }
         }
         let decodes = self.decode.len() as u64;
-        budget -= decodes.min(budget);
+        // A verify schedules the sequence's token and its k drafts (vLLM's
+        // `num_tokens_with_spec − num_computed_tokens`).
+        let per = cfg.speculative.as_ref().map_or(1, |sp| 1 + sp.k);
+        budget -= (decodes * per).min(budget);
 
         // 2. Running requests still prefilling, in admission order.
         let mut i = 0;
@@ -788,12 +874,14 @@ impl Worker {
         };
         // The chunks that finish their (re)computed context sample a token.
         let finishing = self.chunks.iter().filter(|&&(id, c)| c.end >= reqs[id.index()].seq.num_tokens).count();
+        let drafts = cfg.speculative.as_ref().map_or(0, |sp| sp.k * decodes);
         let work = StepWork {
             prefill: &self.perf_chunks,
             decodes: decodes + first_decodes,
+            drafts,
             decode_context_tokens: context,
             decode_window_tokens: window,
-            samples: decodes + finishing as u64,
+            samples: decodes + drafts + finishing as u64,
         };
         // A decode-only step becomes a run when nothing else can happen (its
         // price is the run's); a pipeline's rounds are priced one by one.
@@ -802,7 +890,8 @@ impl Worker {
             && self.waiting.queue.is_empty()
             && cfg.apc_ttl.0 == 0
             && self.paused_since.is_none()
-            && cfg.pipeline.is_none();
+            && cfg.pipeline.is_none()
+            && cfg.speculative.is_none();
         let single = if run {
             self.step_peak = cfg.usage.peak_seconds(&work);
             None
@@ -863,6 +952,7 @@ mod tests {
             sliding_window: None,
             power: crate::worker::presets::GpuSpec::preset("H100").unwrap().power,
             pipeline: None,
+            speculative: None,
         }
     }
 
@@ -1356,6 +1446,99 @@ mod tests {
         assert_eq!(reqs[2].finished, Some(SimTime(13_830_000)));
         assert!(reqs.iter().all(|r| r.seq.generated == u64::from(r.output_tokens)));
         assert_eq!(w.used_blocks(), 0, "every block is returned (cached ones stay evictable)");
+    }
+
+    /// `toy` with ngram speculative decoding of `at_least` (k = its length).
+    fn speculating(at_least: Vec<f64>, method: speculative::Method) -> WorkerConfig {
+        let k = at_least.len() as u64;
+        WorkerConfig { speculative: Some(Speculative { method, k, at_least, drafter: None }), ..toy(1000, 8) }
+    }
+
+    #[test]
+    fn a_verify_emits_the_accepted_drafts_and_one_token_and_gives_back_the_rest_of_its_slots() {
+        // k = 3 with the first two positions always accepted and the third
+        // never: every verify emits 1 + 2 tokens (the per-position form, exact).
+        let cfg = speculating(vec![1.0, 1.0, 0.0], speculative::Method::Ngram);
+        let mut reqs = arena(&[(20, 10), (20, 9)]);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        // Prefill 20 × 100 µs = 2 ms: the first token. Then verifies over
+        // contexts 20, 23, 26 (the drafts' 400 µs of FLOPs stay below the
+        // 1 ms + 10 µs per context token of reading the weights and KV):
+        // 1.2, 1.23 and 1.26 ms, emitting 3 + 3 + 3 = the 9 tokens left.
+        assert_eq!(first.unwrap().0, SimTime(2_000_000));
+        let mut out = StepOutcome::default();
+        let (mut next, mut ends) = (first, Vec::new());
+        while let Some((t, v)) = next {
+            w.finish_step(t, v, &mut reqs, &cfg, &mut out).expect("current step");
+            ends.push((t, out.generated_tokens));
+            if t == SimTime(3_200_000) {
+                // Computed 23 tokens: 2 blocks of 16 held; the slots reserved
+                // for positions 23..=23 + 3 gave back none (all in block 2).
+                assert_eq!(w.used_blocks(), 2);
+            }
+            next = poll(&mut w, t, &mut reqs, &cfg);
+        }
+        assert_eq!(
+            ends,
+            vec![(SimTime(2_000_000), 1), (SimTime(3_200_000), 3), (SimTime(4_430_000), 3), (SimTime(5_690_000), 3)]
+        );
+        assert_eq!(reqs[0].finished, Some(SimTime(5_690_000)));
+        assert_eq!(w.speculation(), (3, 6));
+        assert_eq!(w.used_blocks(), 0);
+        // 8 tokens left after the first: 3 + 3, then the last two (one draft
+        // kept of the two accepted): the cap at what is left.
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 1, &mut reqs, &cfg);
+        let log = drain(&mut w, first, &mut reqs, &cfg);
+        assert_eq!(log.len(), 4);
+        assert_eq!(reqs[1].seq.generated, 9);
+        assert_eq!(w.speculation(), (3, 6), "the last verify accepted two drafts, of which one was kept");
+    }
+
+    #[test]
+    fn lookahead_slots_are_reserved_for_the_step_and_the_unkept_ones_given_back() {
+        // EAGLE with k = 3 reserves 1 + 3 + 3 lookahead = 7 slots per step:
+        // a sequence at 13 computed tokens writes positions 13..=19, crossing
+        // into block 2, and keeps 13 + 1 (nothing accepted) = 14 → 1 block after.
+        let cfg = WorkerConfig { total_blocks: 2, ..speculating(vec![0.0, 0.0, 0.0], speculative::Method::Eagle) };
+        let mut reqs = arena(&[(13, 3)]);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        let mut out = StepOutcome::default();
+        let (t, v) = first.unwrap();
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        assert_eq!(w.used_blocks(), 1);
+        let (t, v) = poll(&mut w, t, &mut reqs, &cfg).unwrap();
+        assert_eq!(w.used_blocks(), 2, "the verify's slots reach block 2");
+        w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
+        assert_eq!(w.used_blocks(), 1, "position 14 is the last kept: block 2 given back");
+        assert_eq!(out.generated_tokens, 1);
+    }
+
+    #[test]
+    fn the_mean_tokens_a_verify_emits_is_one_plus_the_geometric_sum_of_alpha() {
+        // α = 0.6, k = 3: E = (1 − 0.6⁴) / (1 − 0.6) = 2.176; the emitted
+        // count's variance from P(A = j) = α^j (1 − α) for j < 3, α³ for 3.
+        let (alpha, k) = (0.6f64, 3);
+        let at_least: Vec<f64> = (1..=k).map(|j| alpha.powi(j)).collect();
+        let cfg = speculating(at_least, speculative::Method::Ngram);
+        let mut reqs = arena(&[(16, 3000); 8]);
+        let mut w = Worker::new(WorkerId(0), &cfg).seeded(11);
+        let mut next = None;
+        for i in 0..8 {
+            next = submit(&mut w, SimTime::ZERO, i, &mut reqs, &cfg).or(next);
+        }
+        drain(&mut w, next, &mut reqs, &cfg);
+        let (verifies, accepted) = w.speculation();
+        let mean = 1.0 + accepted as f64 / verifies as f64;
+        let want = (1.0 - alpha.powi(k + 1)) / (1.0 - alpha);
+        let p = |j: i32| if j < k { alpha.powi(j) * (1.0 - alpha) } else { alpha.powi(k) };
+        let var: f64 = (0..=k).map(|j| p(j) * (1.0 + f64::from(j) - want).powi(2)).sum();
+        let se = (var / verifies as f64).sqrt();
+        assert!(verifies > 10_000, "{verifies}");
+        assert!((mean - want).abs() < 4.0 * se, "{mean} vs {want} ± {se}");
+        assert!(reqs.iter().all(|r| r.seq.generated == 3000));
     }
 
     #[test]

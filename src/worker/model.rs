@@ -378,6 +378,27 @@ impl ModelArch {
         (m.layers as f64 * spare as f64 * self.expert_bytes()).round() as u64
     }
 
+    /// The drafter of an EAGLE head or a multi-token-prediction module on
+    /// this model, and the bytes of weights it adds. One decoder layer like
+    /// the model's last (a mixture of experts if that is one), with full
+    /// attention, sharing the model's embedding and LM head — vLLM's EAGLE
+    /// and DeepSeek-MTP drafters take both from the target
+    /// (`vllm/v1/spec_decode/eagle.py`, `load_model`) — so it adds that
+    /// layer, its norms, and the projection fusing a token's embedding with
+    /// the target's hidden state (2d × d: EAGLE's `fc`, MTP's `eh_proj`).
+    pub fn draft_head(&self) -> (ModelArch, u64) {
+        let mut head = self.clone();
+        head.name = format!("{} draft head", self.name);
+        head.num_layers = 1;
+        head.window = None;
+        if let Some(m) = &mut head.moe {
+            m.layers = 1;
+        }
+        let shared = (head.embedding_params() + head.d()) * head.dtype_bytes;
+        let added = head.weight_bytes() - shared + 2 * head.d() * head.d() * head.dtype_bytes;
+        (head, added)
+    }
+
     /// KV-cache bytes per token of `n` layers (a pipeline stage's).
     pub fn kv_bytes_per_token_of(&self, n: u64) -> u64 {
         n * self.kv_values_per_layer() * self.kv_dtype_bytes
@@ -549,6 +570,24 @@ impl KvPool {
             0
         };
         KvPool { weight_bytes, blocks, ..self }
+    }
+
+    /// The pool with a speculative drafter beside the model: `weights` more
+    /// bytes, and `kv_bytes_per_token` more KV per token in every block (vLLM
+    /// gives the drafter's layers their KV in the same blocks: one block
+    /// table, a page per layer). Without one (both 0), the pool as it is, staged or not.
+    pub fn with_drafter(self, weights: u64, kv_bytes_per_token: u64, block_size: u64) -> KvPool {
+        if weights == 0 && kv_bytes_per_token == 0 {
+            return self;
+        }
+        let block_bytes = self.block_bytes + block_size * kv_bytes_per_token;
+        let weight_bytes = self.weight_bytes + weights as f64;
+        let blocks = if weight_bytes < self.memory_bytes {
+            ((self.memory_bytes - weight_bytes) / block_bytes as f64).floor() as u64
+        } else {
+            0
+        };
+        KvPool { weight_bytes, block_bytes, blocks, ..self }
     }
 
     /// Whether the weights leave room for any KV cache.

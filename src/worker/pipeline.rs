@@ -186,6 +186,7 @@ impl Pipeline {
             let w = StepWork {
                 prefill: &mb.prefill,
                 decodes: mb.decodes,
+                drafts: 0,
                 decode_context_tokens: mb.context,
                 decode_window_tokens: mb.window,
                 samples: mb.samples,
@@ -228,6 +229,7 @@ mod tests {
         let work = StepWork {
             prefill: &chunks,
             decodes: 7,
+            drafts: 0,
             decode_context_tokens: 700,
             decode_window_tokens: 700,
             samples: 8,

@@ -43,13 +43,17 @@ pub struct StepWork<'a> {
     pub prefill: &'a [PrefillChunk],
     /// Decoding sequences (one new token each).
     pub decodes: u64,
+    /// Draft tokens verified beside those tokens (speculative decoding: k
+    /// per decoding sequence; 0 without). The forward runs on them too, each
+    /// attending to its sequence's context, and each has its logits.
+    pub drafts: u64,
     /// Σ over decoding sequences of the tokens already in their KV cache.
     pub decode_context_tokens: u64,
     /// The same with each sequence's context capped at the model's sliding
     /// window (equal to `decode_context_tokens` without one).
     pub decode_window_tokens: u64,
     /// Sequences that sample a token (the decoding ones and the prefill
-    /// chunks that finish their prompt): the LM head's rows.
+    /// chunks that finish their prompt), and the drafts: the LM head's rows.
     pub samples: u64,
 }
 
@@ -60,6 +64,7 @@ impl StepWork<'_> {
         StepWork {
             prefill: &[],
             decodes,
+            drafts: 0,
             decode_context_tokens: context,
             decode_window_tokens: window,
             samples: decodes,
@@ -96,11 +101,35 @@ impl StepModel {
             StepModel::Operators(o) => o.secs(work),
             StepModel::Roofline(r, mix) => {
                 let prefill = r.prefill_batch_secs(work.prefill.iter().map(|c| (c.cached, c.end)));
-                let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
-                let decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
+                let tokens = work.decodes + work.drafts + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+                let mut decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
+                if work.drafts > 0 {
+                    // Verifying drafts multiplies the tokens of a step that
+                    // reads the weights once: it is compute-bound at a large
+                    // enough batch (Opal's decode is memory-bound alone).
+                    decode = decode.max(r.linear_secs(work.decodes + work.drafts));
+                }
                 mix.combine(prefill, decode)
             }
             StepModel::Table(t, mix) => t.step_secs(work, *mix),
+        }
+    }
+
+    /// The same model without its per-step CPU overheads (a speculative
+    /// drafter's passes run inside the target's step, which counts them).
+    pub fn without_overheads(self) -> StepModel {
+        match self {
+            StepModel::Operators(mut o) => {
+                o.constants.step_overhead_s = 0.0;
+                o.constants.seq_overhead_s = 0.0;
+                o.constants.prefill_overhead_s = 0.0;
+                StepModel::Operators(o)
+            }
+            StepModel::Roofline(mut r, mix) => {
+                r.step_overhead_secs = 0.0;
+                StepModel::Roofline(r, mix)
+            }
+            other => other,
         }
     }
 
@@ -298,8 +327,14 @@ mod tests {
     fn synthetic_steps_take_the_fixed_time_whatever_the_work() {
         let m = StepModel::Synthetic(SimDuration(5));
         let chunks = [PrefillChunk { cached: 0, end: 1000 }];
-        let work =
-            StepWork { prefill: &chunks, decodes: 9, decode_context_tokens: 99, decode_window_tokens: 99, samples: 10 };
+        let work = StepWork {
+            prefill: &chunks,
+            decodes: 9,
+            drafts: 0,
+            decode_context_tokens: 99,
+            decode_window_tokens: 99,
+            samples: 10,
+        };
         assert_eq!(m.step_time(&work), SimDuration(5));
     }
 

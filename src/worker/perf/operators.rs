@@ -582,7 +582,7 @@ impl OperatorCurves {
 
     /// The step's cost by bound.
     pub fn cost(&self, work: &StepWork<'_>) -> StepCost {
-        let tokens = work.decodes + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+        let tokens = work.decodes + work.drafts + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
         let [compute, memory, comm] = if work.prefill.is_empty() && work.samples == tokens {
             self.decode_fixed.at(tokens as f64)
         } else {
@@ -609,10 +609,14 @@ impl OperatorCurves {
             c.comm += layers * comm;
         }
         if work.decodes > 0 {
+            // Each sequence reads its KV once for its token and its drafts
+            // (a verify is memory-bound attention like a decode), the drafts'
+            // KV included.
             let b = work.decodes as f64;
-            c.memory += self.full_layers * self.decode.at(b, work.decode_context_tokens as f64 / b + 1.0);
+            let q = if work.drafts == 0 { 1.0 } else { 1.0 + work.drafts as f64 / b };
+            c.memory += self.full_layers * self.decode.at(b, work.decode_context_tokens as f64 / b + q);
             if self.windowed_layers > 0.0 {
-                c.memory += self.windowed_layers * self.decode.at(b, work.decode_window_tokens as f64 / b + 1.0);
+                c.memory += self.windowed_layers * self.decode.at(b, work.decode_window_tokens as f64 / b + q);
             }
         }
         c
@@ -790,6 +794,7 @@ mod tests {
         let work = StepWork {
             prefill: &chunk,
             decodes: 8,
+            drafts: 0,
             decode_context_tokens: 8 * 1023,
             decode_window_tokens: 8 * 1023,
             samples: 9,

@@ -152,8 +152,12 @@ impl Roofline {
         let m = &self.shape;
         let pairs = m.full_layers * attention_pairs(p, n, u64::MAX)
             + if m.windowed_layers > 0.0 { m.windowed_layers * attention_pairs(p, n, m.window) } else { 0.0 };
-        self.a * m.d_attn * pairs / self.attn_flops_per_sec
-            + self.b * m.linear_d2 * (n - p) as f64 / self.linear_flops_per_sec
+        self.a * m.d_attn * pairs / self.attn_flops_per_sec + self.linear_secs(n - p)
+    }
+
+    /// Seconds of the dense (linear) layers' FLOPs over `tokens` tokens: `b·Σd²·tokens / FLOP/s`.
+    pub fn linear_secs(&self, tokens: u64) -> f64 {
+        self.b * self.shape.linear_d2 * tokens as f64 / self.linear_flops_per_sec
     }
 
     /// Seconds of the decode part of a step over `tokens` tokens: the fixed
@@ -182,7 +186,7 @@ impl Roofline {
             2.0 * m.d_attn * (m.full_layers * pairs_x2 + m.windowed_layers * windowed_x2)
         };
         let mut attn_flops = 0.0;
-        let mut tokens = work.decodes;
+        let mut tokens = work.decodes + work.drafts;
         let mut kv_bytes = 0.0;
         for c in work.prefill {
             attn_flops +=
@@ -191,13 +195,17 @@ impl Roofline {
             kv_bytes +=
                 m.kv_full_bytes_per_token * c.end as f64 + m.kv_window_bytes_per_token * c.end.min(m.window) as f64;
         }
-        // A decode token attends to its sequence's context: 4·d per context token per layer.
+        // A decode token attends to its sequence's context: 4·d per context
+        // token per layer (and each draft verified beside it, as much again).
+        let queries = if work.decodes > 0 { (work.decodes + work.drafts) as f64 / work.decodes as f64 } else { 1.0 };
         attn_flops += 4.0
             * m.d_attn
+            * queries
             * (m.full_layers * work.decode_context_tokens as f64
                 + m.windowed_layers * work.decode_window_tokens as f64);
-        kv_bytes += m.kv_full_bytes_per_token * (work.decode_context_tokens + work.decodes) as f64
-            + m.kv_window_bytes_per_token * (work.decode_window_tokens + work.decodes) as f64;
+        let written = work.decodes + work.drafts;
+        kv_bytes += m.kv_full_bytes_per_token * (work.decode_context_tokens + written) as f64
+            + m.kv_window_bytes_per_token * (work.decode_window_tokens + written) as f64;
         let linear_flops = 24.0 * m.linear_d2 * tokens as f64;
         let weights = if tokens > 0 { self.weights.read(tokens as f64) } else { 0.0 };
         PeakSeconds {
@@ -255,17 +263,38 @@ mod tests {
         // Prefill of tokens 0..4: causal pairs 4·5/2 = 10 → attention 4·10·10·2 = 800 FLOPs;
         // linear 24·(2·10²)·4 = 19,200 FLOPs; HBM 500 B weights + 10·4 B KV.
         let chunk = [PrefillChunk { cached: 0, end: 4 }];
-        let w = StepWork { prefill: &chunk, decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0, samples: 0 };
+        let w = StepWork {
+            prefill: &chunk,
+            decodes: 0,
+            drafts: 0,
+            decode_context_tokens: 0,
+            decode_window_tokens: 0,
+            samples: 0,
+        };
         let p = r.peak_seconds(&w);
         assert!((p.compute - 20_000.0 / 1e6).abs() < 1e-12, "{p:?}");
         assert!((p.memory - 540.0 / 1e3).abs() < 1e-12, "{p:?}");
         // Two decodes over 30 context tokens: attention 4·10·30·2 = 2,400; linear 24·200·2 = 9,600;
         // HBM 500 + 10·(30 + 2).
-        let w = StepWork { prefill: &[], decodes: 2, decode_context_tokens: 30, decode_window_tokens: 30, samples: 0 };
+        let w = StepWork {
+            prefill: &[],
+            decodes: 2,
+            drafts: 0,
+            decode_context_tokens: 30,
+            decode_window_tokens: 30,
+            samples: 0,
+        };
         let p = r.peak_seconds(&w);
         assert!((p.compute - 12_000.0 / 1e6).abs() < 1e-12, "{p:?}");
         assert!((p.memory - 820.0 / 1e3).abs() < 1e-12, "{p:?}");
-        let idle = StepWork { prefill: &[], decodes: 0, decode_context_tokens: 0, decode_window_tokens: 0, samples: 0 };
+        let idle = StepWork {
+            prefill: &[],
+            decodes: 0,
+            drafts: 0,
+            decode_context_tokens: 0,
+            decode_window_tokens: 0,
+            samples: 0,
+        };
         assert_eq!(r.peak_seconds(&idle), PeakSeconds::default());
     }
 
@@ -282,8 +311,14 @@ mod tests {
     fn mixed_step_takes_max_or_sum_of_prefill_sum_and_decode() {
         let r = toy_roofline();
         let chunks = [PrefillChunk { cached: 0, end: 10 }, PrefillChunk { cached: 10, end: 20 }];
-        let work =
-            StepWork { prefill: &chunks, decodes: 3, decode_context_tokens: 30, decode_window_tokens: 30, samples: 0 };
+        let work = StepWork {
+            prefill: &chunks,
+            decodes: 3,
+            drafts: 0,
+            decode_context_tokens: 30,
+            decode_window_tokens: 30,
+            samples: 0,
+        };
         // prefill = 0.0568 + 0.0728 = 0.1296 s; decode = (500 + 10·30)/1e3 = 0.8 s.
         let max = StepModel::Roofline(r.clone(), MixRule::Max);
         assert_eq!(max.step_time(&work), SimDuration(800_000_000));

@@ -340,6 +340,7 @@ mod tests {
         let work = crate::worker::perf::StepWork {
             prefill: &four,
             decodes: 1,
+            drafts: 0,
             decode_context_tokens: 100,
             decode_window_tokens: 100,
             samples: 5,
