@@ -151,3 +151,31 @@ fn a_drafter_takes_its_weights_and_its_kv_from_the_pool() {
     let free = pool.memory_bytes - pool.weight_bytes - 16_060_522_496.0;
     assert_eq!(big(true), (free / (16.0 * (327_680.0 + 131_072.0))).floor() as u64);
 }
+
+#[test]
+fn an_eagle_head_runs_once_over_the_steps_tokens_then_once_per_further_draft() {
+    // Llama-3.1-8B's EAGLE head under the roofline: a one-layer model
+    // reading (embedding and LM head 1,050,673,152 + layer 218,112,000 +
+    // norm 4,096) × 2 B = 2,537,578,496 B of weights and its layer's KV,
+    // 4,096 B a token. A verify at batch 1 and context 100 with k = 3: the
+    // head's first pass over the step's 4 tokens and 2 more of one token,
+    // each memory-bound: 3 × (2,537,578,496 + 409,600) B / 3.35e12 B/s.
+    let price = |method: &str| {
+        let s = Spec::llama8b()
+            .tiers(&[])
+            .set("worker.inference_params.model", "roofline")
+            .table("worker.speculative", toml! { method = method num_speculative_tokens = 3 acceptance_rate = 0.7 })
+            .scenario();
+        let work = StepWork {
+            prefill: &[],
+            decodes: 1,
+            drafts: 3,
+            decode_context_tokens: 100,
+            decode_window_tokens: 100,
+            samples: 4,
+        };
+        s.worker.price(&work, |_| false).0.as_secs_f64()
+    };
+    let head = 3.0 * (2_537_578_496.0 + 409_600.0) / 3.35e12;
+    assert!((price("eagle") - price("ngram") - head).abs() < 4e-9, "{} vs {head}", price("eagle") - price("ngram"));
+}

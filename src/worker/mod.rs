@@ -202,8 +202,7 @@ impl WorkerConfig {
         match &self.speculative {
             None => (t, peak),
             Some(sp) => {
-                let (dt, dp) =
-                    sp.draft(work.samples - work.drafts, work.decode_context_tokens, work.decode_window_tokens);
+                let (dt, dp) = sp.draft(work);
                 let mut peak = peak;
                 peak += dp;
                 (t + dt, peak)

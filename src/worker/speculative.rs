@@ -104,18 +104,24 @@ impl Speculative {
         1 + self.k + self.method.lookahead(self.k)
     }
 
-    /// The drafter's time and GPU use in a step that samples `seqs`
-    /// sequences holding `context` tokens (`window`: capped at the sliding
-    /// window): `k` decode steps of the drafter.
-    pub fn draft(&self, seqs: u64, context: u64, window: u64) -> (SimDuration, PeakSeconds) {
+    /// The drafter's time and GPU use in a step of `work`, as vLLM's
+    /// proposer runs it (`SpecDecodeBaseProposer.propose`,
+    /// `vllm/v1/spec_decode/`): one forward over the tokens the target just
+    /// ran (its KV for them; the first draft of each sequence that samples),
+    /// then `k − 1` forwards of one token per such sequence.
+    pub fn draft(&self, work: &StepWork<'_>) -> (SimDuration, PeakSeconds) {
         let Some(d) = &self.drafter else { return (SimDuration::ZERO, PeakSeconds::default()) };
-        if seqs == 0 {
-            return (SimDuration::ZERO, PeakSeconds::default());
+        let seqs = work.samples - work.drafts;
+        let first = StepWork { samples: seqs, ..*work };
+        let (mut t, mut peak) = (d.perf.step_time(&first), d.usage.peak_seconds(&first));
+        if seqs > 0 && self.k > 1 {
+            let next = StepWork::decode(seqs, work.decode_context_tokens, work.decode_window_tokens);
+            let (tn, pn) = (d.perf.step_time(&next), d.usage.peak_seconds(&next));
+            let n = self.k - 1;
+            t += SimDuration(tn.0 * n);
+            peak += PeakSeconds { compute: pn.compute * n as f64, memory: pn.memory * n as f64 };
         }
-        let work = StepWork::decode(seqs, context, window);
-        let (t, p) = (d.perf.step_time(&work), d.usage.peak_seconds(&work));
-        let k = self.k as f64;
-        (SimDuration(t.0 * self.k), PeakSeconds { compute: p.compute * k, memory: p.memory * k })
+        (t, peak)
     }
 }
 
