@@ -67,6 +67,26 @@ fn a_workers_capacity_is_its_saturated_request_rate_by_the_step_model() {
 }
 
 #[test]
+fn with_speculative_decoding_a_workers_capacity_counts_the_tokens_a_verify_emits() {
+    // As above, with ngram drafts of which both are always accepted: every
+    // 10 ms decode step emits 3 tokens a sequence, so 256 output tokens
+    // take 256 / 3 steps: 1 / (0.01 + 256 × 0.01 / (3B)).
+    let s = fleet(1024, 256, 1.0, 1)
+        .set("worker.inference_params.model", "synthetic")
+        .set("worker.inference_params.mean_latency_secs", 0.010)
+        .table(
+            "worker.speculative",
+            toml! { method = "ngram" num_speculative_tokens = 2 acceptance_rates = [1.0, 1.0] },
+        )
+        .group("wide", 1, toml::Table::new())
+        .group("narrow", 1, toml! { vllm_params = { max_num_seqs = 64 } })
+        .scenario();
+    let caps: Vec<f64> = s.groups.iter().map(|g| g.capacity).collect();
+    assert!((caps[0] - 1.0 / (0.01 + 256.0 * 0.01 / (3.0 * 256.0))).abs() < 1e-9, "{caps:?}");
+    assert!((caps[1] - 1.0 / (0.01 + 256.0 * 0.01 / (3.0 * 64.0))).abs() < 1e-9, "{caps:?}");
+}
+
+#[test]
 fn a_faster_gpu_is_estimated_the_more_capable() {
     let s = fleet(2000, 200, 1.0, 1)
         .group("a100", 1, toml! { gpu = "A100-80G" })

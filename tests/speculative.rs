@@ -61,6 +61,11 @@ fn verifying_drafts_pays_at_batch_one_and_costs_past_the_batch_where_it_turns_co
 
     // And in whole runs (contexts 32 to 96, so B* = 298 to 352): one
     // sequence decodes about 3× as fast; 512 together serve fewer tokens/s.
+    // One inter-token gap per verify, as `vllm bench serve` counts the
+    // chunks: a request's 63 tokens after its first come in 21 verifies.
+    let one = batch(1, true).run();
+    assert_eq!(one.latencies.get(opal::metrics::LatencyMetric::Itl).count(), 21);
+    assert_eq!(one.summary.spec_acceptance_length, 3.0);
     let rate = |b: i64, speculate: bool| batch(b, speculate).run().summary.output_tokens_per_s;
     let (plain, spec) = (rate(1, false), rate(1, true));
     assert!(spec > 2.5 * plain, "batch 1: {spec} vs {plain} tokens/s");

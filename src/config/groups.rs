@@ -190,7 +190,8 @@ pub fn concurrency(cfg: &WorkerConfig, (prompt, output): (f64, f64)) -> u64 {
 /// against its size). A closed form, not a simulation: it ignores prefix
 /// hits and mixed steps, which change every group alike. A prefill
 /// group's workers only prefill (`1 / T_prefill`), a decode group's only
-/// decode (`B / (output × T_decode)`).
+/// decode (`B / (output × T_decode)`). With speculative decoding a decode
+/// step is a verify, and emits the mean acceptance length per sequence.
 pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64), role: Role) -> f64 {
     let prompt = prompt.round().max(1.0) as u64;
     let output = output.round().max(1.0) as u64;
@@ -214,8 +215,16 @@ pub fn estimated_capacity(cfg: &WorkerConfig, (prompt, output): (f64, f64), role
     let batch = concurrency(cfg, (prompt as f64, output as f64));
     let context = prompt + output / 2;
     let window = cfg.sliding_window.map_or(context, |w| context.min(w));
-    let step = cfg.price(&StepWork::decode(batch, batch * context, batch * window), |_| false).0.as_secs_f64();
-    let decode = output as f64 * step / batch as f64;
+    // With speculative decoding a step verifies k drafts a sequence and
+    // emits its mean acceptance length.
+    let (k, emitted) = cfg.speculative.as_ref().map_or((0, 1.0), |sp| (sp.k, sp.mean_emitted()));
+    let work = StepWork {
+        drafts: k * batch,
+        samples: (k + 1) * batch,
+        ..StepWork::decode(batch, batch * context, batch * window)
+    };
+    let step = cfg.price(&work, |_| false).0.as_secs_f64();
+    let decode = output as f64 * step / (batch as f64 * emitted);
     match role {
         Role::Mixed => 1.0 / (prefill + decode),
         Role::Prefill => 1.0 / prefill,
