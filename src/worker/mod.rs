@@ -627,7 +627,7 @@ impl Worker {
             let extra = accepted.min(u64::from(r.output_tokens) - g - 1);
             self.spec.0 += 1;
             self.spec.1 += accepted;
-            surplus += cfg.blocks_for(c + sp.reach()) - cfg.blocks_for(c + 1 + extra);
+            surplus += cfg.blocks_for(Self::reserved(c, sp, cfg)) - cfg.blocks_for(c + 1 + extra);
             if extra > 0 {
                 let (computed, generated) = self.decode.leave(id, s + 1, reqs);
                 let seq = &mut reqs[id.index()].seq;
@@ -641,6 +641,25 @@ impl Worker {
         members.clear();
         self.verified = members;
         extra_tokens
+    }
+
+    /// Tokens a decoder at `c` computed tokens holds slots for in a verify:
+    /// its token, the drafts and the drafter's lookahead, at most
+    /// `max_model_len` (vLLM's `allocate_slots` caps `num_tokens_need_slot`
+    /// there).
+    fn reserved(c: u64, sp: &Speculative, cfg: &WorkerConfig) -> u64 {
+        (c + sp.reach()).min(cfg.max_model_len.max(c + 1))
+    }
+
+    /// New blocks the decoders need for the verify of step `s`.
+    fn verify_blocks(&self, s: u64, sp: &Speculative, reqs: &[Request], cfg: &WorkerConfig) -> u64 {
+        let members = self.decode.members().iter();
+        members
+            .map(|&id| {
+                let c = self.decode.computed(id, s, reqs);
+                cfg.blocks_for(Self::reserved(c, sp, cfg)) - cfg.blocks_for(c)
+            })
+            .sum()
     }
 
     /// Registers the request's newly computed full blocks in the prefix cache.
@@ -711,7 +730,7 @@ impl Worker {
         loop {
             let need = match &cfg.speculative {
                 None => self.decode.blocks_needed(s),
-                Some(sp) => self.decode.blocks_over(s, sp.reach()),
+                Some(sp) => self.verify_blocks(s, sp, reqs, cfg),
             };
             match self.room(need, now, reqs, cfg) {
                 Room::Got => break,
@@ -1513,6 +1532,26 @@ mod tests {
         w.finish_step(t, v, &mut reqs, &cfg, &mut out).unwrap();
         assert_eq!(w.used_blocks(), 1, "position 14 is the last kept: block 2 given back");
         assert_eq!(out.generated_tokens, 1);
+    }
+
+    #[test]
+    fn a_verify_reserves_no_slot_past_the_longest_sequence() {
+        // Two blocks of 16 hold one 32-token sequence, the longest allowed.
+        // Its last verifies (EAGLE, k = 3: 7 slots) would reach past 32
+        // tokens into a third block the pool does not have; capped at
+        // max_model_len, as vLLM's allocate_slots caps them, it finishes.
+        let cfg = WorkerConfig {
+            total_blocks: 2,
+            max_model_len: 32,
+            ..speculating(vec![0.5, 0.0, 0.0], speculative::Method::Eagle)
+        };
+        let mut reqs = arena(&[(20, 12)]);
+        let mut w = Worker::new(WorkerId(0), &cfg);
+        let first = submit(&mut w, SimTime::ZERO, 0, &mut reqs, &cfg);
+        drain(&mut w, first, &mut reqs, &cfg);
+        assert_eq!(reqs[0].seq.generated, 12);
+        assert_eq!(w.preemptions(), 0);
+        assert_eq!(w.used_blocks(), 0);
     }
 
     #[test]
