@@ -201,12 +201,7 @@ impl WorkerConfig {
         };
         match &self.speculative {
             None => (t, peak),
-            Some(sp) => {
-                let (dt, dp) = sp.draft(work);
-                let mut peak = peak;
-                peak += dp;
-                (t + dt, peak)
-            }
+            Some(sp) => with_drafter(sp, work, t, peak),
         }
     }
 
@@ -215,6 +210,21 @@ impl WorkerConfig {
     pub fn max_hit_blocks(&self, num_tokens: u64) -> usize {
         (num_tokens.saturating_sub(1) / self.block_size) as usize
     }
+}
+
+/// A step's price with the drafter's passes added (out of the way of the
+/// steps without speculation).
+#[cold]
+#[inline(never)]
+fn with_drafter(
+    sp: &Speculative,
+    work: &StepWork<'_>,
+    t: SimDuration,
+    mut peak: PeakSeconds,
+) -> (SimDuration, PeakSeconds) {
+    let (dt, dp) = sp.draft(work);
+    peak += dp;
+    (t + dt, peak)
 }
 
 /// What a finished step produced (filled by [`Worker::finish_step`]).
@@ -613,6 +623,7 @@ impl Worker {
     /// reserved beyond what it keeps are given back (vLLM rolls
     /// `num_computed_tokens` back over the rejected ones). Returns the extra
     /// tokens emitted.
+    #[inline(never)]
     fn verify(&mut self, s: u64, sp: &Speculative, reqs: &mut [Request], cfg: &WorkerConfig) -> u64 {
         let mut members = std::mem::take(&mut self.verified);
         members.extend_from_slice(self.decode.members());
@@ -652,6 +663,7 @@ impl Worker {
     }
 
     /// New blocks the decoders need for the verify of step `s`.
+    #[inline(never)]
     fn verify_blocks(&self, s: u64, sp: &Speculative, reqs: &[Request], cfg: &WorkerConfig) -> u64 {
         let members = self.decode.members().iter();
         members
