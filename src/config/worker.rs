@@ -680,7 +680,14 @@ fn resolve_speculative(
         }
         Method::DraftModel => {
             let draft = match (&sp.draft_model, &sp.draft_config_path) {
-                (_, Some(path)) => ModelArch::from_hf_config(&base_dir.join(path)).map_err(|e| {
+                (Some(_), Some(_)) => {
+                    return refuse(
+                        &key("draft_config_path"),
+                        "both draft_model and draft_config_path name the draft model",
+                        "keep one: a preset (draft_model) or a config.json (draft_config_path)",
+                    );
+                }
+                (None, Some(path)) => ModelArch::from_hf_config(&base_dir.join(path)).map_err(|e| {
                     cx.err(&key("draft_config_path"), e, "point it at the draft model's Hugging Face config.json")
                 })?,
                 (Some(name), None) => ModelArch::preset(name).ok_or_else(|| {
