@@ -311,6 +311,9 @@ impl<'a> Cluster<'a> {
 
     /// [`Self::kick`] without applying the connector's effects.
     fn poll_worker(&mut self, now: SimTime, w: WorkerId, sched: &mut Scheduler<'_, Event>) {
+        if let Some(dp) = &self.scenario.worker.data_parallel {
+            return self.poll_rank(now, w, dp.ranks as usize, sched);
+        }
         let worker = &mut self.workers[w.index()];
         if let Some((end, version)) = worker.poll(
             now,
@@ -323,6 +326,40 @@ impl<'a> Cluster<'a> {
         }
         self.record_substeps(w);
         self.drain_cache(now, w);
+    }
+
+    /// [`Self::poll_worker`] for rank `w` of a data-parallel group of
+    /// `ranks`: while the group's step runs, the rank starts the loads it
+    /// can; when the group is idle, every rank plans its step, and if any
+    /// planned one the group prices the step (see
+    /// [`crate::worker::data_parallel`]) and every
+    /// rank's ends with it — those with nothing planned run a dummy batch.
+    /// One event ends the group's step, stamped with its first rank's step.
+    #[cold]
+    #[inline(never)]
+    fn poll_rank(&mut self, now: SimTime, w: WorkerId, ranks: usize, sched: &mut Scheduler<'_, Event>) {
+        let first = w.index() / ranks * ranks;
+        let group = first..first + ranks;
+        let cfg = self.scenario.worker_config(first);
+        let reqs = &mut self.arena.requests;
+        if self.workers[group.clone()].iter().any(|r| r.step_start().is_some()) {
+            let (conn, out) = (&mut self.connector, &mut self.scratch.conn_out);
+            self.workers[w.index()].start_loads(now, reqs, cfg, conn, out);
+            return self.drain_cache(now, w);
+        }
+        let mut planned = false;
+        for r in group.clone() {
+            let (conn, out) = (&mut self.connector, &mut self.scratch.conn_out);
+            planned |= self.workers[r].poll(now, &mut self.arena.requests, cfg, conn, out).is_some();
+            self.drain_cache(now, WorkerId(r as u32));
+        }
+        if !planned {
+            return;
+        }
+        let dp = cfg.data_parallel.as_ref().expect("a rank's group has data-parallel settings");
+        let end = now + dp.step_time(&cfg.perf, self.workers[group.clone()].iter().map(Worker::planned_work));
+        let stamp = group.map(|r| self.workers[r].begin_lockstep(now, end, cfg)).reduce(|first, _| first);
+        sched.at(end, Event::StepEnd { worker: WorkerId(first as u32), version: stamp.expect("a group has ranks") });
     }
 
     /// Tells the recorder of the decode steps worker `w` has materialised from a run.
@@ -409,6 +446,7 @@ impl<'a> Cluster<'a> {
     /// Moves the worker's prefix-cache events to its pending KV events and
     /// has the connector write back evicted chunk-ending blocks if configured.
     /// (The flush of pending events is scheduled when they are next applied.)
+    #[inline(always)]
     fn drain_cache(&mut self, now: SimTime, w: WorkerId) {
         let worker = &mut self.workers[w.index()];
         let cache = worker.cache_mut();
@@ -428,11 +466,48 @@ impl<'a> Cluster<'a> {
     }
 
     fn on_step_end(&mut self, now: SimTime, worker: WorkerId, version: u32, sched: &mut Scheduler<'_, Event>) {
+        if let Some(dp) = &self.scenario.worker.data_parallel {
+            return self.on_group_step_end(now, worker, version, dp.ranks as usize, sched);
+        }
         let w = &mut self.workers[worker.index()];
         let cfg = self.scenario.worker_config(worker.index());
         if w.finish_step(now, version, &mut self.arena.requests, cfg, &mut self.scratch.outcome).is_err() {
             return;
         }
+        self.after_step(now, worker, sched);
+        self.kick(now, worker, sched);
+    }
+
+    /// The step of the data-parallel group whose first rank is `first` ends:
+    /// every rank's step ends, what each produced is taken in, then the
+    /// group plans its next.
+    #[cold]
+    #[inline(never)]
+    fn on_group_step_end(
+        &mut self,
+        now: SimTime,
+        first: WorkerId,
+        version: u32,
+        ranks: usize,
+        sched: &mut Scheduler<'_, Event>,
+    ) {
+        let cfg = self.scenario.worker_config(first.index());
+        for r in first.index()..first.index() + ranks {
+            let w = &mut self.workers[r];
+            let stamp = if r == first.index() { version } else { w.stamp() };
+            if w.finish_step(now, stamp, &mut self.arena.requests, cfg, &mut self.scratch.outcome).is_err() {
+                debug_assert_eq!(r, first.index(), "a group's ranks end their steps together");
+                return;
+            }
+            self.after_step(now, WorkerId(r as u32), sched);
+        }
+        self.kick(now, first, sched);
+    }
+
+    /// Takes in what worker `worker`'s step that just ended produced
+    /// (`self.scratch.outcome`): tokens, saves, completed requests.
+    #[inline(never)]
+    fn after_step(&mut self, now: SimTime, worker: WorkerId, sched: &mut Scheduler<'_, Event>) {
         self.record_substeps(worker);
         let out = &self.scratch.outcome;
         self.recorder.on_step(now, out);
@@ -471,7 +546,6 @@ impl<'a> Cluster<'a> {
             }
         }
         self.scratch.outcome.completed = done;
-        self.kick(now, worker, sched);
     }
 
     /// The response leaves the platform.

@@ -52,7 +52,7 @@ fn an_uneven_expert_split_costs_the_busiest_gpus_memory() {
     assert_eq!(dense.expert_parallel_padding_bytes(8), 0);
     // In a worker's pool: the weights grow by exactly that, the blocks shrink to fit.
     let pool = opal::worker::model::KvPool::new(&m, 80.0, 8, 0.9, 16);
-    let ep = pool.with_weights_added(m.expert_parallel_padding_bytes(8));
+    let ep = pool.with_experts_over(&m, opal::worker::model::Sharding { tp: 8, ep: 8, dp: 1 });
     assert_eq!(ep.weight_bytes - pool.weight_bytes, 1_811_939_328.0);
     let free = pool.memory_bytes - ep.weight_bytes;
     assert_eq!(ep.blocks, (free / pool.block_bytes as f64).floor() as u64);

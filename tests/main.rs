@@ -6,6 +6,7 @@ mod calibration;
 mod claims;
 mod cli;
 mod crn;
+mod data_parallel;
 mod disagg;
 mod experts;
 mod fixtures;

@@ -1,7 +1,7 @@
 //! A measured row run through the simulator as a user would time it.
 
 use crate::Scenario;
-use crate::worker::model::ModelArch;
+use crate::worker::model::{ModelArch, Sharding};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
 use crate::worker::perf::profile::{Profile, Routing, analytic::Analytic, shipped, vidur};
 use crate::worker::perf::{Measured, Phase, StepModel};
@@ -211,7 +211,7 @@ impl Bench {
         let profile = setup.profile(&model, &scenario.gpu, tp)?;
         let ep = setup.ep(tp);
         let key = format!("calibrate|{}|tp {tp}|ep {ep}|{:?}|{model:?}", profile.describe(), scenario.gpu.peaks());
-        let curves = OperatorCurves::cached(key, &model, (tp, ep), &profile);
+        let curves = OperatorCurves::cached(key, &model, Sharding { tp, ep, dp: 1 }, &profile);
         Ok(Bench { scenario, curves, row: row.clone() })
     }
 

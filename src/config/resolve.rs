@@ -227,6 +227,14 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         // the effective configuration writes them, and the groups' overrides apply over them).
         num_workers = groups.iter().map(|g| g.pool.count).sum();
     }
+    data_parallel_fleet(
+        &cx,
+        &worker,
+        &groups,
+        disagg.is_some(),
+        file.router.router_params.enable_scaling,
+        num_workers,
+    )?;
     let router = resolve_router(&cx, file, policy, num_workers)?;
     let scale_group = match &file.router.router_params.scale_group {
         Some(name) => groups.iter().position(|g| &g.name == name).expect("resolve_groups checked the name"),
@@ -249,6 +257,44 @@ pub fn resolve(file: &SpecFile, source: &str, base_dir: &Path) -> Result<Scenari
         scale_group,
         request_slo,
     })
+}
+
+/// With data-parallel attention, the fleet checked: whole groups of ranks
+/// (`num_workers` a multiple of `dp_attention`), and none of the fleet
+/// shapes not modelled with it (P/D pools, worker groups, autoscaling).
+fn data_parallel_fleet(
+    cx: &Ctx<'_>,
+    worker: &WorkerConfig,
+    groups: &[super::groups::Group],
+    disagg: bool,
+    scaling: bool,
+    num_workers: u32,
+) -> Result<(), ConfigError> {
+    let key = "worker.hw.dp_attention";
+    let in_groups = groups.iter().any(|g| g.pool.worker.data_parallel.is_some());
+    let Some(dp) = worker.data_parallel.as_ref().map(|d| d.ranks).or(in_groups.then_some(0)) else { return Ok(()) };
+    let refuse =
+        |what: &str, fix: &str| Err(cx.err(key, format!("data-parallel attention with {what} is not modelled"), fix));
+    if !groups.is_empty() || in_groups {
+        return refuse("worker groups", "use one [worker] for the whole fleet, or dp_attention = 1");
+    }
+    if disagg {
+        return refuse("prefill/decode pools", "remove [disaggregation], or set dp_attention = 1");
+    }
+    if scaling {
+        return refuse(
+            "autoscaling (it adds one engine at a time)",
+            "set router.router_params.enable_scaling = false, or dp_attention = 1",
+        );
+    }
+    if !num_workers.is_multiple_of(dp) {
+        return Err(cx.err(
+            "simulation.num_workers",
+            format!("{num_workers} workers are not whole data-parallel groups of dp_attention = {dp} ranks (each worker is one rank)"),
+            format!("use a multiple of {dp}, e.g. {}", num_workers.div_ceil(dp) * dp),
+        ));
+    }
+    Ok(())
 }
 
 /// The prefill and decode workers of worker groups with roles (`None`

@@ -858,8 +858,24 @@ pub struct HwParams {
     pub pp_link_latency_us: Option<f64>,
     /// GPUs a mixture of experts' routed experts are sharded over, each
     /// holding whole experts (vLLM's `--enable-expert-parallel`): 1 (the
-    /// default: every expert split over the `tp` GPUs) or `tp`.
+    /// default: every expert split over the GPUs they span) or all of them —
+    /// `tp`, or with data-parallel attention `dp_attention × tp`.
     pub ep: u32,
+    /// Data-parallel attention ranks stepping together (vLLM's
+    /// `--data-parallel-size` on a mixture of experts, SGLang's
+    /// `--enable-dp-attention`): every `dp_attention` consecutive workers —
+    /// engines of `tp` GPUs, each with its own scheduler and KV cache, each
+    /// routed to on its own — run their MoE layers together over all their
+    /// GPUs. 1 (the default): off.
+    pub dp_attention: u32,
+    /// With data-parallel attention, the link between the ranks' GPUs per GPU
+    /// and direction, GB/s (default: the TP link when the group's GPUs fit
+    /// one 8-GPU node, else 50, one 400 Gb/s InfiniBand NIC per GPU).
+    pub dp_link_GBps: Option<f64>,
+    /// With data-parallel attention, how tokens reach the experts (vLLM's
+    /// `VLLM_ALL2ALL_BACKEND`): `allgather_reducescatter` (the default),
+    /// `deepep_high_throughput` or `deepep_low_latency`.
+    pub all2all_backend: Option<String>,
     /// Price of one GPU-hour, US dollars (no default: without it no dollar figures are reported).
     pub usd_per_gpu_hour: Option<f64>,
 }
@@ -883,6 +899,9 @@ impl Default for HwParams {
             pp_link_GBps: None,
             pp_link_latency_us: None,
             ep: 1,
+            dp_attention: 1,
+            dp_link_GBps: None,
+            all2all_backend: None,
             usd_per_gpu_hour: None,
         }
     }

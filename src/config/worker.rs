@@ -6,7 +6,8 @@ use super::context::Ctx;
 use super::error::ConfigError;
 use super::schema::{DEFAULT_BATCHED_TOKENS, InferenceParams, NumberOrString, SpecFile, SpeculativeParams, VllmParams};
 use crate::time::SimDuration;
-use crate::worker::model::{KvPool, ModelArch, partition};
+use crate::worker::data_parallel::{Backend, DataParallel, Exchange};
+use crate::worker::model::{KvPool, ModelArch, Sharding, partition};
 use crate::worker::perf::operators::{OperatorConstants, OperatorCurves, Operators};
 use crate::worker::perf::profile::{Profile, Routing, aic::AicTables, analytic::Analytic, shipped, vidur};
 use crate::worker::perf::{Coefficients, LatencyTable, MixRule, PrefillBatch, Roofline, StepModel};
@@ -119,11 +120,14 @@ fn parse_coefficient(cx: &Ctx<'_>, key: &str, v: &NumberOrString) -> Result<f64,
     }
 }
 
-/// `worker.hw.ep`, checked: 1, or the worker's `tp` for a mixture of
-/// experts (vLLM's `--enable-expert-parallel` without data-parallel
-/// attention shards the experts over the TP ranks).
-fn expert_parallel(cx: &Ctx<'_>, ep: u32, model: &ModelArch, tp: u32, pp: u32) -> Result<u32, ConfigError> {
+/// `worker.hw.ep`, checked: 1, or every GPU the experts span for a
+/// mixture of experts — the worker's `tp`, or with data-parallel attention
+/// over `dp` ranks `dp × tp` (vLLM's `--enable-expert-parallel` shards the
+/// experts over the TP ranks, and with `--data-parallel-size` over every
+/// rank's: `FusedMoEParallelConfig.make`, `ep_size = dp_size × tp_size`).
+fn expert_parallel(cx: &Ctx<'_>, ep: u32, model: &ModelArch, tp: u32, pp: u32, dp: u32) -> Result<u32, ConfigError> {
     let key = "worker.hw.ep";
+    let all = tp * dp;
     match ep {
         1 => Ok(1),
         _ if model.moe.is_none() => {
@@ -134,7 +138,12 @@ fn expert_parallel(cx: &Ctx<'_>, ep: u32, model: &ModelArch, tp: u32, pp: u32) -
             "expert parallelism with pipeline stages is not modelled yet",
             "set ep = 1, or pp = 1",
         )),
-        _ if ep == tp => Ok(ep),
+        _ if ep == all => Ok(ep),
+        _ if dp > 1 => Err(cx.err(
+            key,
+            format!("ep = {ep} with tp = {tp} and dp_attention = {dp}: vLLM shards the experts over every rank's GPUs, so ep is dp_attention × tp"),
+            format!("set ep = {all} (or 1: every expert split over the {all} GPUs)"),
+        )),
         _ => Err(cx.err(
             key,
             format!("ep = {ep} with tp = {tp}: without data-parallel attention vLLM shards the experts over the TP ranks, so ep is tp"),
@@ -143,14 +152,113 @@ fn expert_parallel(cx: &Ctx<'_>, ep: u32, model: &ModelArch, tp: u32, pp: u32) -
     }
 }
 
+/// `worker.hw.dp_attention` and its keys, checked: `None` when off (1).
+/// Data-parallel attention is modelled for a mixture of experts on the v1
+/// scheduler and the operators step model (which prices the routed experts
+/// apart), without pipeline stages or speculative decoding.
+#[allow(clippy::too_many_arguments)]
+fn data_parallel(
+    cx: &Ctx<'_>,
+    file: &SpecFile,
+    model: &ModelArch,
+    gpu: &GpuSpec,
+    tp: u32,
+    pp: u32,
+    speculative: bool,
+) -> Result<Option<DataParallel>, ConfigError> {
+    let hw = &file.worker.hw;
+    let key = "worker.hw.dp_attention";
+    let dp = cx.at_least(key, i64::from(hw.dp_attention), 1)?;
+    if dp == 1 {
+        for (k, set) in [("dp_link_GBps", hw.dp_link_GBps.is_some()), ("all2all_backend", hw.all2all_backend.is_some())]
+        {
+            if set {
+                return Err(cx.err(
+                    &format!("worker.hw.{k}"),
+                    format!("`{k}` applies to data-parallel attention, which is off (dp_attention = 1)"),
+                    format!("set dp_attention to the ranks stepping together, or remove `{k}`"),
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    let Some(moe) = &model.moe else {
+        return Err(cx.err(
+            key,
+            format!(
+                "{} is dense: its data-parallel ranks do not step together (vLLM runs them as independent engines)",
+                model.name
+            ),
+            "model them as workers (simulation.num_workers), and remove dp_attention",
+        ));
+    };
+    let refuse =
+        |why: &str, fix: &str| Err(cx.err(key, format!("data-parallel attention with {why} is not modelled"), fix));
+    if pp > 1 {
+        return refuse("pipeline stages", "set pp = 1, or dp_attention = 1");
+    }
+    if speculative {
+        return refuse(
+            "speculative decoding",
+            "remove [worker.speculative] (or method = \"none\"), or set dp_attention = 1",
+        );
+    }
+    if !file.worker.vllm_params.scheduler.eq_ignore_ascii_case("v1") {
+        return refuse(
+            "the v0 scheduler",
+            "set worker.vllm_params.scheduler = \"v1\" (vLLM's data-parallel ranks run the v1 engine)",
+        );
+    }
+    if !file.worker.inference_params.model.eq_ignore_ascii_case("operators") {
+        return refuse(
+            &format!("the {} step model", file.worker.inference_params.model),
+            "use the operators step model (the default), which prices the routed experts over every rank's tokens",
+        );
+    }
+    let backend = match &hw.all2all_backend {
+        None => Backend::AllgatherReducescatter,
+        Some(name) => Backend::parse(name).ok_or_else(|| {
+            cx.err(
+                "worker.hw.all2all_backend",
+                format!("unknown backend {name:?}"),
+                format!("use one of {}", Backend::NAMES.join(", ")),
+            )
+            .schema()
+        })?,
+    };
+    // One 8-GPU node: the ranks talk over the TP link (NVLink); across
+    // nodes, one 400 Gb/s NIC per GPU.
+    let one_node = u64::from(tp) * u64::from(dp) <= 8;
+    let link = match hw.dp_link_GBps {
+        None if one_node => gpu.link_gbps,
+        None => 50.0,
+        Some(x) => cx.positive("worker.hw.dp_link_GBps", x)?,
+    };
+    Ok(Some(DataParallel {
+        ranks: dp,
+        exchange: Exchange {
+            backend,
+            moe_layers: moe.layers as f64,
+            hidden: model.hidden_size,
+            experts: moe.experts,
+            topk: moe.active,
+            ranks: u64::from(dp),
+            tp: u64::from(tp),
+            act_bytes: model.dtype_bytes as f64,
+            link_bytes_per_s: link * 1e9,
+        },
+    }))
+}
+
 fn resolve_perf(
     cx: &Ctx<'_>,
     ip: &InferenceParams,
     model: &ModelArch,
     gpu: &GpuSpec,
-    (tp, ep): (u32, u32),
+    sharding: Sharding,
     base_dir: &Path,
 ) -> Result<StepModel, ConfigError> {
+    let (tp, ep, dp) = (sharding.tp, sharding.ep, sharding.dp);
     let key = |k: &str| format!("worker.inference_params.{k}");
     let name = ip.model.to_ascii_lowercase();
     if !["operators", "roofline", "synthetic", "table"].contains(&name.as_str()) {
@@ -222,9 +330,9 @@ fn resolve_perf(
                 })?,
             };
             let (profile, id) = resolve_profile(cx, ip.profile.as_deref(), model, gpu, tp, base_dir, routing)?;
-            let cache_key = format!("{id}|tp {tp}|ep {ep}|{:?}|{:?}", gpu.peaks(), model);
+            let cache_key = format!("{id}|tp {tp}|ep {ep}|dp {dp}|{:?}|{:?}", gpu.peaks(), model);
             StepModel::Operators(Operators {
-                curves: OperatorCurves::cached(cache_key, model, (tp, ep), &profile),
+                curves: OperatorCurves::cached(cache_key, model, sharding, &profile),
                 constants,
             })
         }
@@ -383,7 +491,11 @@ pub(super) fn resolve_worker(
             format!("use at most {} stages", model.num_layers),
         ));
     }
-    let ep = expert_parallel(cx, hw.ep, model, tp, pp)?;
+    let speculating = file.worker.speculative.as_ref().is_some_and(|sp| !sp.method.eq_ignore_ascii_case("none"));
+    let data_parallel = data_parallel(cx, file, model, gpu, tp, pp, speculating)?;
+    let dp = data_parallel.as_ref().map_or(1, |d| d.ranks);
+    let ep = expert_parallel(cx, hw.ep, model, tp, pp, dp)?;
+    let sharding = Sharding { tp, ep, dp };
     let layers = partition(model.num_layers, u64::from(pp));
     let speculative = match &file.worker.speculative {
         // `none` switches it off, so that an axis can compare with and without.
@@ -394,7 +506,7 @@ pub(super) fn resolve_worker(
     };
     let (draft_weights, draft_kv) = speculative.as_ref().map_or((0, 0), |(_, w, kv)| (*w, *kv));
     let pool = KvPool::staged(model, gpu.memory_gb, tp, util, block_size as u64, &layers)
-        .with_weights_added(model.expert_parallel_padding_bytes(u64::from(ep)))
+        .with_experts_over(model, sharding)
         .with_drafter(draft_weights, draft_kv, block_size as u64);
     let fit_hint = "use more GPUs per worker (worker.hw.tp, or pipeline stages: worker.hw.pp), a GPU with more memory, a smaller model, or a higher gpu_memory_utilization";
     if !pool.fits() {
@@ -554,12 +666,13 @@ pub(super) fn resolve_worker(
         event_stride: 1,
         report_evictions: false,
         publish_events: false,
-        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, (tp, ep), base_dir)?,
+        perf: resolve_perf(cx, &file.worker.inference_params, model, gpu, sharding, base_dir)?,
         usage: Roofline::new(model, gpu, tp, Coefficients::OPAL),
         sliding_window: model.window.map(|(w, _)| w),
         power: gpu.power,
         pipeline,
         speculative: speculative.map(|(s, ..)| s),
+        data_parallel,
     })
 }
 
@@ -737,7 +850,8 @@ fn resolve_speculative(
         // A synthetic step takes its fixed time, drafts and all.
         Some(arch) if kind != "synthetic" => {
             let draft_ep = if arch.moe.is_some() { ep } else { 1 };
-            let perf = resolve_perf(cx, ip, &arch, gpu, (tp, draft_ep), base_dir)?.without_overheads();
+            let perf =
+                resolve_perf(cx, ip, &arch, gpu, Sharding { tp, ep: draft_ep, dp: 1 }, base_dir)?.without_overheads();
             Some(Drafter { perf, usage: Roofline::new(&arch, gpu, tp, Coefficients::OPAL) })
         }
         _ => None,

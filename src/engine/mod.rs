@@ -181,6 +181,11 @@ impl Version {
     pub fn is_current(&self, stamp: u32) -> bool {
         self.0 == stamp
     }
+
+    /// The latest stamp issued.
+    pub fn current(&self) -> u32 {
+        self.0
+    }
 }
 
 /// The digest of a run's events ([`RunStats::digest`]): each integer an

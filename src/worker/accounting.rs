@@ -59,7 +59,8 @@ impl Worker {
     /// The row of a step doing `work` (its times are set when it ends).
     pub(super) fn row_of(worker: WorkerId, work: &StepWork<'_>, cfg: &WorkerConfig) -> StepRow {
         let split = match &cfg.perf {
-            StepModel::Operators(o) => {
+            // (A data-parallel rank's step is priced by its group: no split of its own.)
+            StepModel::Operators(o) if cfg.data_parallel.is_none() => {
                 let c = o.curves.cost(work);
                 let k = &o.constants;
                 let (_, cpu) = c.parts(k);

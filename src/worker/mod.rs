@@ -79,6 +79,7 @@
 //! preempted request's blocks stay cached and evictable (tail first).
 
 mod accounting;
+pub mod data_parallel;
 mod decode_run;
 pub mod model;
 pub mod perf;
@@ -98,6 +99,7 @@ use crate::kvcache::{ConnectorOutput, KvConnector, PrefixCache};
 use crate::metrics::{PeakSeconds, StepSpan};
 use crate::request::{PdPhase, Request, RequestStatus};
 use crate::time::{SimDuration, SimTime};
+use data_parallel::DataParallel;
 use perf::{PrefillChunk, Roofline, StepModel, StepWork};
 use pipeline::Pipeline;
 use power::PowerModel;
@@ -176,6 +178,9 @@ pub struct WorkerConfig {
     pub pipeline: Option<Pipeline>,
     /// Speculative decoding (`None`: off).
     pub speculative: Option<Speculative>,
+    /// Data-parallel attention (`None`: off): the worker is one rank of a
+    /// group stepping together, and the group prices its steps.
+    pub data_parallel: Option<DataParallel>,
 }
 
 impl WorkerConfig {
@@ -344,6 +349,19 @@ pub struct Worker {
     spec: (u64, u64),
     /// Scratch: the decoding sequences a verify goes through.
     verified: Vec<RequestId>,
+    /// With data-parallel attention, the step planned and not priced yet
+    /// (its prefill chunks are `perf_chunks`): the group prices it.
+    unpriced: Option<Unpriced>,
+}
+
+/// A planned step's work but its prefill chunks (see [`Worker::planned_work`]).
+#[derive(Clone, Copy, Debug)]
+struct Unpriced {
+    decodes: u64,
+    drafts: u64,
+    context: u64,
+    window: u64,
+    samples: u64,
 }
 
 /// Which part of the waiting-queue walk a pass runs.
@@ -387,6 +405,7 @@ impl Worker {
             seed: 0,
             spec: (0, 0),
             verified: Vec::new(),
+            unpriced: None,
         }
     }
 
@@ -487,6 +506,7 @@ impl Worker {
     /// went idle): while a step runs, starts the loads that can start; when
     /// idle, plans the next step and returns its end and stamp. Loads it
     /// starts go through `conn`, their effects to `out`.
+    #[inline(always)]
     pub fn poll(
         &mut self,
         now: SimTime,
@@ -503,17 +523,78 @@ impl Worker {
         // something to admit there.
         self.materialize(now, true, cfg);
         let next = if self.waiting.queue.is_empty() { None } else { self.cut() };
+        self.start_loads(now, reqs, cfg, conn, out);
+        next
+    }
+
+    /// Starts the loads that can start, admitting nobody (what [`Self::poll`]
+    /// does while a step runs; with data-parallel attention, also what an
+    /// idle rank does while its group's step runs).
+    #[inline]
+    pub fn start_loads(
+        &mut self,
+        now: SimTime,
+        reqs: &mut [Request],
+        cfg: &WorkerConfig,
+        conn: &mut KvConnector,
+        out: &mut ConnectorOutput,
+    ) {
         if !conn.has_tiers(self.id) || self.waiting.load_pass == Some(self.slot_view()) {
-            return next;
+            return;
         }
         let stopped_early = self.schedule_waiting(now, Pass::LoadOnly, &mut 0, reqs, cfg, conn, out);
         self.waiting.load_pass = stopped_early.then(|| self.slot_view());
-        next
+    }
+
+    /// The stamp of the step in flight (with data-parallel attention, the
+    /// group ends every rank's step at its first rank's event).
+    pub fn stamp(&self) -> u32 {
+        self.version.current()
+    }
+
+    /// With data-parallel attention, the work of the step planned and not
+    /// priced yet — none for a rank with nothing planned (it runs a dummy
+    /// batch: its rows are the group's padding).
+    pub fn planned_work(&self) -> StepWork<'_> {
+        match self.unpriced {
+            Some(u) => StepWork {
+                prefill: &self.perf_chunks,
+                decodes: u.decodes,
+                drafts: u.drafts,
+                decode_context_tokens: u.context,
+                decode_window_tokens: u.window,
+                samples: u.samples,
+            },
+            None => StepWork::decode(0, 0, 0),
+        }
+    }
+
+    /// With data-parallel attention, the group has priced its step: this
+    /// rank's ends at `end` — the one it planned, or with nothing planned a
+    /// dummy batch, as vLLM's idle ranks run `execute_dummy_batch` while
+    /// their group has work. Returns the step's stamp.
+    pub fn begin_lockstep(&mut self, now: SimTime, end: SimTime, cfg: &WorkerConfig) -> u32 {
+        if let Some(step) = &mut self.step {
+            debug_assert!(self.unpriced.is_some() && step.start == now);
+            step.end = end;
+            self.unpriced = None;
+            return self.version.current();
+        }
+        let idle = StepWork::decode(0, 0, 0);
+        self.step_peak = cfg.usage.peak_seconds(&idle);
+        self.priced += 1;
+        if self.log.is_some() {
+            self.log_start(Self::row_of(self.id, &idle, cfg));
+        }
+        self.perf_chunks.clear();
+        self.step = Some(Step { start: now, end, decodes: 0 });
+        self.version.bump()
     }
 
     /// Ends the step stamped `version` at `now` and fills `out` with what it
     /// produced. The worker is then idle: the caller saves the completed
     /// requests' KV and then has it plan the next step ([`Self::poll`]).
+    #[inline(always)]
     pub fn finish_step(
         &mut self,
         now: SimTime,
@@ -721,6 +802,7 @@ impl Worker {
     /// under one token budget — and differ in the victim of a preemption
     /// ([`Self::victim`]), v0's free-block watermark on admission, and v1's
     /// leaving the waiting queue alone in a step that preempted.
+    #[inline(always)]
     fn plan_step(
         &mut self,
         now: SimTime,
@@ -914,17 +996,30 @@ impl Worker {
             samples: decodes + drafts + finishing as u64,
         };
         // A decode-only step becomes a run when nothing else can happen (its
-        // price is the run's); a pipeline's rounds are priced one by one.
+        // price is the run's); a pipeline's rounds are priced one by one,
+        // and a data-parallel group's steps by the group.
         let run = self.chunks.is_empty()
             && decodes > 0
             && self.waiting.queue.is_empty()
             && cfg.apc_ttl.0 == 0
             && self.paused_since.is_none()
             && cfg.pipeline.is_none()
-            && cfg.speculative.is_none();
+            && cfg.speculative.is_none()
+            && cfg.data_parallel.is_none();
         let single = if run {
             self.step_peak = cfg.usage.peak_seconds(&work);
             None
+        } else if cfg.data_parallel.is_some() {
+            self.step_peak = cfg.usage.peak_seconds(&work);
+            self.unpriced = Some(Unpriced {
+                decodes: work.decodes,
+                drafts: work.drafts,
+                context: work.decode_context_tokens,
+                window: work.decode_window_tokens,
+                samples: work.samples,
+            });
+            // The group sets the end ([`Self::begin_lockstep`]).
+            Some(SimTime::MAX)
         } else {
             let finishing = &self.perf_finishing;
             let (t, peak) = cfg.price(&work, |i| finishing[i]);
@@ -983,6 +1078,7 @@ mod tests {
             power: crate::worker::presets::GpuSpec::preset("H100").unwrap().power,
             pipeline: None,
             speculative: None,
+            data_parallel: None,
         }
     }
 

@@ -90,6 +90,37 @@ pub struct Moe {
     pub expert_bias: bool,
 }
 
+/// How an engine's GPUs hold the model: `tp` GPUs per engine, the routed
+/// experts whole on `ep` of them (1: each expert split), and `dp` engines
+/// stepping together with data-parallel attention, whose routed experts
+/// then span the `dp · tp` GPUs of all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Sharding {
+    /// Tensor-parallel GPUs of one engine.
+    pub tp: u32,
+    /// GPUs the routed experts are sharded over whole (1: none).
+    pub ep: u32,
+    /// Data-parallel attention ranks stepping together (1: none).
+    pub dp: u32,
+}
+
+impl Sharding {
+    /// `tp` GPUs, nothing else sharded.
+    pub const fn tensor(tp: u32) -> Sharding {
+        Sharding { tp, ep: 1, dp: 1 }
+    }
+
+    /// The split of one routed expert's GEMMs: (its width over GPUs, the
+    /// experts over GPUs). With expert parallelism each GPU holds whole
+    /// experts; without, every expert is split over all the GPUs the
+    /// experts span — the engine's `tp`, or with data-parallel attention
+    /// `dp · tp` (vLLM's `FusedMoEParallelConfig.make`: the MoE layers' TP
+    /// size is `dp_size · tp_size` when expert parallelism is off).
+    pub fn expert_split(&self) -> (u64, u64) {
+        if self.ep > 1 { (1, u64::from(self.ep)) } else { (u64::from(self.tp) * u64::from(self.dp), 1) }
+    }
+}
+
 /// Which weights a quantisation method stores in fewer bytes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Quantization {
@@ -419,8 +450,13 @@ impl ModelArch {
     pub fn weight_bytes_read(&self, tokens: f64) -> f64 {
         let all = self.weight_bytes() as f64;
         let Some(m) = &self.moe else { return all };
-        let routed = (m.layers * m.experts) as f64 * self.expert_bytes();
-        all - routed + m.layers as f64 * expected_experts(m.experts, m.active, tokens.max(1.0)) * self.expert_bytes()
+        all - self.routed_expert_bytes()
+            + m.layers as f64 * expected_experts(m.experts, m.active, tokens.max(1.0)) * self.expert_bytes()
+    }
+
+    /// Bytes of all the routed experts of every MoE layer (0 for a dense model).
+    pub fn routed_expert_bytes(&self) -> f64 {
+        self.moe.as_ref().map_or(0.0, |m| (m.layers * m.experts) as f64 * self.expert_bytes())
     }
 
     /// KV-cache values per token in one layer.
@@ -557,13 +593,20 @@ impl KvPool {
         }
     }
 
-    /// The pool of one stage with `bytes` more weights (all ranks together;
-    /// none: the pool as it is, staged or not).
-    pub fn with_weights_added(self, bytes: u64) -> KvPool {
-        if bytes == 0 {
+    /// The pool with the routed experts where `sharding` puts them (none
+    /// moved: the pool as it is, staged or not): with expert parallelism,
+    /// the slots of the experts that do not divide evenly over the GPUs
+    /// (every GPU holds the busiest one's count); with data-parallel
+    /// attention over `dp` ranks, `1/dp` of the experts (and of those
+    /// slots) — the other ranks hold the rest.
+    pub fn with_experts_over(self, model: &ModelArch, sharding: Sharding) -> KvPool {
+        let padding = model.expert_parallel_padding_bytes(u64::from(sharding.ep));
+        let dp = f64::from(sharding.dp);
+        let shed = if sharding.dp > 1 { model.routed_expert_bytes() * (dp - 1.0) / dp } else { 0.0 };
+        if padding == 0 && shed == 0.0 {
             return self;
         }
-        let weight_bytes = self.weight_bytes + bytes as f64;
+        let weight_bytes = self.weight_bytes + padding as f64 / dp - shed;
         let blocks = if weight_bytes < self.memory_bytes {
             ((self.memory_bytes - weight_bytes) / self.block_bytes as f64).floor() as u64
         } else {

@@ -58,6 +58,12 @@ pub struct StepWork<'a> {
 }
 
 impl StepWork<'_> {
+    /// Tokens the forward runs: the prefill chunks', one per decoding
+    /// sequence, and the drafts.
+    pub fn tokens(&self) -> u64 {
+        self.decodes + self.drafts + self.prefill.iter().map(|c| c.end - c.cached).sum::<u64>()
+    }
+
     /// A decode-only step: `decodes` sequences holding `context` tokens in
     /// all (`window` capped at the sliding window), each sampling.
     pub fn decode(decodes: u64, context: u64, window: u64) -> StepWork<'static> {
@@ -101,7 +107,7 @@ impl StepModel {
             StepModel::Operators(o) => o.secs(work),
             StepModel::Roofline(r, mix) => {
                 let prefill = r.prefill_batch_secs(work.prefill.iter().map(|c| (c.cached, c.end)));
-                let tokens = work.decodes + work.drafts + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
+                let tokens = work.tokens();
                 let mut decode = r.decode_secs(tokens, work.decode_context_tokens, work.decode_window_tokens);
                 if work.drafts > 0 {
                     // Verifying drafts multiplies the tokens of a step that

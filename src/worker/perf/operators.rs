@@ -46,7 +46,7 @@
 
 use super::StepWork;
 use super::profile::{AttnShape, Bound, Elementwise, Experts, Gemm, Precision, Priced, Profile, Role};
-use crate::worker::model::{Attention, ModelArch, attention_pairs};
+use crate::worker::model::{Attention, ModelArch, Sharding, attention_pairs};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -336,8 +336,12 @@ struct LayerOps {
 /// What is precomputed per (model, GPU, tp, profile).
 #[derive(Clone, Debug, PartialEq)]
 pub struct OperatorCurves {
-    /// Everything but attention and the LM head, for a step of `m` tokens.
+    /// Everything but attention and the LM head, for a step of `m` tokens
+    /// (with data-parallel attention, everything but the routed experts too).
     dense: Curve,
+    /// With data-parallel attention, the routed experts (and their
+    /// activation), for a step of `m` tokens over all the engines.
+    experts: Option<Curve>,
     /// The LM head, for `s` sampling sequences.
     head: Curve,
     /// `dense` and `head` together at the same count: a decode-only step of `b` sequences.
@@ -383,8 +387,9 @@ fn precision(bytes: f64, fp8_cores: bool) -> Precision {
     }
 }
 
-/// The layers of `model` on one of `tp` GPUs (routed experts sharded over `ep`).
-fn layers(model: &ModelArch, (tp, ep): (u64, u64), fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
+/// The layers of `model` on one of its engine's GPUs (routed experts per [`Sharding::expert_split`]).
+fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
+    let (tp, (expert_tp, ep)) = (u64::from(sharding.tp), sharding.expert_split());
     let d = model.hidden_size;
     let dtype = model.dtype_bytes as f64;
     let q = model.quantization.as_ref();
@@ -448,7 +453,6 @@ fn layers(model: &ModelArch, (tp, ep): (u64, u64), fp8_cores: bool) -> (Vec<Laye
         }
         // Expert parallelism (vLLM's `--enable-expert-parallel`): each GPU
         // holds whole experts, 1/ep of them, and runs the tokens routed there.
-        let expert_tp = if ep > 1 { 1 } else { tp };
         let x = Experts {
             experts: m.experts,
             topk: m.active,
@@ -479,7 +483,7 @@ fn cache() -> &'static Mutex<HashMap<String, Arc<OperatorCurves>>> {
 impl OperatorCurves {
     /// The curves of `model` on `tp` GPUs priced by `profile` (memoised by
     /// `key`, which must name everything the curves depend on).
-    pub fn cached(key: String, model: &ModelArch, split: (u32, u32), profile: &Profile) -> Arc<OperatorCurves> {
+    pub fn cached(key: String, model: &ModelArch, split: Sharding, profile: &Profile) -> Arc<OperatorCurves> {
         if let Some(c) = cache().lock().expect("the curve cache is never poisoned").get(&key) {
             return c.clone();
         }
@@ -492,12 +496,27 @@ impl OperatorCurves {
         curves
     }
 
-    /// Builds the curves of `model` on `tp` GPUs priced by `profile`, its
-    /// routed experts sharded over `ep` of them (1: each split over the `tp`).
-    pub fn build(model: &ModelArch, (tp, ep): (u32, u32), profile: &Profile) -> OperatorCurves {
+    /// Builds the curves of `model` on an engine of `sharding.tp` GPUs
+    /// priced by `profile`, its routed experts split per `sharding` — with
+    /// data-parallel attention on a curve of their own, over every engine's tokens.
+    pub fn build(model: &ModelArch, sharding: Sharding, profile: &Profile) -> OperatorCurves {
+        let tp = sharding.tp;
         let tpu = u64::from(tp);
         let fp8 = profile.analytic.peaks.fp8_flops.is_some();
-        let (groups, shape) = layers(model, (tpu, u64::from(ep)), fp8);
+        let (groups, shape) = layers(model, sharding, fp8);
+        let apart = sharding.dp > 1;
+        // A layer's routed experts on `m` tokens: the measured fused kernel
+        // (activation included), else the analytic GEMMs — and then (after
+        // the element-wise operators, `activation`) their activation.
+        let routed = |g: &LayerOps, m: f64, c: &mut StepCost, activation: bool| {
+            let Some((x, bytes)) = g.experts else { return };
+            match profile.measured_experts(&x, m) {
+                Some(p) if !activation => c.add(p, g.count),
+                Some(_) => {}
+                None if !activation => c.add(profile.analytic.experts(&x, m), g.count),
+                None => c.add(profile.elementwise(Elementwise::Activation, m, bytes * m), g.count),
+            }
+        };
         let d = model.hidden_size as f64;
         let m_axis = token_axis();
         let head_p = precision(model.dtype_bytes as f64, fp8);
@@ -508,17 +527,14 @@ impl OperatorCurves {
                 for &(role, n, k, p) in &g.gemms {
                     c.add(profile.gemm(role, &Gemm { m, n, k, precision: p }), g.count);
                 }
-                let measured = g.experts.and_then(|(x, _)| profile.measured_experts(&x, m));
-                if let Some(p) = measured {
-                    c.add(p, g.count);
-                } else if let Some((x, _)) = &g.experts {
-                    c.add(profile.analytic.experts(x, m), g.count);
+                if !apart {
+                    routed(g, m, &mut c, false);
                 }
                 for &(op, bytes) in &g.elementwise {
                     c.add(profile.elementwise(op, m, bytes * m), g.count);
                 }
-                if let (None, Some((_, activation))) = (measured, g.experts) {
-                    c.add(profile.elementwise(Elementwise::Activation, m, activation * m), g.count);
+                if !apart {
+                    routed(g, m, &mut c, true);
                 }
                 if tp > 1 {
                     c.add(profile.allreduce(tp, m * d), 2.0 * g.count);
@@ -531,6 +547,16 @@ impl OperatorCurves {
                 c.add(profile.allreduce(tp, m * d), 1.0);
             }
             c
+        });
+        let experts = apart.then(|| {
+            Curve::build(&m_axis, |m| {
+                let mut c = StepCost::default();
+                for g in &groups {
+                    routed(g, m, &mut c, false);
+                    routed(g, m, &mut c, true);
+                }
+                c
+            })
         });
         let head = Curve::build(&m_axis, |s| {
             let mut c = StepCost::default();
@@ -555,6 +581,7 @@ impl OperatorCurves {
         };
         OperatorCurves {
             dense,
+            experts,
             head,
             decode_fixed,
             ctx,
@@ -582,13 +609,41 @@ impl OperatorCurves {
 
     /// The step's cost by bound.
     pub fn cost(&self, work: &StepWork<'_>) -> StepCost {
-        let tokens = work.decodes + work.drafts + work.prefill.iter().map(|c| c.end - c.cached).sum::<u64>();
-        let [compute, memory, comm] = if work.prefill.is_empty() && work.samples == tokens {
-            self.decode_fixed.at(tokens as f64)
+        let tokens = work.tokens();
+        if work.prefill.is_empty() && work.samples == tokens {
+            self.with_attention(work, self.decode_fixed.at(tokens as f64))
         } else {
-            let (d, h) = (self.dense.at(tokens as f64), self.head.at(work.samples as f64));
-            std::array::from_fn(|i| d[i] + h[i])
-        };
+            self.cost_at(work, tokens)
+        }
+    }
+
+    /// The step's cost with the layers but attention and the LM head priced
+    /// for `padded` tokens — its own, or with data-parallel attention the
+    /// most any engine runs (each engine's batch is padded to it: vLLM's
+    /// `get_dp_padding`). With data-parallel attention the routed experts
+    /// are left out ([`Self::experts_cost`] prices them over all the engines).
+    pub fn rank_cost(&self, work: &StepWork<'_>, padded: u64) -> StepCost {
+        self.cost_at(work, padded)
+    }
+
+    /// [`Self::rank_cost`], inlined into [`Self::cost`] (every step's price).
+    #[inline(always)]
+    fn cost_at(&self, work: &StepWork<'_>, padded: u64) -> StepCost {
+        let (d, h) = (self.dense.at(padded as f64), self.head.at(work.samples as f64));
+        self.with_attention(work, std::array::from_fn(|i| d[i] + h[i]))
+    }
+
+    /// With data-parallel attention, the routed experts of a step of
+    /// `tokens` tokens over every engine (`None` without).
+    pub fn experts_cost(&self, tokens: u64) -> Option<StepCost> {
+        let [compute, memory, comm] = self.experts.as_ref()?.at(tokens as f64);
+        Some(StepCost { compute, memory, comm, ..StepCost::default() })
+    }
+
+    /// The step's cost from that of its layers but attention (by bound):
+    /// the step's own counts, and its attention added.
+    #[inline(always)]
+    fn with_attention(&self, work: &StepWork<'_>, [compute, memory, comm]: [f64; 3]) -> StepCost {
         let mut c = StepCost {
             compute,
             memory,
@@ -597,6 +652,13 @@ impl OperatorCurves {
             seqs: (work.decodes + work.prefill.len() as u64) as f64,
             prefill_steps: if work.prefill.is_empty() { 0.0 } else { 1.0 },
         };
+        self.add_attention(work, &mut c);
+        c
+    }
+
+    /// Adds the step's attention: each prefill chunk's, and the decoding
+    /// sequences' together.
+    fn add_attention(&self, work: &StepWork<'_>, c: &mut StepCost) {
         for chunk in work.prefill {
             let mut layers = self.full_layers;
             if self.windowed_layers > 0.0 {
@@ -619,7 +681,6 @@ impl OperatorCurves {
                 c.memory += self.windowed_layers * self.decode.at(b, work.decode_window_tokens as f64 / b + q);
             }
         }
-        c
     }
 }
 
@@ -786,7 +847,7 @@ mod tests {
     fn a_mixed_step_is_its_operators_once_on_its_tokens_plus_attention_per_sequence() {
         let model = ModelArch::preset("llama-3.1-8b").unwrap();
         let p = analytic_h100();
-        let curves = OperatorCurves::build(&model, (1, 1), &p);
+        let curves = OperatorCurves::build(&model, Sharding::tensor(1), &p);
         // One 96-token prompt finishing (0 → 96) and 8 decodes with 1,023 cached tokens each:
         // the linear operators on 96 + 8 = 104 tokens, the LM head on 9 sequences, the
         // prompt's attention over 96 tokens, decode attention of 8 sequences over 1,024 keys.
@@ -816,7 +877,7 @@ mod tests {
     fn tensor_parallel_steps_shard_the_operators_and_add_two_allreduces_per_layer() {
         let model = ModelArch::preset("llama-3.1-8b").unwrap();
         let p = analytic_h100();
-        let curves = OperatorCurves::build(&model, (2, 1), &p);
+        let curves = OperatorCurves::build(&model, Sharding::tensor(2), &p);
         // 16 decodes at 4,095 cached tokens on 2 GPUs: 16 tokens, heads 16 and 4 per GPU,
         // 2·32 + 1 all-reduces of 16 × 4096 values.
         let work = StepWork::decode(16, 16 * 4095, 16 * 4095);
