@@ -299,8 +299,10 @@ fn model_prints_what_is_derived_from_deepseek_v3_on_eight_h200s() {
     assert_eq!(n("kv_bytes_per_token"), 70_272.0);
     assert!(n("weight_bytes") > 6.5e11 && n("weight_bytes") < 7.0e11, "FP8 weights: {}", n("weight_bytes"));
     let fit = &v["fit"];
-    // 8 × 141 GiB × 0.9 less the weights, in blocks of 16 × 70,272 B.
-    let expect = ((8.0 * 141.0 * 1073741824.0 * 0.9 - n("weight_bytes")) / (16.0 * 70_272.0)).floor();
+    // 8 × 141 GiB × 0.9 less the weights, in blocks of 16 tokens of 70,272 B
+    // on each of the 8 GPUs (every GPU keeps the MLA latent whole).
+    let expect = ((8.0 * 141.0 * 1073741824.0 * 0.9 - n("weight_bytes")) / (16.0 * 8.0 * 70_272.0)).floor();
+    assert_eq!(expect, 46_350.0);
     assert_eq!(fit["fits"], true);
     assert_eq!(fit["kv_pool_blocks"].as_f64().unwrap(), expect);
     assert_eq!(fit["max_batch_at_context"].as_f64().unwrap(), (expect / 512.0).floor(), "8,192 tokens = 512 blocks");

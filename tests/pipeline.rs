@@ -144,7 +144,7 @@ fn llama_405b_on_two_nodes_of_eight_h100s_is_sized_stage_by_stage() {
     // Per GPU: 50,731,675,648 B = 47.25 GiB of weights on the second stage;
     // KV 63 layers × 2 × 1 KV head × 128 × 2 B = 32,256 B a token.
     assert_eq!(second / 8, 50_731_675_648);
-    assert_eq!(s.model.kv_bytes_per_token_of(63) / 8, 32_256);
+    assert_eq!(s.model.kv_bytes_per_token_of(63, 8) / 8, 32_256);
     // 80 GiB × 0.9 = 77,309,411,328 B a GPU: (77,309,411,328 − 50,731,675,648)
     // / (16 × 32,256) = 51,497.66 blocks on the second stage (51,497.67 on
     // the first): 51,497 for the engine, 823,952 tokens.

@@ -153,7 +153,8 @@ fn row_scenario(setup: &Setup, model: &ModelArch, row: &Measured, tp: u32) -> Re
     let seq = prompt + output;
     let tokens = row.batch * seq;
     // Memory for the weights and every sequence's KV, with room to spare.
-    let bytes = model.weight_bytes() as f64 + (tokens + 64) as f64 * model.kv_bytes_per_token() as f64;
+    let bytes = model.weight_bytes() as f64
+        + (tokens + 64) as f64 * model.kv_bytes_per_token_of(model.num_layers, u64::from(tp)) as f64;
     let memory_gb = (1.25 * bytes / f64::from(tp) / (1u64 << 30) as f64).ceil() + 1.0;
     let budget = (row.batch * prompt).max(8192).min(u64::from(u32::MAX));
     let model_line = match &setup.model {

@@ -845,7 +845,7 @@ fn resolve_speculative(
         arch.kv_dtype_bytes = model.kv_dtype_bytes;
         arch
     });
-    let kv = drafter_arch.as_ref().map_or(0, ModelArch::kv_bytes_per_token);
+    let kv = drafter_arch.as_ref().map_or(0, |a| a.kv_bytes_per_token_of(a.num_layers, u64::from(tp)));
     let drafter = match drafter_arch {
         // A synthetic step takes its fixed time, drafts and all.
         Some(arch) if kind != "synthetic" => {

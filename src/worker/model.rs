@@ -430,9 +430,19 @@ impl ModelArch {
         (head, added)
     }
 
-    /// KV-cache bytes per token of `n` layers (a pipeline stage's).
-    pub fn kv_bytes_per_token_of(&self, n: u64) -> u64 {
-        n * self.kv_values_per_layer() * self.kv_dtype_bytes
+    /// KV-cache bytes a token takes in the GPU memory of `n` layers (a
+    /// pipeline stage's) over `tp` GPUs: each GPU holds its share of the KV
+    /// heads but at least one — vLLM's `ModelConfig.get_num_kv_heads`,
+    /// `max(1, total_num_kv_heads // tensor_parallel_size)` — and MLA's
+    /// latent whole (one KV head, `get_total_num_kv_heads` is 1 with MLA), so
+    /// heads fewer than the GPUs are replicated on them. `n` ×
+    /// [`Self::kv_bytes_per_token`] / layers when the heads divide evenly.
+    pub fn kv_bytes_per_token_of(&self, n: u64, tp: u64) -> u64 {
+        let per_gpu = match self.attention {
+            Attention::Gqa { kv_heads, head_dim, .. } => 2 * (kv_heads / tp).max(1) * head_dim,
+            Attention::Mla { kv_lora_rank, qk_rope_head_dim, .. } => kv_lora_rank + qk_rope_head_dim,
+        };
+        n * per_gpu * tp * self.kv_dtype_bytes
     }
 
     /// Bytes of one routed expert's weights in one layer.
@@ -547,7 +557,7 @@ impl KvPool {
     pub fn new(model: &ModelArch, memory_gb: f64, tp: u32, utilization: f64, block_size: u64) -> KvPool {
         let memory_bytes = memory_gb * f64::from(tp) * (1u64 << 30) as f64 * utilization;
         let weight_bytes = model.weight_bytes() as f64;
-        let block_bytes = block_size * model.kv_bytes_per_token();
+        let block_bytes = block_size * model.kv_bytes_per_token_of(model.num_layers, u64::from(tp));
         let blocks = if weight_bytes < memory_bytes {
             ((memory_bytes - weight_bytes) / block_bytes as f64).floor() as u64
         } else {
@@ -579,7 +589,7 @@ impl KvPool {
         for &n in layers {
             let weights = model.stage_weight_bytes(first, n, layers.len() as u64);
             heaviest = heaviest.max(weights);
-            let stage_block = block_size * model.kv_bytes_per_token_of(n);
+            let stage_block = block_size * model.kv_bytes_per_token_of(n, u64::from(tp));
             let w = weights as f64;
             blocks =
                 blocks.min(if w < memory_bytes { ((memory_bytes - w) / stage_block as f64).floor() as u64 } else { 0 });
@@ -588,7 +598,7 @@ impl KvPool {
         KvPool {
             memory_bytes,
             weight_bytes: heaviest as f64,
-            block_bytes: block_size * model.kv_bytes_per_token(),
+            block_bytes: block_size * model.kv_bytes_per_token_of(model.num_layers, u64::from(tp)),
             blocks,
         }
     }
@@ -883,11 +893,32 @@ mod tests {
     }
 
     #[test]
+    fn kv_heads_fewer_than_the_gpus_are_replicated_on_them() {
+        // Qwen3-30B-A3B: 48 layers, 4 KV heads of 128. Over 4 GPUs one head
+        // each: 48 × 2 × 4 × 128 × 2 B = 98,304 B a token in all; over 8 GPUs
+        // still one head each (vLLM's max(1, 4 // 8)), twice that.
+        let m = preset("Qwen/Qwen3-30B-A3B");
+        assert_eq!(m.kv_bytes_per_token(), 98_304);
+        assert_eq!(m.kv_bytes_per_token_of(48, 4), 98_304);
+        assert_eq!(m.kv_bytes_per_token_of(48, 8), 196_608);
+        let pool = |tp| KvPool::new(&m, 80.0, tp, 0.9, 16);
+        assert_eq!(pool(8).block_bytes, 16 * 196_608);
+        assert_eq!(
+            pool(8).blocks,
+            ((8.0 * 77_309_411_328.0 - 61_064_245_248.0) / (16.0 * 196_608.0f64)).floor() as u64
+        );
+    }
+
+    #[test]
     fn deepseek_v3_caches_the_mla_latent_and_has_671_billion_parameters() {
         let m = preset("deepseek-ai/DeepSeek-V3");
         // MLA: 61 layers × (kv_lora_rank 512 + qk_rope_head_dim 64) × 2 bytes = 70,272.
         assert_eq!(m.kv_bytes_per_token(), 61 * (512 + 64) * 2);
         assert_eq!(m.kv_bytes_per_token(), 70_272);
+        // Every GPU of a tensor-parallel worker keeps the whole latent (vLLM:
+        // one KV head, never split): over 8 GPUs a token takes 8 × 70,272 B.
+        assert_eq!(m.kv_bytes_per_token_of(61, 8), 562_176);
+        assert_eq!(m.kv_bytes_per_token_of(61, 1), 70_272);
         // d = 7168, 128 heads; q: 7168·1536 + 1536·128·192; kv_a: 7168·(512 + 64); kv_b: 512·128·(128 + 128);
         // o: 128·128·7168; norms of the latents 1536 + 512.
         let d = 7168u64;
