@@ -72,7 +72,7 @@ fn ranks_step_together_so_the_slowest_sets_the_pace_and_an_idle_rank_runs_dummy_
         .stage("Trace", stage);
     let (_, alone) = steps(&apart);
     let short = alone.iter().find(|r| r.worker == Some(1)).unwrap().ttft_s.unwrap();
-    assert!(short * 5.0 < ttft(1), "{short} vs {}", ttft(1));
+    assert!(short * 3.0 < ttft(1), "{short} vs {}", ttft(1));
 }
 
 #[test]

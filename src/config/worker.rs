@@ -165,6 +165,7 @@ fn data_parallel(
     tp: u32,
     pp: u32,
     speculative: bool,
+    max_num_seqs: u32,
 ) -> Result<Option<DataParallel>, ConfigError> {
     let hw = &file.worker.hw;
     let key = "worker.hw.dp_attention";
@@ -236,6 +237,8 @@ fn data_parallel(
     };
     Ok(Some(DataParallel {
         ranks: dp,
+        // vLLM's `max_cudagraph_capture_size` default (`vllm/config/compilation.py`).
+        graph_tokens: (2 * u64::from(max_num_seqs)).min(512),
         exchange: Exchange {
             backend,
             moe_layers: moe.layers as f64,
@@ -492,7 +495,7 @@ pub(super) fn resolve_worker(
         ));
     }
     let speculating = file.worker.speculative.as_ref().is_some_and(|sp| !sp.method.eq_ignore_ascii_case("none"));
-    let data_parallel = data_parallel(cx, file, model, gpu, tp, pp, speculating)?;
+    let data_parallel = data_parallel(cx, file, model, gpu, tp, pp, speculating, max_num_seqs)?;
     let dp = data_parallel.as_ref().map_or(1, |d| d.ranks);
     let ep = expert_parallel(cx, hw.ep, model, tp, pp, dp)?;
     let sharding = Sharding { tp, ep, dp };
