@@ -3,6 +3,7 @@
 //! memory each rank's GPUs keep for KV once the experts are spread.
 
 use crate::fixtures::Spec;
+use std::path::Path;
 use toml::toml;
 
 /// Qwen3-30B-A3B on ranks of one H100 each, `dp` of them a group, experts over `ep` GPUs.
@@ -134,4 +135,22 @@ fn data_parallel_attention_is_refused_where_it_is_not_modelled_naming_the_key() 
         assert_eq!(e.key.as_deref(), Some(key), "{e}");
         assert!(e.to_string().contains(says), "{e}");
     }
+}
+
+#[test]
+fn the_shipped_example_keeps_on_each_rank_more_kv_than_a_tp_engine_keeps_in_all() {
+    // README ("Data-parallel attention"): DeepSeek-V3 on eight H200s keeps
+    // 504,000 tokens of KV on each of eight ranks, 741,600 as one TP 8
+    // engine (the latent whole on every GPU).
+    let text = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/dp-attention/deepseek-v3-8xh200.toml"),
+    )
+    .unwrap();
+    let ranks = crate::scenario(&text);
+    assert_eq!(ranks.worker.total_blocks * 16, 504_000);
+    let tp = text
+        .replace("num_workers = 8", "num_workers = 1")
+        .replace("tp = 1", "tp = 8")
+        .replace("dp_attention = 8", "dp_attention = 1");
+    assert_eq!(crate::scenario(&tp).worker.total_blocks * 16, 741_600);
 }

@@ -10,9 +10,22 @@ use opal::sweep::runner::{RunnerOptions, run_sweep};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-/// `text` with one replicate and small stages.
-fn cut_down(text: &str) -> String {
-    cut_down_table(text.parse().unwrap())
+/// The spec at `path` as one table: with `sweep.base`, the base scenario
+/// (relative to the spec) with the spec's own sections over it, as
+/// `opal-sweep` reads it.
+pub fn spec_table(path: &Path) -> toml::Table {
+    let mut t: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+    let base = t.get_mut("sweep").and_then(|s| s.as_table_mut()).and_then(|s| s.remove("base"));
+    let Some(base) = base else { return t };
+    let base_path = path.parent().unwrap().join(base.as_str().unwrap());
+    let mut merged: toml::Table = std::fs::read_to_string(base_path).unwrap().parse().unwrap();
+    merged.extend(t);
+    merged
+}
+
+/// The spec at `path` with one replicate and small stages.
+fn cut_down(path: &Path) -> String {
+    cut_down_table(spec_table(path))
 }
 
 pub fn cut_down_table(mut t: toml::Table) -> String {
@@ -60,7 +73,7 @@ fn shipped_sweeps_write_no_nan_and_no_percentile_above_its_max() {
     let mut checked = 0;
     for path in &specs {
         let name = path.file_stem().unwrap().to_string_lossy().into_owned();
-        let text = cut_down(&std::fs::read_to_string(path).unwrap());
+        let text = cut_down(path);
         // As if read from its own place, so that relative paths hold.
         let spec = opal::config::Spec::from_text(&text, path).unwrap_or_else(|e| panic!("{name}: {e}"));
         let plan = opal::sweep::plan(&spec).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -136,7 +149,7 @@ fn the_effective_configuration_runs_to_the_same_results() {
             .iter()
             .map(|n| {
                 let p = root.join(format!("sweeps/{n}.toml"));
-                let text = cut_down(&std::fs::read_to_string(&p).unwrap());
+                let text = cut_down(&p);
                 (p, text)
             })
             .collect();
