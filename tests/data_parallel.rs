@@ -18,20 +18,7 @@ fn qwen3(dp: i64, ep: i64, workers: i64) -> Spec {
 
 /// A trace of requests all sent at time 0: (prompt, output) each.
 fn trace(name: &str, requests: &[(u32, u32)]) -> String {
-    let dir = crate::temp_dir(name);
-    let lines: String = requests
-        .iter()
-        .enumerate()
-        .map(|(i, (p, o))| {
-            format!(
-                "{{\"timestamp\": 0, \"input_length\": {p}, \"output_length\": {o}, \"hash_ids\": [{}]}}\n",
-                1000 + i
-            )
-        })
-        .collect();
-    let path = dir.join("requests.jsonl");
-    std::fs::write(&path, lines).unwrap();
-    path.display().to_string()
+    crate::fixtures::trace_at_zero(&crate::temp_dir(name), requests)
 }
 
 fn steps(spec: &Spec) -> (Vec<opal::metrics::StepRow>, Vec<opal::metrics::RequestRecord>) {

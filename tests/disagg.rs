@@ -114,17 +114,7 @@ fn one_request_through_a_prefill_and_a_decode_worker_adds_up_by_hand() {
 /// Two requests at t = 0 with distinct content, one per prefill worker,
 /// both handed to the one decode worker at the same instant.
 fn trace(dir: &std::path::Path, prompt: u32, output: u32, n: usize) -> String {
-    let lines: String = (0..n)
-        .map(|i| {
-            format!(
-                "{{\"timestamp\": 0, \"input_length\": {prompt}, \"output_length\": {output}, \"hash_ids\": [{}]}}\n",
-                1000 + i
-            )
-        })
-        .collect();
-    let path = dir.join("two.jsonl");
-    std::fs::write(&path, lines).unwrap();
-    path.display().to_string()
+    crate::fixtures::trace_at_zero(dir, &vec![(prompt, output); n])
 }
 
 #[test]

@@ -106,3 +106,21 @@ impl Spec {
         crate::run(&self.scenario())
     }
 }
+
+/// A Mooncake trace in `dir` of requests all sent at time 0, one per
+/// (prompt, output) pair, each with a hash id of its own; returns its path.
+pub fn trace_at_zero(dir: &std::path::Path, requests: &[(u32, u32)]) -> String {
+    let lines: String = requests
+        .iter()
+        .enumerate()
+        .map(|(i, (p, o))| {
+            format!(
+                "{{\"timestamp\": 0, \"input_length\": {p}, \"output_length\": {o}, \"hash_ids\": [{}]}}\n",
+                1000 + i
+            )
+        })
+        .collect();
+    let path = dir.join("requests.jsonl");
+    std::fs::write(&path, lines).unwrap();
+    path.display().to_string()
+}
