@@ -134,6 +134,8 @@ pub struct Quantization {
     pub dense_mlp: bool,
     /// Layers whose MLP `modules_to_not_convert` keeps unquantised.
     pub mlp_layers_kept: u64,
+    /// FP8 with a scale per weight block (`weight_block_size`).
+    pub block_scaled: bool,
 }
 
 /// A model's architecture: everything the simulator needs from its `config.json`.

@@ -330,6 +330,7 @@ fn quantization(top: &Map<String, Value>, moe: bool) -> Result<Option<Quantizati
     // `model.layers.N.mlp` entries keep one layer's MLP unquantised.
     let mlp_layers_kept = kept.iter().filter(|m| m.contains("layers.") && m.ends_with("mlp")).count() as u64;
     let int_bits = |bits: f64, group: f64| bits / 8.0 + (2.0 + bits / 8.0) / group;
+    let mut block_scaled = false;
     let (bytes, attention, dense_mlp) = match method {
         // FP8 with one f32 scale per weight block (DeepSeek-V3, Qwen3-FP8), or per channel.
         "fp8" | "fbgemm_fp8" => {
@@ -337,6 +338,7 @@ fn quantization(top: &Map<String, Value>, moe: bool) -> Result<Option<Quantizati
                 .get("weight_block_size")
                 .and_then(Value::as_array)
                 .map(|b| b.iter().filter_map(Value::as_u64).product::<u64>());
+            block_scaled = block.is_some();
             (1.0 + block.map_or(0.0, |n| 4.0 / n as f64), attention, true)
         }
         // MXFP4 (gpt-oss): 4-bit values and one 8-bit scale per 32.
@@ -373,5 +375,12 @@ fn quantization(top: &Map<String, Value>, moe: bool) -> Result<Option<Quantizati
             ));
         }
     };
-    Ok(Some(Quantization { method: method.to_string(), bytes_per_param: bytes, attention, dense_mlp, mlp_layers_kept }))
+    Ok(Some(Quantization {
+        method: method.to_string(),
+        bytes_per_param: bytes,
+        attention,
+        dense_mlp,
+        mlp_layers_kept,
+        block_scaled,
+    }))
 }

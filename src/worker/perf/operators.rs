@@ -10,7 +10,12 @@
 //! touch — two RMSNorms, the activation, RoPE and the KV-cache write, and
 //! with `tp > 1` two all-reduces of the step's `tokens × d` activations.
 //! Once per step: the embedding lookup (and its all-reduce) and the LM head
-//! on the sequences that sample a token.
+//! on the sequences that sample a token. DeepSeek-V3's multi-head latent
+//! attention, where aiconfigurator measured it whole (its MLA module tables:
+//! H100, H200, B200), is that module per layer — its projections, RoPE and
+//! cache write inside it — as aiconfigurator prices it (`sdk/models/deepseek.py`:
+//! the module when the q, kv and o projections share a dtype, the granular
+//! operators as its fallback).
 //!
 //! The linear operators run **once on the step's total tokens** (prefill
 //! chunk tokens plus one per decoding sequence): their GEMMs have `m` = that
@@ -45,7 +50,7 @@
 //! costs a few binary searches, whatever the model.
 
 use super::StepWork;
-use super::profile::{AttnShape, Bound, Elementwise, Experts, Gemm, Precision, Priced, Profile, Role};
+use super::profile::{AttnShape, Bound, Elementwise, Experts, Gemm, MlaModule, Precision, Priced, Profile, Role};
 use crate::worker::model::{Attention, ModelArch, Sharding, attention_pairs};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -331,7 +336,14 @@ struct LayerOps {
     experts: Option<(Experts, f64)>,
     /// Element-wise operators: bytes per token.
     elementwise: Vec<(Elementwise, f64)>,
+    /// A MoE layer with a shared expert (its gate/up and down projections and
+    /// activation are among `gemms` and `elementwise`).
+    shared_expert: bool,
 }
+
+/// The most tokens of a step whose MoE layers run their shared expert
+/// beside the routed ones (vLLM's `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`).
+const SHARED_EXPERTS_STREAM_TOKENS: f64 = 256.0;
 
 /// What is precomputed per (model, GPU, tp, profile).
 #[derive(Clone, Debug, PartialEq)]
@@ -387,16 +399,50 @@ fn precision(bytes: f64, fp8_cores: bool) -> Precision {
     }
 }
 
-/// The layers of `model` on one of its engine's GPUs (routed experts per [`Sharding::expert_split`]).
-fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool) -> (Vec<LayerOps>, AttnShape) {
+/// The precision of `model`'s weights: quantised (`yes`) or not.
+fn weights(model: &ModelArch, fp8_cores: bool, yes: bool) -> Precision {
+    match model.quantization.as_ref() {
+        Some(q) if yes => match precision(q.bytes_per_param, fp8_cores) {
+            Precision::Fp8 if q.block_scaled => Precision::Fp8Block,
+            p => p,
+        },
+        _ => precision(model.dtype_bytes as f64, fp8_cores),
+    }
+}
+
+/// `model`'s attention as the MLA module tables measure it, on one GPU of
+/// `tp`: multi-head latent attention of DeepSeek-V3's shape (hidden 7,168,
+/// query latent 1,536, KV latent 512, query/key heads 128 + 64 RoPE, value
+/// heads 128 — the module aiconfigurator's collector builds; DeepSeek-V3,
+/// R1 and Kimi K2 have it), else `None`.
+fn mla_module(model: &ModelArch, tp: u32, fp8_cores: bool) -> Option<MlaModule> {
+    let Attention::Mla {
+        heads,
+        q_lora_rank: Some(1536),
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+    } = model.attention
+    else {
+        return None;
+    };
+    (model.hidden_size == 7168).then(|| MlaModule {
+        heads: heads.div_ceil(u64::from(tp)),
+        kv_bytes: model.kv_dtype_bytes as f64,
+        gemm: weights(model, fp8_cores, model.quantization.as_ref().is_some_and(|q| q.attention)),
+    })
+}
+
+/// The layers of `model` on one of its engine's GPUs (routed experts per
+/// [`Sharding::expert_split`]); with `module`, its attention — projections,
+/// RoPE and the cache write included — is priced apart as one module, so
+/// none of it is among the layers' operators.
+fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool, module: bool) -> (Vec<LayerOps>, AttnShape) {
     let (tp, (expert_tp, ep)) = (u64::from(sharding.tp), sharding.expert_split());
     let d = model.hidden_size;
-    let dtype = model.dtype_bytes as f64;
     let q = model.quantization.as_ref();
-    let quantized = |yes: bool| match q {
-        Some(q) if yes => precision(q.bytes_per_param, fp8_cores),
-        _ => precision(dtype, fp8_cores),
-    };
+    let quantized = |yes: bool| weights(model, fp8_cores, yes);
     let attn_p = quantized(q.is_some_and(|q| q.attention));
     let (mut gemms, shape, rope_bytes) = match model.attention {
         Attention::Gqa { heads, kv_heads, head_dim, .. } => {
@@ -425,14 +471,16 @@ fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool) -> (Vec<LayerO
             (g, shape, 2.0 * 2.0 * ((h + 1) * qk_rope_head_dim) as f64)
         }
     };
+    if module {
+        gemms.clear();
+    }
     let norms = model.norms_per_layer as f64;
     let base = |f: u64| {
-        vec![
-            (Elementwise::Norm, norms * 8.0 * d as f64),
-            (Elementwise::Activation, 6.0 * f as f64),
-            (Elementwise::Rope, rope_bytes),
-            (Elementwise::KvWrite, 2.0 * shape.kv_bytes_per_token()),
-        ]
+        let mut ops = vec![(Elementwise::Norm, norms * 8.0 * d as f64), (Elementwise::Activation, 6.0 * f as f64)];
+        if !module {
+            ops.extend([(Elementwise::Rope, rope_bytes), (Elementwise::KvWrite, 2.0 * shape.kv_bytes_per_token())]);
+        }
+        ops
     };
     let mlp_p = quantized(q.is_some_and(|q| q.dense_mlp) || (q.is_some() && model.moe.is_none()));
     let mut out = Vec::new();
@@ -442,7 +490,13 @@ fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool) -> (Vec<LayerO
         let mut g = gemms.clone();
         g.push((Role::GateUp, 2 * f, d, mlp_p));
         g.push((Role::Down, d, f, mlp_p));
-        out.push(LayerOps { count: dense_layers as f64, gemms: g, experts: None, elementwise: base(f) });
+        out.push(LayerOps {
+            count: dense_layers as f64,
+            gemms: g,
+            experts: None,
+            elementwise: base(f),
+            shared_expert: false,
+        });
     }
     if let Some(m) = &model.moe {
         gemms.push((Role::Router, m.experts, d, Precision::Bf16));
@@ -468,6 +522,7 @@ fn layers(model: &ModelArch, sharding: Sharding, fp8_cores: bool) -> (Vec<LayerO
             gemms,
             experts: Some((x, activation)),
             elementwise: base(m.shared_intermediate / tp),
+            shared_expert: m.shared_intermediate > 0,
         });
     }
     (out, shape)
@@ -503,7 +558,9 @@ impl OperatorCurves {
         let tp = sharding.tp;
         let tpu = u64::from(tp);
         let fp8 = profile.analytic.peaks.fp8_flops.is_some();
-        let (groups, shape) = layers(model, sharding, fp8);
+        // DeepSeek-V3's attention from the MLA module tables where they measured it.
+        let module = mla_module(model, tp, fp8).filter(|m| profile.has_mla_module(m));
+        let (groups, shape) = layers(model, sharding, fp8, module.is_some());
         let apart = sharding.dp > 1;
         // A layer's routed experts on `m` tokens: the measured fused kernel
         // (activation included), else the analytic GEMMs — and then (after
@@ -524,17 +581,36 @@ impl OperatorCurves {
         let dense = Curve::build(&m_axis, |m| {
             let mut c = StepCost::default();
             for g in &groups {
+                // A step of at most 256 tokens runs a MoE layer's shared expert on a
+                // second CUDA stream beside the routed ones (vLLM's
+                // `VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD`, 256 by default, in
+                // `fused_moe/layer.py`'s `use_shared_experts_stream`; aiconfigurator's
+                // decode `moe_overlap`): the longer of the two counts. With data-parallel
+                // attention the routed experts are priced apart, after.
+                let overlap = g.shared_expert && !apart && m <= SHARED_EXPERTS_STREAM_TOKENS;
+                let (mut shared, mut experts) = (StepCost::default(), StepCost::default());
+                let beside = |role: Role| overlap && matches!(role, Role::GateUp | Role::Down);
                 for &(role, n, k, p) in &g.gemms {
-                    c.add(profile.gemm(role, &Gemm { m, n, k, precision: p }), g.count);
+                    let priced = profile.gemm(role, &Gemm { m, n, k, precision: p });
+                    if beside(role) { shared.add(priced, g.count) } else { c.add(priced, g.count) }
                 }
                 if !apart {
-                    routed(g, m, &mut c, false);
+                    routed(g, m, if overlap { &mut experts } else { &mut c }, false);
                 }
                 for &(op, bytes) in &g.elementwise {
-                    c.add(profile.elementwise(op, m, bytes * m), g.count);
+                    let priced = profile.elementwise(op, m, bytes * m);
+                    if overlap && op == Elementwise::Activation {
+                        shared.add(priced, g.count)
+                    } else {
+                        c.add(priced, g.count)
+                    }
                 }
                 if !apart {
-                    routed(g, m, &mut c, true);
+                    routed(g, m, if overlap { &mut experts } else { &mut c }, true);
+                }
+                if overlap {
+                    let total = |x: &StepCost| x.compute + x.memory + x.comm;
+                    c += if total(&shared) >= total(&experts) { shared } else { experts };
                 }
                 if tp > 1 {
                     c.add(profile.allreduce(tp, m * d), 2.0 * g.count);
@@ -565,15 +641,24 @@ impl OperatorCurves {
         });
         let ctx = Curve::build(&m_axis, |s| {
             let mut c = StepCost::default();
-            c.add(profile.ctx_attention(&shape, s, 0.0), 1.0);
+            match module.and_then(|m| profile.mla_ctx(&m, s)) {
+                Some(p) => c.add(p, 1.0),
+                None => c.add(profile.ctx_attention(&shape, s, 0.0), 1.0),
+            }
             c
         });
         // Decode attention is linear in batch and keys beyond the tables
         // (2,048 sequences, 131,072 keys): the grid stops there (two knots
         // per octave) and extrapolates.
         let (p, sh) = (profile.clone(), shape);
-        let decode =
-            Grid2::new(Axis::new(1, 11), Axis::new(1, 17), Arc::new(move |b, s| p.gen_attention(&sh, b, s).secs));
+        let decode = Grid2::new(
+            Axis::new(1, 11),
+            Axis::new(1, 17),
+            Arc::new(move |b, s| match module.and_then(|m| p.mla_gen(&m, b, s)) {
+                Some(priced) => priced.secs,
+                None => p.gen_attention(&sh, b, s).secs,
+            }),
+        );
         let (window, windowed) = model.window.unwrap_or((u64::MAX, 0));
         let decode_fixed = Curve {
             axis: m_axis.clone(),
@@ -595,6 +680,14 @@ impl OperatorCurves {
                 .filter_map(|g| g.experts.as_ref())
                 .filter(|(x, _)| profile.tables.is_some() && profile.measured_experts(x, 1.0).is_none())
                 .map(|(x, _)| format!("{} at TP {tp}: {}", model.name, profile.describe_experts(x)))
+                .chain(
+                    (profile.tables.is_some() && shape.mla.is_some() && module.is_none()).then(|| {
+                        format!(
+                            "{} at TP {tp}: multi-head latent attention priced operator by operator (GEMM tables, analytic attention) — the MLA module tables measure DeepSeek-V3's shape only, with BF16 or FP8-block projections",
+                            model.name
+                        )
+                    }),
+                )
                 .collect(),
         }
     }
@@ -905,5 +998,117 @@ mod tests {
         assert_eq!(c.secs(&k), gpu);
         // A launch-bound step: the CPU's 0.005 + 8·0.004 + 0.002 = 0.039 s.
         assert!((c.secs(&OperatorConstants { seq_overhead_s: 0.004, ..k }) - 0.039).abs() < 1e-15);
+    }
+
+    #[test]
+    fn deepseek_v3s_attention_is_one_measured_module_in_place_of_its_projections_rope_and_cache_write() {
+        let model = ModelArch::preset("deepseek-v3").unwrap();
+        let peaks = GpuSpec::preset("H200").unwrap().peaks();
+        let p = Profile {
+            vidur: None,
+            tables: crate::worker::perf::profile::shipped::tables("H200", peaks),
+            analytic: Analytic { peaks },
+            routing: Default::default(),
+        };
+        let sharding = Sharding { tp: 8, ep: 8, dp: 1 };
+        // FP8 block-scaled projections, BF16 KV cache, 128 / 8 heads a GPU.
+        let m = mla_module(&model, 8, true).unwrap();
+        assert_eq!(m, MlaModule { heads: 16, kv_bytes: 2.0, gemm: Precision::Fp8Block });
+        assert!(p.has_mla_module(&m));
+        // Without the module a layer has the four latent projections and the output
+        // projection, RoPE and the cache write; with it, none — all else alike.
+        let (granular, _) = layers(&model, sharding, true, false);
+        let (module, _) = layers(&model, sharding, true, true);
+        for (g, x) in granular.iter().zip(&module) {
+            let attention = |r: &Role| matches!(r, Role::Qkv | Role::AttnOut);
+            assert_eq!(g.gemms.iter().filter(|o| attention(&o.0)).count(), 5);
+            let kept: Vec<_> = g.gemms.iter().filter(|o| !attention(&o.0)).cloned().collect();
+            assert_eq!(x.gemms, kept);
+            let others = |e: &Elementwise| !matches!(e, Elementwise::Rope | Elementwise::KvWrite);
+            assert_eq!(x.elementwise, g.elementwise.iter().filter(|o| others(&o.0)).cloned().collect::<Vec<_>>());
+            assert_eq!((x.count, x.experts), (g.count, g.experts));
+        }
+        // A step's attention is then 61 layers of the module: a 2,048-token prompt (a knot of
+        // the prefill curve) and 8 decodes at 1,023 cached tokens (a knot of the decode grid).
+        let curves = OperatorCurves::build(&model, sharding, &p);
+        let chunk = [PrefillChunk { cached: 0, end: 2048 }];
+        let prefill = StepWork {
+            prefill: &chunk,
+            decodes: 0,
+            drafts: 0,
+            decode_context_tokens: 0,
+            decode_window_tokens: 0,
+            samples: 1,
+        };
+        let attention = |w: &StepWork<'_>| {
+            let mut c = StepCost::default();
+            curves.add_attention(w, &mut c);
+            c
+        };
+        let want = 61.0 * p.mla_ctx(&m, 2048.0).unwrap().secs;
+        assert!((attention(&prefill).compute - want).abs() < 1e-15, "{:?} vs {want}", attention(&prefill));
+        let decode = StepWork::decode(8, 8 * 1023, 8 * 1023);
+        let want = 61.0 * p.mla_gen(&m, 8.0, 1024.0).unwrap().secs;
+        assert!((attention(&decode).memory - want).abs() < 1e-15, "{:?} vs {want}", attention(&decode));
+        // A model of another MLA shape (DeepSeek-V2-Lite: no query latent) keeps the granular operators.
+        assert_eq!(mla_module(&ModelArch::preset("deepseek-v2-lite").unwrap(), 1, true), None);
+    }
+
+    #[test]
+    fn a_shared_expert_runs_beside_the_routed_ones_in_steps_of_at_most_256_tokens() {
+        // DeepSeek-V3 on 8 × H200, experts sharded: each MoE layer's shared expert (gate/up,
+        // activation, down) and routed experts, serial or overlapped, written out by hand.
+        let model = ModelArch::preset("deepseek-v3").unwrap();
+        let peaks = GpuSpec::preset("H200").unwrap().peaks();
+        let p = Profile {
+            vidur: None,
+            tables: crate::worker::perf::profile::shipped::tables("H200", peaks),
+            analytic: Analytic { peaks },
+            routing: crate::worker::perf::profile::Routing::PowerLaw101,
+        };
+        let sharding = Sharding { tp: 8, ep: 8, dp: 1 };
+        let curves = OperatorCurves::build(&model, sharding, &p);
+        let (groups, _) = layers(&model, sharding, true, true);
+        let total = |c: &StepCost| c.compute + c.memory + c.comm;
+        let by_hand = |m: f64| {
+            let (mut sum, mut saved) = (0.0, 0.0);
+            for g in &groups {
+                let mut shared = 0.0;
+                for &(role, n, k, pr) in &g.gemms {
+                    let secs = p.gemm(role, &Gemm { m, n, k, precision: pr }).secs;
+                    sum += g.count * secs;
+                    if g.experts.is_some() && matches!(role, Role::GateUp | Role::Down) {
+                        shared += secs;
+                    }
+                }
+                for &(op, bytes) in &g.elementwise {
+                    let secs = p.elementwise(op, m, bytes * m).secs;
+                    sum += g.count * secs;
+                    if g.experts.is_some() && op == Elementwise::Activation {
+                        shared += secs;
+                    }
+                }
+                if let Some((x, _)) = g.experts {
+                    let routed = p.measured_experts(&x, m).unwrap().secs;
+                    sum += g.count * routed;
+                    saved += g.count * shared.min(routed);
+                }
+                sum += 2.0 * g.count * p.allreduce(8, m * 7168.0).secs;
+            }
+            sum += p.elementwise(Elementwise::Embedding, m, m * 7168.0 * 2.0).secs
+                + p.elementwise(Elementwise::FinalNorm, m, m * 8.0 * 7168.0).secs
+                + p.allreduce(8, m * 7168.0).secs;
+            (sum, saved)
+        };
+        // 128 tokens: the shorter of the two is hidden; 512 tokens: both count.
+        let at = |m: f64| {
+            let [c, mem, comm] = curves.dense.at(m);
+            total(&StepCost { compute: c, memory: mem, comm, ..StepCost::default() })
+        };
+        let (serial, saved) = by_hand(128.0);
+        assert!(saved > 0.05 * serial, "{saved} of {serial}");
+        assert!((at(128.0) - (serial - saved)).abs() < 1e-12 * serial, "{} vs {}", at(128.0), serial - saved);
+        let (serial, _) = by_hand(512.0);
+        assert!((at(512.0) - serial).abs() < 1e-12 * serial, "{} vs {serial}", at(512.0));
     }
 }

@@ -34,6 +34,16 @@
 //!   5,000 tokens are the linear blends of the rows beside them, 20,000
 //!   and 40,000 the 16,384-token row × tokens / 16,384, to the last digit).
 //!
+//! - **The MLA module** (`mla.rs`, `perf_database/mla.rs`): DeepSeek-V3's
+//!   whole `DeepseekV2MLAAttention.forward` on one GPU (projections, latent
+//!   norms, RoPE, the cache write, attention, output projection), keyed
+//!   exactly by (prefill attention dtype — decode: not keyed —, KV dtype,
+//!   projection dtype); prefill a grid over heads, sequence and batch
+//!   (square roots blended along the sequence), decode over heads, batch and
+//!   keys (`s` = the context + 1; the row of `step` answers `s = step + 1`),
+//!   both held at the nearest rows' utilisation outside, with the module's
+//!   own speeds of light (`context_mla_sol_prefix`, `generation_mla_module_sol`).
+//!
 //! Attention tables are keyed by KV heads with `0` for multi-head attention
 //! (as aiconfigurator stores them) and by window (`0`: full attention). A
 //! shape whose table did not measure its query heads (multi-head attention
@@ -41,10 +51,12 @@
 //! count that did: the latency there, its fixed part counted once and the
 //! rest scaled by the work (here, not in aiconfigurator: see `priced_from`).
 
-pub use super::aic_rows::{ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE, MOE_FILE, MoeKey};
-use super::aic_rows::{AttnKey, Grouped, MAGIC, Points, heads_range, sort_first_of_each};
+pub use super::aic_rows::{
+    ALLREDUCE_FILE, CTX_FILE, GEMM_FILE, GEN_FILE, MLA_CTX_FILE, MLA_GEN_FILE, MOE_FILE, MoeKey,
+};
+use super::aic_rows::{AttnKey, Grouped, MAGIC, MlaKey, Points, heads_range, sort_first_of_each};
 use super::grid::{Grid, Node};
-use super::{AttnShape, Gemm, Peaks, Precision};
+use super::{AttnShape, Gemm, MlaModule, Peaks, Precision};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -208,26 +220,28 @@ impl AttnPoints {
         self.heads
     }
 
-    /// The grid of the points of `key`, built on first use (a model needs
-    /// one or two keys of many): decode points raised to at least their
-    /// speed of light on `peaks`.
-    fn grid(&self, key: &AttnKey, decode: bool, peaks: &Peaks) -> Arc<Grid> {
+    /// The grid of the points, built on first use (a model needs one or two
+    /// keys of many), each point's latency as `value` gives it from its
+    /// coordinates and measured seconds.
+    fn grid(&self, value: impl Fn(&[f64; 3], f64) -> f64) -> Arc<Grid> {
         self.grid
             .get_or_init(|| {
                 let mut root = Node::default();
-                let kv_bytes = if key.0 == 2 { 1.0 } else { 2.0 };
                 for (path, secs) in self.rows.points() {
-                    let v = if decode {
-                        let q = [path[0] as f64, path[1] as f64, path[2] as f64];
-                        secs.max(gen_sol(peaks, key.1 as f64, key.2 as f64, kv_bytes, &q))
-                    } else {
-                        secs
-                    };
-                    root.insert(&path, v);
+                    root.insert(&path, value(&path.map(|c| c as f64), secs));
                 }
                 Arc::new(Grid::new(root))
             })
             .clone()
+    }
+
+    /// The attention grid of `key`: decode points raised to at least their
+    /// speed of light on `peaks`.
+    fn attention(&self, key: &AttnKey, decode: bool, peaks: &Peaks) -> Arc<Grid> {
+        let kv_bytes = if key.0 == 2 { 1.0 } else { 2.0 };
+        self.grid(
+            |q, secs| if decode { secs.max(gen_sol(peaks, key.1 as f64, key.2 as f64, kv_bytes, q)) } else { secs },
+        )
     }
 }
 
@@ -268,6 +282,7 @@ pub struct AicTables {
     peaks: Peaks,
     gemm_bf16: GemmTable,
     gemm_fp8: GemmTable,
+    gemm_fp8_block: GemmTable,
     /// Prefill attention: heads → sequence → batch.
     ctx: HashMap<AttnKey, AttnPoints>,
     /// Decode attention: heads → batch → keys.
@@ -280,6 +295,10 @@ pub struct AicTables {
     moe: OnceLock<HashMap<MoeKey, MoeCurve>>,
     /// Packed tables' MoE configurations (34 bytes each) and rows, until indexed.
     moe_packed: Option<(&'static [u8], &'static [u8])>,
+    /// The MLA module's prefill: heads → sequence → batch.
+    mla_ctx: HashMap<MlaKey, AttnPoints>,
+    /// Its decode: heads → batch → keys.
+    mla_gen: HashMap<MlaKey, AttnPoints>,
 }
 
 /// Bytes of one packed MoE configuration.
@@ -340,7 +359,7 @@ fn attn_source(
         (lo..=hi).contains(&(heads as i64))
     };
     if let Some(p) = own.filter(|p| covers(p)) {
-        return Some(AttnSource { grid: p.grid(&own_key, decode, peaks), nk, covered: true });
+        return Some(AttnSource { grid: p.attention(&own_key, decode, peaks), nk, covered: true });
     }
     let kv_of = |k: &AttnKey| if k.1 == 0 { heads as i64 } else { k.1 };
     let other = tables
@@ -348,8 +367,8 @@ fn attn_source(
         .filter(|(k, p)| k.0 == dtype && k.2 == head_dim as i64 && k.3 == 0 && covers(p))
         .min_by_key(|(k, _)| ((kv_of(k) - kv_heads as i64).abs(), std::cmp::Reverse(kv_of(k))));
     match other {
-        Some((k, p)) => Some(AttnSource { grid: p.grid(k, decode, peaks), nk: k.1, covered: true }),
-        None => own.map(|p| AttnSource { grid: p.grid(&own_key, decode, peaks), nk, covered: false }),
+        Some((k, p)) => Some(AttnSource { grid: p.attention(k, decode, peaks), nk: k.1, covered: true }),
+        None => own.map(|p| AttnSource { grid: p.attention(&own_key, decode, peaks), nk, covered: false }),
     }
 }
 
@@ -401,6 +420,29 @@ fn ctx_sol(peaks: &Peaks, kv_heads: f64, head_dim: f64, kv_bytes: f64, q: &[f64]
     (ops / peaks.bf16_flops).max(mem / peaks.mem_bw)
 }
 
+/// Speed of light of the MLA module's prefill at `[heads, s, batch]`
+/// (aiconfigurator's `context_mla_sol_prefix` without a prefix): attention
+/// over query/key heads of 192 and value heads of 128 in BF16.
+fn mla_ctx_sol(peaks: &Peaks, m: &MlaModule, q: &[f64]) -> f64 {
+    let (n, s, b) = (q[0], q[1], q[2]);
+    let ops = b * n * (192.0 + 128.0) * s * s;
+    let mem = b * n * (m.kv_bytes * s * (192.0 + 128.0) + 2.0 * s * (192.0 + 128.0));
+    (ops / peaks.bf16_flops).max(mem / peaks.mem_bw)
+}
+
+/// Speed of light of the MLA module's decode at `[heads, batch, s]`
+/// (aiconfigurator's `generation_mla_module_sol`): the latent attention
+/// (576-wide cached latents, 1,088 FLOPs a head and key) and the absorbed
+/// up- and down-projection BMMs.
+fn mla_gen_sol(peaks: &Peaks, m: &MlaModule, q: &[f64]) -> f64 {
+    let (n, b, s) = (q[0], q[1], q[2]);
+    let attn_flops = if m.kv_bytes <= 1.0 { peaks.flops(Precision::Fp8) } else { peaks.bf16_flops };
+    let math = 2.0 * b * n * 1088.0 * s / attn_flops + 4.0 * b * n * 128.0 * 512.0 / peaks.flops(m.gemm);
+    let mem = b * (n * 1088.0 * 2.0 + (s - 1.0) * 576.0 * m.kv_bytes)
+        + 2.0 * n * (b * 640.0 + 128.0 * 512.0) * m.gemm.weight_bytes();
+    math.max(mem / peaks.mem_bw)
+}
+
 impl AicTables {
     /// Reads the tables present among `files` (name → Parquet bytes); a
     /// table that is absent is priced analytically. `peaks` are the GPU's
@@ -412,16 +454,18 @@ impl AicTables {
             let m_range = s.m_range();
             t.gemm_table(s.dtype).push(Site::new(s.n, s.k, m_range, Held::Owned(s.rows)));
         }
-        let keyed = |keys: Vec<(AttnKey, Points)>| {
+        fn keyed<K: Eq + std::hash::Hash>(keys: Vec<(K, Points)>) -> HashMap<K, AttnPoints> {
             keys.into_iter()
                 .map(|(k, points)| {
                     let heads = heads_range(&points);
                     (k, AttnPoints::new(Held::Owned(points), heads))
                 })
                 .collect()
-        };
+        }
         t.ctx = keyed(g.ctx);
         t.decode = keyed(g.decode);
+        t.mla_ctx = keyed(g.mla_ctx);
+        t.mla_gen = keyed(g.mla_gen);
         t.allreduce = g.allreduce;
         let moe: HashMap<_, _> = g.moe.into_iter().map(|(k, rows)| (k, MoeCurve::new(Held::Owned(rows)))).collect();
         t.moe = OnceLock::from(moe);
@@ -458,6 +502,14 @@ impl AicTables {
         }
         let moe_count = r.u32()? as usize;
         let moe_head = r.take(MOE_ENTRY * moe_count)?;
+        let mut mla = [Vec::new(), Vec::new()];
+        for keys in &mut mla {
+            for _ in 0..r.u32()? {
+                let key: MlaKey = (r.u8()?, r.u8()?, r.u8()?);
+                let (lo, hi, first, rows) = (r.i64()?, r.i64()?, r.u32()?, r.u32()?);
+                keys.push((key, (lo, hi), first as usize, rows as usize));
+            }
+        }
         // Each configuration's row count is its entry's last u32.
         let moe_rows: usize = moe_head
             .chunks_exact(MOE_ENTRY)
@@ -469,6 +521,7 @@ impl AicTables {
         let attn_rows: usize = attn.iter().flatten().map(|k| k.3).sum();
         let ar_at = attn_at + 20 * attn_rows;
         let moe_at = ar_at + 16 * curves.iter().map(|c| c.2).sum::<usize>();
+        let mla_at = moe_at + 16 * moe_rows;
         let cut = format!("{}: packed tables cut short", t.name);
         let slice = |at: usize, len: usize| bytes.get(at..at + len).ok_or_else(|| cut.clone());
         for (dtype, n, k, m_range, first, rows) in gemm {
@@ -485,6 +538,12 @@ impl AicTables {
             t.allreduce.push((gpus, Held::<(f64, f64)>::Packed(slice(ar_at + 16 * first, 16 * rows)?).pairs()));
         }
         t.moe_packed = Some((moe_head, slice(moe_at, 16 * moe_rows)?));
+        let [ctx, decode] = mla;
+        for (keys, table) in [(ctx, &mut t.mla_ctx), (decode, &mut t.mla_gen)] {
+            for (key, heads, first, rows) in keys {
+                table.insert(key, AttnPoints::new(Held::Packed(slice(mla_at + 20 * first, 20 * rows)?), heads));
+            }
+        }
         Ok(t)
     }
 
@@ -495,11 +554,14 @@ impl AicTables {
             peaks,
             gemm_bf16: GemmTable::default(),
             gemm_fp8: GemmTable::default(),
+            gemm_fp8_block: GemmTable::default(),
             ctx: HashMap::new(),
             decode: HashMap::new(),
             allreduce: Vec::new(),
             moe: OnceLock::new(),
             moe_packed: None,
+            mla_ctx: HashMap::new(),
+            mla_gen: HashMap::new(),
         }
     }
 
@@ -521,15 +583,19 @@ impl AicTables {
         })
     }
 
-    /// The GEMM table of dtype code `dtype` (2: FP8; else BF16).
+    /// The GEMM table of dtype code `dtype` (2: FP8, 3: FP8 with block scales; else BF16).
     fn gemm_table(&mut self, dtype: u8) -> &mut GemmTable {
-        if dtype == 2 { &mut self.gemm_fp8 } else { &mut self.gemm_bf16 }
+        match dtype {
+            2 => &mut self.gemm_fp8,
+            3 => &mut self.gemm_fp8_block,
+            _ => &mut self.gemm_bf16,
+        }
     }
 
     /// Reads the tables of a directory (any of the four files; at least one).
     pub fn from_dir(dir: &Path, peaks: Peaks) -> Result<AicTables, String> {
         let mut files = Vec::new();
-        for name in [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE] {
+        for name in [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE, MLA_CTX_FILE, MLA_GEN_FILE] {
             let path = dir.join(name);
             if path.is_file() {
                 let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -538,7 +604,7 @@ impl AicTables {
         }
         if files.is_empty() {
             return Err(format!(
-                "{}: no aiconfigurator table ({GEMM_FILE}, {CTX_FILE}, {GEN_FILE}, {ALLREDUCE_FILE} or {MOE_FILE})",
+                "{}: no aiconfigurator table ({GEMM_FILE}, {CTX_FILE}, {GEN_FILE}, {ALLREDUCE_FILE}, {MOE_FILE}, {MLA_CTX_FILE} or {MLA_GEN_FILE})",
                 dir.display()
             ));
         }
@@ -557,6 +623,9 @@ impl AicTables {
         let table = match g.precision {
             Precision::Bf16 => &self.gemm_bf16,
             Precision::Fp8 => &self.gemm_fp8,
+            // Tables without block-scaled rows (a user's, A100's): the per-tensor ones.
+            Precision::Fp8Block if self.gemm_fp8_block.sites.is_empty() => &self.gemm_fp8,
+            Precision::Fp8Block => &self.gemm_fp8_block,
             Precision::WeightOnly(_) => return None,
         };
         if table.sites.is_empty() {
@@ -688,6 +757,43 @@ impl AicTables {
         self.moe_map().contains_key(key)
     }
 
+    /// The MLA module tables' keys for `m`, prefill and decode (`None`: a
+    /// precision they do not measure). The prefill attention runs in BF16,
+    /// as aiconfigurator sets it for vLLM (`_apply_model_quant_defaults`).
+    fn mla_keys(m: &MlaModule) -> Option<(MlaKey, MlaKey)> {
+        let gemm = match m.gemm {
+            Precision::Bf16 => 1,
+            Precision::Fp8 | Precision::Fp8Block => 3,
+            Precision::WeightOnly(_) => return None,
+        };
+        let kv = kv_dtype(m.kv_bytes);
+        Some(((1, kv, gemm), (0, kv, gemm)))
+    }
+
+    /// Whether both MLA module tables measured `m`'s configuration.
+    pub fn has_mla_module(&self, m: &MlaModule) -> bool {
+        Self::mla_keys(m).is_some_and(|(c, g)| self.mla_ctx.contains_key(&c) && self.mla_gen.contains_key(&g))
+    }
+
+    /// One layer's MLA module on one GPU for the prefill of one sequence
+    /// of `s` tokens from an empty cache (`None`: not measured): a grid
+    /// over heads, sequence and batch, square roots blended along the
+    /// sequence (aiconfigurator's `MlaTable::query_context_module`).
+    pub fn mla_ctx(&self, m: &MlaModule, s: f64) -> Option<f64> {
+        let grid = self.mla_ctx.get(&Self::mla_keys(m)?.0)?.grid(|_, secs| secs);
+        let sol = |q: &[f64]| mla_ctx_sol(&self.peaks, m, q);
+        Some(grid.query(&[m.heads as f64, s, 1.0], &sol, Some(1)))
+    }
+
+    /// One layer's MLA module on one GPU for a decode of `batch` sequences
+    /// each attending to `s` keys (`None`: not measured): a grid over
+    /// heads, batch and keys, linear on each (`query_generation_module`).
+    pub fn mla_gen(&self, m: &MlaModule, batch: f64, s: f64) -> Option<f64> {
+        let grid = self.mla_gen.get(&Self::mla_keys(m)?.1)?.grid(|_, secs| secs);
+        let sol = |q: &[f64]| mla_gen_sol(&self.peaks, m, q);
+        Some(grid.query(&[m.heads as f64, batch, s], &sol, None))
+    }
+
     /// One all-reduce's latency (`None`: no curve for `tp` GPUs).
     pub fn allreduce(&self, tp: u32, elements: f64) -> Option<f64> {
         let curve = &self.allreduce.iter().find(|c| c.0 == tp.min(8))?.1;
@@ -759,11 +865,85 @@ mod tests {
         assert!(secs > lo.min(hi) * 0.8 && secs < lo.max(hi) * 1.25, "{secs} vs {lo}, {hi}");
     }
 
+    #[test]
+    fn a_block_scaled_fp8_gemm_is_priced_from_its_own_rows() {
+        let peaks = GpuSpec::preset("H200").unwrap().peaks();
+        let t = crate::worker::perf::profile::shipped::tables("H200", peaks).unwrap();
+        // DeepSeek-V3's shared expert at TP 8 (n 512, k 7168; down n 7168, k 256) on 512
+        // tokens: aiconfigurator-core 0.12.0's GEMM op in fp8_block returns 0.082869 and
+        // 0.084821 ms (a row, and between rows) — 2.6× the per-tensor FP8 kernel's 0.0324 ms.
+        let block = |m: f64, n: u64, k: u64| t.gemm(&Gemm { m, n, k, precision: Precision::Fp8Block }).unwrap() * 1e3;
+        assert!((block(512.0, 512, 7168) - 0.082_869_331_041_971_85).abs() < 1e-12);
+        assert!((block(512.0, 7168, 256) - 0.084_821_333_487_828_57).abs() < 1e-12);
+        let per_tensor = t.gemm(&Gemm { m: 512.0, n: 512, k: 7168, precision: Precision::Fp8 }).unwrap() * 1e3;
+        assert!((per_tensor - 0.0324).abs() < 1e-4, "{per_tensor}");
+        // Tables without block-scaled rows (here one FP8 row and one FP8-block row of
+        // another shape) price it from the per-tensor ones.
+        use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray};
+        let batch = RecordBatch::try_from_iter([
+            ("gemm_dtype", Arc::new(StringArray::from(vec!["fp8", "fp8_block"])) as ArrayRef),
+            ("m", Arc::new(Int64Array::from(vec![512, 512]))),
+            ("n", Arc::new(Int64Array::from(vec![4096, 8192]))),
+            ("k", Arc::new(Int64Array::from(vec![4096, 4096]))),
+            ("latency", Arc::new(Float64Array::from(vec![0.05, 0.2]))),
+        ])
+        .unwrap();
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let t = AicTables::from_files("test".into(), peaks, &[(GEMM_FILE, bytes.into())]).unwrap();
+        let g = |n, precision| t.gemm(&Gemm { m: 512.0, n, k: 4096, precision }).unwrap();
+        assert_eq!((g(4096, Precision::Fp8), g(8192, Precision::Fp8Block)), (0.05e-3, 0.2e-3));
+        let mut no_block = t.clone();
+        no_block.gemm_fp8_block = GemmTable::default();
+        assert_eq!(no_block.gemm(&Gemm { m: 512.0, n: 4096, k: 4096, precision: Precision::Fp8Block }), Some(0.05e-3));
+    }
+
+    /// DeepSeek-V3's MLA module on H200 (BF16 KV cache, FP8-block projections), per layer.
+    #[test]
+    fn the_mla_module_is_its_row_blended_inside_the_grid_and_held_outside_as_aiconfigurator_prices_it() {
+        let peaks = GpuSpec::preset("H200").unwrap().peaks();
+        let t = crate::worker::perf::profile::shipped::tables("H200", peaks).unwrap();
+        let m = |heads| MlaModule { heads, kv_bytes: 2.0, gemm: Precision::Fp8 };
+        assert!(t.has_mla_module(&m(16)));
+        assert!(!t.has_mla_module(&MlaModule { gemm: Precision::WeightOnly(0.5), ..m(16) }));
+        // What aiconfigurator-core 0.12.0 returns for its MLAModule (h200_sxm, vLLM 0.24.0,
+        // fmha BF16, KV BF16, GEMM fp8_block, one layer), ms:
+        let close = |got: Option<f64>, ms: f64, rel: f64| {
+            let got = got.unwrap() * 1e3;
+            assert!((got - ms).abs() <= rel * ms, "{got} ms vs {ms} ms");
+        };
+        // rows (to their 4 printed digits): prefill of 512 / 2,048 / 8,192 tokens at 16 and 128 heads;
+        close(t.mla_ctx(&m(16), 512.0), 0.1672, 3e-4);
+        close(t.mla_ctx(&m(16), 2048.0), 0.3960, 3e-4);
+        close(t.mla_ctx(&m(128), 8192.0), 7.2649, 1e-5);
+        close(t.mla_ctx(&m(128), 2048.0), 1.4306, 1e-4);
+        // between rows along the sequence, square roots blend: 0.3960 at 2,048 and 0.5382
+        // at 3,072, w = 952/1024 → (√0.3960 + (√0.5382 − √0.3960)·0.9297)² = 0.52749;
+        close(t.mla_ctx(&m(16), 3000.0), 0.527_489_961_382_626, 1e-12);
+        // between head counts, latencies blend: 24 heads = the mean of 16 and 32;
+        close(t.mla_ctx(&m(24), 2048.0), 0.47125, 1e-12);
+        // decode rows (keys = context + 1): 16 heads, 128 sequences at 1,024 and 4,096;
+        close(t.mla_gen(&m(16), 128.0, 1025.0), 0.1548, 3e-4);
+        close(t.mla_gen(&m(16), 128.0, 4097.0), 0.2615, 3e-4);
+        // linear between batches (32, 64) and keys (2,049, 4,097);
+        close(t.mla_gen(&m(16), 48.0, 3000.0), 0.152_800_024_414_062_5, 1e-12);
+        // beyond the measured batches (1,024), keys (131,073) and prompts (32,768), the
+        // nearest rows' utilisation holds
+        // (against our H200's peaks, 989.5 and 1,979 TFLOP/s where aiconfigurator's spec
+        // says 989 and 1,978: within 10⁻⁴).
+        close(t.mla_gen(&m(128), 2048.0, 1025.0), 2.251_392_973_120_074, 1e-4);
+        close(t.mla_gen(&m(128), 1.0, 262_145.0), 0.426_034_401_208_653, 1e-4);
+        close(t.mla_ctx(&m(128), 65536.0), 276.064_545_745_905_4, 1e-4);
+    }
+
     /// The Parquet files of a shipped system.
     fn shipped_files(system: &str) -> Vec<(&'static str, bytes::Bytes)> {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/aiconfigurator").join(system);
-        [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE]
+        [GEMM_FILE, CTX_FILE, GEN_FILE, ALLREDUCE_FILE, MOE_FILE, MLA_CTX_FILE, MLA_GEN_FILE]
             .into_iter()
+            .filter(|name| dir.join(name).is_file())
             .map(|name| (name, bytes::Bytes::from(std::fs::read(dir.join(name)).unwrap())))
             .collect()
     }
@@ -773,6 +953,7 @@ mod tests {
         let (_, peaks) = h100();
         for system in ["h100_sxm", "a100_sxm"] {
             let files = shipped_files(system);
+            assert_eq!(files.len(), if system == "a100_sxm" { 5 } else { 7 });
             let read = AicTables::from_files(system.into(), peaks, &files).unwrap();
             let bytes: &'static [u8] =
                 Box::leak(super::super::aic_rows::pack(&Grouped::read(&files).unwrap()).into_boxed_slice());
@@ -780,6 +961,7 @@ mod tests {
             for (a, b, precision) in [
                 (&read.gemm_bf16, &packed.gemm_bf16, Precision::Bf16),
                 (&read.gemm_fp8, &packed.gemm_fp8, Precision::Fp8),
+                (&read.gemm_fp8_block, &packed.gemm_fp8_block, Precision::Fp8Block),
             ] {
                 assert_eq!(a.sites.len(), b.sites.len());
                 for (x, y) in a.sites.iter().zip(&b.sites) {
@@ -789,6 +971,14 @@ mod tests {
             }
             for (a, b) in [(&read.ctx, &packed.ctx), (&read.decode, &packed.decode)] {
                 assert_eq!(a.len(), b.len());
+                for (key, x) in a {
+                    let y = &b[key];
+                    assert_eq!((x.heads, x.rows.points()), (y.heads, y.rows.points()), "{system} {key:?}");
+                }
+            }
+            for (a, b) in [(&read.mla_ctx, &packed.mla_ctx), (&read.mla_gen, &packed.mla_gen)] {
+                // H100: prefill keys (BF16 attention) × KV BF16/FP8 × GEMMs BF16/FP8-block, 976 or 967 rows each.
+                assert_eq!((a.len(), b.len()), if system == "a100_sxm" { (0, 0) } else { (4, 4) });
                 for (key, x) in a {
                     let y = &b[key];
                     assert_eq!((x.heads, x.rows.points()), (y.heads, y.rows.points()), "{system} {key:?}");

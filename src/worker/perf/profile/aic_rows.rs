@@ -24,6 +24,20 @@ pub const GEN_FILE: &str = "generation_attention_perf.parquet";
 pub const ALLREDUCE_FILE: &str = "custom_allreduce_perf.parquet";
 /// Routed experts: vLLM's fused MoE kernel (gate/up GEMM, activation, down GEMM).
 pub const MOE_FILE: &str = "moe_perf.parquet";
+/// Multi-head latent attention as one module (vLLM's `DeepseekV2MLAAttention.forward`
+/// for DeepSeek-V3's shape: projections, norms, RoPE, the cache write, attention and
+/// the output projection), prefill.
+pub const MLA_CTX_FILE: &str = "mla_context_module_perf.parquet";
+/// The MLA module, decode.
+pub const MLA_GEN_FILE: &str = "mla_generation_module_perf.parquet";
+/// Tables a GPU's directory may lack (aiconfigurator measured the MLA module on few GPUs).
+pub const OPTIONAL_FILES: [&str; 2] = [MLA_CTX_FILE, MLA_GEN_FILE];
+
+/// One measured configuration of the MLA module tables: (prefill
+/// attention dtype — 0 in the decode table, which aiconfigurator does not
+/// key by it —, KV-cache dtype, projection GEMM dtype), as [`dtype_code`]
+/// and [`gemm_code`] code them.
+pub type MlaKey = (u8, u8, u8);
 
 /// One measured configuration of the MoE table. Sizes are the model's
 /// (`inter`: one expert's full intermediate size), `tp` × `ep` the GPUs
@@ -59,7 +73,7 @@ pub type AttnKey = (u8, i64, i64, i64);
 /// One measured (precision, n, k) of the GEMM table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GemmSite {
-    /// 1 BF16/FP16, 2 FP8.
+    /// 1 BF16/FP16, 2 FP8, 3 FP8 with block scales.
     pub dtype: u8,
     /// Output columns.
     pub n: u64,
@@ -107,6 +121,10 @@ pub struct Grouped {
     /// them: (tokens, seconds), increasing tokens (the first of repeated
     /// measurements standing).
     pub moe: MoeCurves,
+    /// The MLA module's prefill by key: `[heads, sequence, batch]`.
+    pub mla_ctx: Vec<(MlaKey, Points)>,
+    /// Its decode by key: `[heads, batch, keys]` (keys = `isl + step`).
+    pub mla_gen: Vec<(MlaKey, Points)>,
 }
 
 impl Grouped {
@@ -161,6 +179,24 @@ impl Grouped {
                         "latency",
                     ];
                     g.moe = moe_curves(&Columns::read(bytes.clone(), file, &wanted)?, file)?
+                }
+                MLA_CTX_FILE | MLA_GEN_FILE => {
+                    let wanted = [
+                        "mla_dtype",
+                        "kv_cache_dtype",
+                        "gemm_type",
+                        "num_heads",
+                        "batch_size",
+                        "isl",
+                        "step",
+                        "latency",
+                    ];
+                    let cols = Columns::read(bytes.clone(), file, &wanted)?;
+                    if *file == MLA_GEN_FILE {
+                        g.mla_gen = mla_keys(&cols, file, true)?;
+                    } else {
+                        g.mla_ctx = mla_keys(&cols, file, false)?;
+                    }
                 }
                 _ => {}
             }
@@ -258,6 +294,15 @@ fn dtype_code(name: &str) -> u8 {
     }
 }
 
+/// A GEMM dtype name as a code: 1 BF16, 3 FP8 with block scales, 0 anything else.
+fn gemm_code(name: &str) -> u8 {
+    match name {
+        "bfloat16" => 1,
+        "fp8_block" => 3,
+        _ => 0,
+    }
+}
+
 /// 1 for an eager-mode kernel source or backend (skipped), else 0.
 fn eager_code(name: &str) -> u8 {
     u8::from(name.ends_with("_eager"))
@@ -303,10 +348,13 @@ pub fn sort_first_of_each(curve: &mut Vec<(f64, f64)>) {
     curve.dedup_by(|later, first| later.0 == first.0);
 }
 
-/// The BF16 and FP8 GEMM rows by shape (rows of other dtypes skipped).
+/// The BF16, FP8 and FP8-block GEMM rows by shape (rows of other dtypes skipped).
 fn gemm_sites(c: &Columns, what: &str) -> Result<Vec<GemmSite>, String> {
     let (dtype, m, n, k, lat) = (
-        c.codes("gemm_dtype", what, dtype_code)?,
+        c.codes("gemm_dtype", what, |name| match name {
+            "fp8_block" => 3,
+            other => dtype_code(other),
+        })?,
         c.ints("m", what)?,
         c.ints("n", what)?,
         c.ints("k", what)?,
@@ -367,6 +415,45 @@ fn attention_keys(c: &Columns, what: &str, decode: bool) -> Result<Vec<(AttnKey,
         let secs = seconds(lat[i], what, i)?;
         let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
         let key = (kv[i], nk, head_dim[i], window[i]);
+        let at = *index.entry(key).or_insert_with(|| {
+            keys.push((key, Vec::new()));
+            keys.len() - 1
+        });
+        let q = if decode { [heads[i], batch[i], isl[i] + step[i]] } else { [heads[i], isl[i], batch[i]] };
+        keys[at].1.push((q, secs));
+    }
+    Ok(keys)
+}
+
+/// The MLA module rows by key (rows of other dtypes skipped; prefill rows
+/// after a cached prefix too: aiconfigurator prices a prefix from the
+/// full sequence's row, and its tables measure none).
+fn mla_keys(c: &Columns, what: &str, decode: bool) -> Result<Vec<(MlaKey, Points)>, String> {
+    let (fmha, kv, gemm) = (
+        c.codes("mla_dtype", what, dtype_code)?,
+        c.codes("kv_cache_dtype", what, dtype_code)?,
+        c.codes("gemm_type", what, gemm_code)?,
+    );
+    let (heads, batch, isl, step, lat) = (
+        c.ints("num_heads", what)?,
+        c.ints("batch_size", what)?,
+        c.ints("isl", what)?,
+        c.ints("step", what)?,
+        c.floats("latency", what)?,
+    );
+    let mut keys: Vec<(MlaKey, Points)> = Vec::new();
+    let mut index: std::collections::HashMap<MlaKey, usize> = Default::default();
+    for i in 0..batch.len() {
+        if kv[i] == 0 || gemm[i] == 0 || (!decode && (fmha[i] == 0 || step[i] != 0)) {
+            continue;
+        }
+        for (v, min, col) in
+            [(batch[i], 1, "batch_size"), (isl[i], 1, "isl"), (heads[i], 1, "num_heads"), (step[i], 0, "step")]
+        {
+            shape(v, min, col, what, i)?;
+        }
+        let secs = seconds(lat[i], what, i)?;
+        let key = (if decode { 0 } else { fmha[i] }, kv[i], gemm[i]);
         let at = *index.entry(key).or_insert_with(|| {
             keys.push((key, Vec::new()));
             keys.len() - 1
@@ -455,11 +542,12 @@ fn moe_curves(c: &Columns, what: &str) -> Result<MoeCurves, String> {
 }
 
 /// The first bytes of packed tables.
-pub const MAGIC: &[u8; 8] = b"OPALAIC2";
+pub const MAGIC: &[u8; 8] = b"OPALAIC3";
 
-/// Packs `g`: a header of every GEMM shape, attention key and all-reduce
-/// curve with where its rows lie, then the rows, little-endian — so that
-/// a reader finds a shape's rows without decoding the others'.
+/// Packs `g`: a header of every GEMM shape, attention key, all-reduce
+/// curve, MoE configuration and MLA module key with where its rows lie,
+/// then the rows, little-endian — so that a reader finds a shape's rows
+/// without decoding the others'.
 ///
 /// ```text
 /// MAGIC
@@ -468,13 +556,14 @@ pub const MAGIC: &[u8; 8] = b"OPALAIC2";
 ///      i64 least heads, i64 most heads, u32 first row, u32 rows)        — prefill, then decode
 /// u32 curves; per curve: u32 GPUs, u32 first row, u32 rows
 /// u32 MoE configurations; per one: u8 dtype, u8 routing, u32 topk, experts, hidden, inter, tp, ep, first row, rows
+/// 2 × (u32 keys; per key: u8 prefill dtype, u8 KV dtype, u8 GEMM dtype,
+///      i64 least heads, i64 most heads, u32 first row, u32 rows)        — MLA prefill, then decode
 /// GEMM rows (f64 m, f64 s); prefill rows, then decode rows (3 × i32, f64 s); all-reduce rows (f64, f64 s);
-/// MoE rows (f64 tokens, f64 s)
+/// MoE rows (f64 tokens, f64 s); MLA prefill rows, then decode rows (3 × i32, f64 s)
 /// ```
 pub fn pack(g: &Grouped) -> Vec<u8> {
     let mut head = MAGIC.to_vec();
     let (mut gemm_rows, mut attn_rows, mut ar_rows) = (Vec::new(), Vec::new(), Vec::new());
-    let u32_of = |n: usize| u32::try_from(n).expect("fewer than 2³² rows").to_le_bytes();
     head.extend(u32_of(g.gemm.len()));
     let mut row = 0;
     for s in &g.gemm {
@@ -494,23 +583,12 @@ pub fn pack(g: &Grouped) -> Vec<u8> {
     }
     let mut row = 0;
     for keys in [&g.ctx, &g.decode] {
-        head.extend(u32_of(keys.len()));
-        for (key, points) in keys {
-            let (lo, hi) = heads_range(points);
-            head.push(key.0);
-            for v in [key.1, key.2, key.3, lo, hi] {
-                head.extend(v.to_le_bytes());
+        points_section(&mut head, &mut attn_rows, &mut row, keys, |key, out| {
+            out.push(key.0);
+            for v in [key.1, key.2, key.3] {
+                out.extend(v.to_le_bytes());
             }
-            head.extend(u32_of(row));
-            head.extend(u32_of(points.len()));
-            row += points.len();
-            for (q, secs) in points {
-                for v in q {
-                    attn_rows.extend(i32::try_from(*v).expect("a table size below 2³¹").to_le_bytes());
-                }
-                attn_rows.extend(secs.to_le_bytes());
-            }
-        }
+        });
     }
     head.extend(u32_of(g.allreduce.len()));
     let mut row = 0;
@@ -541,9 +619,47 @@ pub fn pack(g: &Grouped) -> Vec<u8> {
             moe_rows.extend(secs.to_le_bytes());
         }
     }
+    let (mut mla_rows, mut row) = (Vec::new(), 0);
+    for keys in [&g.mla_ctx, &g.mla_gen] {
+        points_section(&mut head, &mut mla_rows, &mut row, keys, |key, out| out.extend([key.0, key.1, key.2]));
+    }
     head.extend(gemm_rows);
     head.extend(attn_rows);
     head.extend(ar_rows);
     head.extend(moe_rows);
+    head.extend(mla_rows);
     head
+}
+
+/// A count as the packed u32.
+fn u32_of(n: usize) -> [u8; 4] {
+    u32::try_from(n).expect("fewer than 2³² rows").to_le_bytes()
+}
+
+/// Packs one section of point tables: the key count, then per key its
+/// bytes (`key`), its least and most heads, its first row (counted from
+/// `row` on) and its rows; the rows (3 × i32, f64 seconds) go to `rows`.
+fn points_section<K>(
+    head: &mut Vec<u8>,
+    rows: &mut Vec<u8>,
+    row: &mut usize,
+    keys: &[(K, Points)],
+    key: impl Fn(&K, &mut Vec<u8>),
+) {
+    head.extend(u32_of(keys.len()));
+    for (k, points) in keys {
+        let (lo, hi) = heads_range(points);
+        key(k, head);
+        head.extend(lo.to_le_bytes());
+        head.extend(hi.to_le_bytes());
+        head.extend(u32_of(*row));
+        head.extend(u32_of(points.len()));
+        *row += points.len();
+        for (q, secs) in points {
+            for v in q {
+                rows.extend(i32::try_from(*v).expect("a table size below 2³¹").to_le_bytes());
+            }
+            rows.extend(secs.to_le_bytes());
+        }
+    }
 }

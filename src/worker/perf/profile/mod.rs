@@ -51,8 +51,12 @@ pub struct Priced {
 pub enum Precision {
     /// BF16 (or FP16) weights and activations.
     Bf16,
-    /// FP8 weights and activations on FP8 tensor cores.
+    /// FP8 weights and activations on FP8 tensor cores, one scale per tensor (or channel).
     Fp8,
+    /// FP8 with a scale per 128 × 128 weight block and per 128 activations
+    /// of a token (DeepSeek-V3's and Qwen3-FP8's checkpoints; vLLM runs them
+    /// with its block-scaled FP8 kernels, which aiconfigurator measures apart).
+    Fp8Block,
     /// Weights stored in this many bytes each (int4, MXFP4, …), computed in BF16.
     WeightOnly(f64),
 }
@@ -62,7 +66,7 @@ impl Precision {
     pub fn weight_bytes(self) -> f64 {
         match self {
             Precision::Bf16 => 2.0,
-            Precision::Fp8 => 1.0,
+            Precision::Fp8 | Precision::Fp8Block => 1.0,
             Precision::WeightOnly(b) => b,
         }
     }
@@ -70,7 +74,7 @@ impl Precision {
     /// Bytes of one activation element.
     pub fn activation_bytes(self) -> f64 {
         match self {
-            Precision::Fp8 => 1.0,
+            Precision::Fp8 | Precision::Fp8Block => 1.0,
             _ => 2.0,
         }
     }
@@ -161,6 +165,19 @@ impl AttnShape {
     }
 }
 
+/// DeepSeek-V3's multi-head latent attention on one GPU, as the MLA
+/// module tables measure it whole (projections, latent norms, RoPE, the
+/// cache write, attention, output projection).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MlaModule {
+    /// Query heads on this GPU.
+    pub heads: u64,
+    /// Bytes of one KV-cache element.
+    pub kv_bytes: f64,
+    /// The projections' precision.
+    pub gemm: Precision,
+}
+
 /// How a mixture of experts' router spreads a step's tokens over its
 /// experts: the distributions aiconfigurator's MoE tables measure
 /// (`balanced`: evenly; `power_law_α`: expert loads drawn from a power law,
@@ -232,7 +249,7 @@ impl Peaks {
     /// FLOP/s for a GEMM in `p`.
     pub fn flops(&self, p: Precision) -> f64 {
         match p {
-            Precision::Fp8 => self.fp8_flops.unwrap_or(self.bf16_flops),
+            Precision::Fp8 | Precision::Fp8Block => self.fp8_flops.unwrap_or(self.bf16_flops),
             _ => self.bf16_flops,
         }
     }
@@ -321,6 +338,25 @@ impl Profile {
         }
     }
 
+    /// Whether the measured tables price the MLA module `m` whole.
+    pub fn has_mla_module(&self, m: &MlaModule) -> bool {
+        self.tables.as_ref().is_some_and(|t| t.has_mla_module(m))
+    }
+
+    /// One layer's MLA module for the prefill of one sequence of `s`
+    /// tokens from an empty cache (`None`: not measured).
+    pub fn mla_ctx(&self, m: &MlaModule, s: f64) -> Option<Priced> {
+        let secs = self.tables.as_ref()?.mla_ctx(m, s)?;
+        Some(Priced { secs, bound: Bound::Compute })
+    }
+
+    /// One layer's MLA module for a decode of `batch` sequences each
+    /// attending to `s` keys (`None`: not measured).
+    pub fn mla_gen(&self, m: &MlaModule, batch: f64, s: f64) -> Option<Priced> {
+        let secs = self.tables.as_ref()?.mla_gen(m, batch, s)?;
+        Some(Priced { secs, bound: Bound::Memory })
+    }
+
     /// One MoE layer's routed experts for `m` tokens from the measured
     /// table (`None`: no table measured this configuration): the fused MoE
     /// kernel, its activation included; bound by whichever of its FLOPs and
@@ -334,12 +370,12 @@ impl Profile {
     }
 
     /// The MoE table's configuration for `x` under this routing, if measured
-    /// (FP8 experts: per-tensor scales, else block scales — the table
-    /// distinguishes them, the model's config does not here).
+    /// (FP8 experts: rows of their own scaling, else of the other).
     fn moe_key(&self, t: &aic::AicTables, x: &Experts) -> Option<aic::MoeKey> {
         let dtypes: &[u8] = match x.precision {
             Precision::Bf16 => &[1],
             Precision::Fp8 => &[2, 3],
+            Precision::Fp8Block => &[3, 2],
             Precision::WeightOnly(_) => &[],
         };
         let u = |v: u64| u32::try_from(v).ok();
