@@ -1000,16 +1000,21 @@ mod tests {
         assert!((c.secs(&OperatorConstants { seq_overhead_s: 0.004, ..k }) - 0.039).abs() < 1e-15);
     }
 
-    #[test]
-    fn deepseek_v3s_attention_is_one_measured_module_in_place_of_its_projections_rope_and_cache_write() {
-        let model = ModelArch::preset("deepseek-v3").unwrap();
+    /// The H200's shipped tables, routing as `routing`.
+    fn h200(routing: crate::worker::perf::profile::Routing) -> Profile {
         let peaks = GpuSpec::preset("H200").unwrap().peaks();
-        let p = Profile {
+        Profile {
             vidur: None,
             tables: crate::worker::perf::profile::shipped::tables("H200", peaks),
             analytic: Analytic { peaks },
-            routing: Default::default(),
-        };
+            routing,
+        }
+    }
+
+    #[test]
+    fn deepseek_v3s_attention_is_one_measured_module_in_place_of_its_projections_rope_and_cache_write() {
+        let model = ModelArch::preset("deepseek-v3").unwrap();
+        let p = h200(Default::default());
         let sharding = Sharding { tp: 8, ep: 8, dp: 1 };
         // FP8 block-scaled projections, BF16 KV cache, 128 / 8 heads a GPU.
         let m = mla_module(&model, 8, true).unwrap();
@@ -1059,13 +1064,7 @@ mod tests {
         // DeepSeek-V3 on 8 × H200, experts sharded: each MoE layer's shared expert (gate/up,
         // activation, down) and routed experts, serial or overlapped, written out by hand.
         let model = ModelArch::preset("deepseek-v3").unwrap();
-        let peaks = GpuSpec::preset("H200").unwrap().peaks();
-        let p = Profile {
-            vidur: None,
-            tables: crate::worker::perf::profile::shipped::tables("H200", peaks),
-            analytic: Analytic { peaks },
-            routing: crate::worker::perf::profile::Routing::PowerLaw101,
-        };
+        let p = h200(crate::worker::perf::profile::Routing::PowerLaw101);
         let sharding = Sharding { tp: 8, ep: 8, dp: 1 };
         let curves = OperatorCurves::build(&model, sharding, &p);
         let (groups, _) = layers(&model, sharding, true, true);

@@ -825,6 +825,15 @@ mod tests {
         (crate::worker::perf::profile::shipped::tables("H100", peaks).unwrap(), peaks)
     }
 
+    /// `batch` as a Parquet file.
+    fn parquet_bytes(batch: &arrow_array::RecordBatch) -> bytes::Bytes {
+        let mut bytes = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+        bytes.into()
+    }
+
     fn bf16(m: f64, n: u64, k: u64) -> Gemm {
         Gemm { m, n, k, precision: Precision::Bf16 }
     }
@@ -888,11 +897,8 @@ mod tests {
             ("latency", Arc::new(Float64Array::from(vec![0.05, 0.2]))),
         ])
         .unwrap();
-        let mut bytes = Vec::new();
-        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
-        let t = AicTables::from_files("test".into(), peaks, &[(GEMM_FILE, bytes.into())]).unwrap();
+        let bytes = parquet_bytes(&batch);
+        let t = AicTables::from_files("test".into(), peaks, &[(GEMM_FILE, bytes)]).unwrap();
         let g = |n, precision| t.gemm(&Gemm { m: 512.0, n, k: 4096, precision }).unwrap();
         assert_eq!((g(4096, Precision::Fp8), g(8192, Precision::Fp8Block)), (0.05e-3, 0.2e-3));
         let mut no_block = t.clone();
@@ -1010,12 +1016,9 @@ mod tests {
             ("kernel_source", Arc::new(StringArray::from(vec!["vllm", "vllm", "vllm", "vllm", "vllm_eager"]))),
         ])
         .unwrap();
-        let mut bytes = Vec::new();
-        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        let bytes = parquet_bytes(&batch);
         let (_, peaks) = h100();
-        let t = AicTables::from_files("test".into(), peaks, &[(ALLREDUCE_FILE, bytes.into())]).unwrap();
+        let t = AicTables::from_files("test".into(), peaks, &[(ALLREDUCE_FILE, bytes)]).unwrap();
         assert_eq!(t.allreduce, vec![(2, vec![(1024.0, 0.01e-3), (2048.0, 0.02e-3), (4096.0, 0.04e-3)])]);
     }
 
@@ -1036,12 +1039,9 @@ mod tests {
             ("latency", Arc::new(Float64Array::from(vec![0.0125, 0.0295]))),
         ])
         .unwrap();
-        let mut bytes = Vec::new();
-        let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, batch.schema(), None).unwrap();
-        w.write(&batch).unwrap();
-        w.close().unwrap();
+        let bytes = parquet_bytes(&batch);
         let peaks = GpuSpec::preset("A100-80G").unwrap().peaks();
-        let t = AicTables::from_files("test".into(), peaks, &[(GEN_FILE, bytes.into())]).unwrap();
+        let t = AicTables::from_files("test".into(), peaks, &[(GEN_FILE, bytes)]).unwrap();
         // Llama-2-7B's layer: 32 query heads over 32 KV heads. At s keys the
         // 8-KV-head rows give 12.5 + 17 × (s − 2) / 4094 µs, of which the
         // 12.5 µs at the fewest keys is fixed and the rest grows with the KV

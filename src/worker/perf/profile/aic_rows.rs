@@ -415,14 +415,26 @@ fn attention_keys(c: &Columns, what: &str, decode: bool) -> Result<Vec<(AttnKey,
         let secs = seconds(lat[i], what, i)?;
         let nk = if heads[i] == kv_heads[i] { 0 } else { kv_heads[i] };
         let key = (kv[i], nk, head_dim[i], window[i]);
-        let at = *index.entry(key).or_insert_with(|| {
-            keys.push((key, Vec::new()));
-            keys.len() - 1
-        });
         let q = if decode { [heads[i], batch[i], isl[i] + step[i]] } else { [heads[i], isl[i], batch[i]] };
-        keys[at].1.push((q, secs));
+        push_point(&mut keys, &mut index, key, q, secs);
     }
     Ok(keys)
+}
+
+/// Appends point `q` to the points of `key` (a key's first point gives it
+/// its place in `keys`, in file order).
+fn push_point<K: Copy + Eq + std::hash::Hash>(
+    keys: &mut Vec<(K, Points)>,
+    index: &mut std::collections::HashMap<K, usize>,
+    key: K,
+    q: [i64; 3],
+    secs: f64,
+) {
+    let at = *index.entry(key).or_insert_with(|| {
+        keys.push((key, Vec::new()));
+        keys.len() - 1
+    });
+    keys[at].1.push((q, secs));
 }
 
 /// The MLA module rows by key (rows of other dtypes skipped; prefill rows
@@ -454,12 +466,8 @@ fn mla_keys(c: &Columns, what: &str, decode: bool) -> Result<Vec<(MlaKey, Points
         }
         let secs = seconds(lat[i], what, i)?;
         let key = (if decode { 0 } else { fmha[i] }, kv[i], gemm[i]);
-        let at = *index.entry(key).or_insert_with(|| {
-            keys.push((key, Vec::new()));
-            keys.len() - 1
-        });
         let q = if decode { [heads[i], batch[i], isl[i] + step[i]] } else { [heads[i], isl[i], batch[i]] };
-        keys[at].1.push((q, secs));
+        push_point(&mut keys, &mut index, key, q, secs);
     }
     Ok(keys)
 }
