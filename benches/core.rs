@@ -8,7 +8,12 @@
 //! the noise-free figure: cachegrind's count for a child that builds the
 //! scenario and simulates once, less that of one that does the same with
 //! one request, over the requests less one (for a process row, one whole
-//! process).
+//! process). With `--misses` each row also gets cachegrind's simulated
+//! level-2 data misses per event (a 48 KiB 12-way L1, a 2 MiB 16-way L2,
+//! 64-byte lines: the benchmark machine's per-core caches), counted the
+//! same way, over the row's events: the noise-free figure behind ns per
+//! event where memory, not instructions, sets the pace (the 1,024-worker
+//! row).
 //!
 //! Rows (targets from the performance issue, round three; "–" where the row
 //! measures memory only):
@@ -173,6 +178,7 @@ fn main() {
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let instructions = args.iter().any(|a| a == "--instructions");
+    let misses = args.iter().any(|a| a == "--misses");
     let wanted: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
     let known = |w: &str| ROWS.iter().any(|r| r.name == w) || PROCESS_ROWS.iter().any(|r| r.name == w);
     if let Some(unknown) = wanted.iter().find(|w| !known(w)) {
@@ -181,17 +187,18 @@ fn main() {
         std::process::exit(2);
     }
     let chosen = |name: &str| wanted.is_empty() || wanted.iter().any(|w| *w == name);
-    let valgrind = instructions && cachegrind(Command::new("true")).is_some();
-    if instructions && !valgrind {
-        println!("(instructions per request need valgrind's cachegrind, which is not installed here)");
+    let valgrind = (instructions || misses) && cachegrind(Command::new("true")).is_some();
+    if (instructions || misses) && !valgrind {
+        println!("(instructions and misses need valgrind's cachegrind, which is not installed here)");
     }
     println!(
         "{:<13} {:>10} {:>11} {:>8} {:>9} {:>12} {:>8} {:>9} {:>10} {:>10}  target",
         "row", "requests", "events", "ev/req", "CPU s", "req/CPU s", "ns/ev", "RSS MiB", "peak live", "instr/req"
     );
     let exe = std::env::current_exe().expect("own path");
-    // ns per event of the rows run, for the 1,024-worker ratio.
+    // ns and simulated L2 misses per event of the rows run, for the 1,024-worker ratio.
     let mut ns_per_event = std::collections::BTreeMap::new();
+    let mut misses_per_event = std::collections::BTreeMap::new();
     for row in ROWS.iter().filter(|r| chosen(r.name)) {
         let child = |mode: Option<&str>| {
             let mut c = Command::new(&exe);
@@ -206,7 +213,7 @@ fn main() {
         let line = String::from_utf8(out.stdout).expect("a UTF-8 line");
         let fields: Vec<&str> = line.trim_end().split('\t').collect();
         let [head, target, requests] = fields[..] else { panic!("row {}: unexpected line {line:?}", row.name) };
-        let per_request = valgrind.then(|| {
+        let per_request = (valgrind && instructions).then(|| {
             let one = cachegrind(child(Some("one"))).expect("cachegrind ran");
             let once = cachegrind(child(Some("once"))).expect("cachegrind ran");
             (once - one) as f64 / (requests.parse::<f64>().expect("a count") - 1.0)
@@ -215,6 +222,17 @@ fn main() {
         if let Some(ns) = head.split_whitespace().nth(6).and_then(|x| x.parse::<f64>().ok()) {
             ns_per_event.insert(row.name, ns);
         }
+        if valgrind && misses {
+            let one = l2_misses(child(Some("one"))).expect("cachegrind ran");
+            let once = l2_misses(child(Some("once"))).expect("cachegrind ran");
+            let events: f64 = head.split_whitespace().nth(2).and_then(|x| x.parse().ok()).expect("an event count");
+            let per_event = once.saturating_sub(one) as f64 / events;
+            println!("{:<13} simulated L2 data misses per event: {per_event:.2}", row.name);
+            misses_per_event.insert(row.name, per_event);
+        }
+    }
+    if let (Some(many), Some(few)) = (misses_per_event.get("workers-1024"), misses_per_event.get("reference")) {
+        println!("workers-1024 / reference simulated L2 data misses per event: {many:.2} / {few:.2}");
     }
     if let (Some(many), Some(few)) = (ns_per_event.get("workers-1024"), ns_per_event.get("reference")) {
         let ratio = many / few;
@@ -236,8 +254,20 @@ const WORKERS_RATIO_TARGET: f64 = 1.5;
 /// Runs `cmd` under cachegrind; the instructions it executed (`I refs`),
 /// or `None` if valgrind is not there.
 fn cachegrind(cmd: Command) -> Option<u64> {
+    cachegrind_count(cmd, &["--cache-sim=no"], "I   refs:")
+}
+
+/// Runs `cmd` under cachegrind's cache simulation (the `--misses` caches);
+/// the level-2 data misses (reads and writes), or `None` if valgrind is not there.
+fn l2_misses(cmd: Command) -> Option<u64> {
+    cachegrind_count(cmd, &["--cache-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"], "LLd misses:")
+}
+
+/// Runs `cmd` under cachegrind with `options`; the first count on the
+/// summary line that starts with `label`.
+fn cachegrind_count(cmd: Command, options: &[&str], label: &str) -> Option<u64> {
     let mut vg = Command::new("valgrind");
-    vg.args(["--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]);
+    vg.args(["--tool=cachegrind", "--cachegrind-out-file=/dev/null"]).args(options);
     vg.arg(cmd.get_program()).args(cmd.get_args());
     for (k, v) in cmd.get_envs() {
         if let Some(v) = v {
@@ -252,8 +282,8 @@ fn cachegrind(cmd: Command) -> Option<u64> {
         return None;
     }
     let err = String::from_utf8_lossy(&out.stderr);
-    let refs = err.lines().find_map(|l| l.split_once("I   refs:").map(|(_, n)| n.trim().replace(',', "")))?;
-    refs.parse().ok()
+    let count = err.lines().find_map(|l| l.split_once(label).and_then(|(_, n)| n.split_whitespace().next()))?;
+    count.replace(',', "").parse().ok()
 }
 
 /// A process row: `opal-sweep` on the row's spec, each run a process of
