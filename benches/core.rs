@@ -187,7 +187,7 @@ fn main() {
         std::process::exit(2);
     }
     let chosen = |name: &str| wanted.is_empty() || wanted.iter().any(|w| *w == name);
-    let valgrind = (instructions || misses) && cachegrind(Command::new("true")).is_some();
+    let valgrind = (instructions || misses) && cachegrind(Command::new("true"), false).is_some();
     if (instructions || misses) && !valgrind {
         println!("(instructions and misses need valgrind's cachegrind, which is not installed here)");
     }
@@ -213,18 +213,21 @@ fn main() {
         let line = String::from_utf8(out.stdout).expect("a UTF-8 line");
         let fields: Vec<&str> = line.trim_end().split('\t').collect();
         let [head, target, requests] = fields[..] else { panic!("row {}: unexpected line {line:?}", row.name) };
-        let per_request = (valgrind && instructions).then(|| {
-            let one = cachegrind(child(Some("one"))).expect("cachegrind ran");
-            let once = cachegrind(child(Some("once"))).expect("cachegrind ran");
-            (once - one) as f64 / (requests.parse::<f64>().expect("a count") - 1.0)
+        // One cachegrind run of each child gives both counts asked for.
+        let counts = valgrind.then(|| {
+            let one = cachegrind(child(Some("one")), misses).expect("cachegrind ran");
+            let once = cachegrind(child(Some("once")), misses).expect("cachegrind ran");
+            (one, once)
+        });
+        let per_request = counts.filter(|_| instructions).map(|(one, once)| {
+            (once.instructions - one.instructions) as f64 / (requests.parse::<f64>().expect("a count") - 1.0)
         });
         println!("{head} {:>10}  {target}", per_request.map_or("–".to_string(), |i| format!("{:.1}k", i / 1e3)));
         if let Some(ns) = head.split_whitespace().nth(6).and_then(|x| x.parse::<f64>().ok()) {
             ns_per_event.insert(row.name, ns);
         }
-        if valgrind && misses {
-            let one = l2_misses(child(Some("one"))).expect("cachegrind ran");
-            let once = l2_misses(child(Some("once"))).expect("cachegrind ran");
+        if let Some((one, once)) = counts.filter(|_| misses) {
+            let (one, once) = (one.l2_misses.expect("simulated"), once.l2_misses.expect("simulated"));
             let events: f64 = head.split_whitespace().nth(2).and_then(|x| x.parse().ok()).expect("an event count");
             let per_event = once.saturating_sub(one) as f64 / events;
             println!("{:<13} simulated L2 data misses per event: {per_event:.2}", row.name);
@@ -243,7 +246,7 @@ fn main() {
     }
     let release = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/opal-sweep");
     for row in PROCESS_ROWS.iter().filter(|r| chosen(r.name)) {
-        process_row(row, &release, valgrind);
+        process_row(row, &release, valgrind && instructions);
     }
 }
 
@@ -251,21 +254,21 @@ fn main() {
 /// event at most this many times the reference's, in one invocation.
 const WORKERS_RATIO_TARGET: f64 = 1.5;
 
-/// Runs `cmd` under cachegrind; the instructions it executed (`I refs`),
-/// or `None` if valgrind is not there.
-fn cachegrind(cmd: Command) -> Option<u64> {
-    cachegrind_count(cmd, &["--cache-sim=no"], "I   refs:")
+/// What cachegrind counted for a process.
+#[derive(Clone, Copy)]
+struct Counts {
+    /// Instructions executed (`I refs`).
+    instructions: u64,
+    /// Level-2 data misses, reads and writes (`LLd misses`), when the
+    /// caches were simulated (the `--misses` caches).
+    l2_misses: Option<u64>,
 }
 
-/// Runs `cmd` under cachegrind's cache simulation (the `--misses` caches);
-/// the level-2 data misses (reads and writes), or `None` if valgrind is not there.
-fn l2_misses(cmd: Command) -> Option<u64> {
-    cachegrind_count(cmd, &["--cache-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"], "LLd misses:")
-}
-
-/// Runs `cmd` under cachegrind with `options`; the first count on the
-/// summary line that starts with `label`.
-fn cachegrind_count(cmd: Command, options: &[&str], label: &str) -> Option<u64> {
+/// Runs `cmd` under cachegrind, simulating the caches if `caches`; its
+/// counts, or `None` if valgrind is not there.
+fn cachegrind(cmd: Command, caches: bool) -> Option<Counts> {
+    let options: &[&str] =
+        if caches { &["--cache-sim=yes", "--D1=49152,12,64", "--LL=2097152,16,64"] } else { &["--cache-sim=no"] };
     let mut vg = Command::new("valgrind");
     vg.args(["--tool=cachegrind", "--cachegrind-out-file=/dev/null"]).args(options);
     vg.arg(cmd.get_program()).args(cmd.get_args());
@@ -282,8 +285,15 @@ fn cachegrind_count(cmd: Command, options: &[&str], label: &str) -> Option<u64> 
         return None;
     }
     let err = String::from_utf8_lossy(&out.stderr);
-    let count = err.lines().find_map(|l| l.split_once(label).and_then(|(_, n)| n.split_whitespace().next()))?;
-    count.replace(',', "").parse().ok()
+    // The first count on the summary line that starts with `label`.
+    let count = |label: &str| -> Option<u64> {
+        let n = err.lines().find_map(|l| l.split_once(label).and_then(|(_, n)| n.split_whitespace().next()))?;
+        n.replace(',', "").parse().ok()
+    };
+    Some(Counts {
+        instructions: count("I   refs:")?,
+        l2_misses: if caches { Some(count("LLd misses:")?) } else { None },
+    })
 }
 
 /// A process row: `opal-sweep` on the row's spec, each run a process of
@@ -313,7 +323,7 @@ fn process_row(row: &ProcessRow, exe: &Path, valgrind: bool) {
         rss = rss.max(peak);
     }
     let ms = (common::children_cpu_seconds().unwrap_or(f64::NAN) - before) * 1e3 / RUNS as f64;
-    let instr = valgrind.then(|| cachegrind(run(RUNS)).expect("cachegrind ran") as f64);
+    let instr = valgrind.then(|| cachegrind(run(RUNS), false).expect("cachegrind ran").instructions as f64);
     std::fs::remove_dir_all(&dir).ok();
     let met = |yes: bool| if yes { "met" } else { "NOT met" };
     let mut verdict: Vec<String> = row.target_ms.iter().map(|&t| format!("≤ {t} ms {}", met(ms <= t))).collect();
