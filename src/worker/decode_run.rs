@@ -251,6 +251,13 @@ pub struct DecodeGroup {
     joins: u32,
 }
 
+/// Whether a heap entry for `id` pushed at its join of `epoch` is still its
+/// (see [`DecodeGroup::holds`]), in a group of these `members`.
+fn holds(members: &[RequestId], id: RequestId, epoch: u32, reqs: &[Request]) -> bool {
+    let d = reqs[id.index()].seq.decode;
+    d.active && d.epoch == epoch && members.get(d.pos as usize) == Some(&id)
+}
+
 impl DecodeGroup {
     /// The members, in no particular order.
     pub(super) fn members(&self) -> &[RequestId] {
@@ -297,8 +304,32 @@ impl DecodeGroup {
     /// another worker may hold the same epoch, but not this group's member
     /// at its position.)
     fn holds(&self, id: RequestId, epoch: u32, reqs: &[Request]) -> bool {
-        let d = reqs[id.index()].seq.decode;
-        d.active && d.epoch == epoch && self.members.get(d.pos as usize) == Some(&id)
+        holds(&self.members, id, epoch, reqs)
+    }
+
+    /// Drops the heaps' stale entries once they outnumber the members: a
+    /// member that leaves and joins again — a preemption, or under
+    /// speculative decoding a verify that accepted drafts, every step —
+    /// leaves its old entries behind, due only at the steps it would have
+    /// finished or crossed the window at before (later ones), so without
+    /// this a group's heaps grow with its members' output lengths, not with
+    /// its members (the prefix cache's LRU drops its stale entries the same
+    /// way). The live entries' order is their keys', so nothing pops
+    /// in another order.
+    fn drop_stale(&mut self, reqs: &[Request]) {
+        let bound = 2 * self.members.len() + 64;
+        if self.finish.len() > bound || self.cross.len() > bound {
+            self.retain_live(reqs);
+        }
+    }
+
+    /// [`Self::drop_stale`]'s work, kept out of the join it rarely follows.
+    #[cold]
+    #[inline(never)]
+    fn retain_live(&mut self, reqs: &[Request]) {
+        let members = &self.members;
+        self.finish.retain(|&Reverse((_, _, id, epoch))| holds(members, id, epoch, reqs));
+        self.cross.retain(|&Reverse((_, id, epoch))| holds(members, id, epoch, reqs));
     }
 
     /// The earliest step a member finishes in (`u64::MAX` without members).
@@ -323,6 +354,12 @@ impl DecodeGroup {
         }
         self.settle_window(s, reqs);
         self.below_context + self.window * (self.members.len() as u64 - self.below)
+    }
+
+    /// Entries in the finish and window heaps, live or stale (tests).
+    #[cfg(test)]
+    pub(super) fn heap_entries(&self) -> (usize, usize) {
+        (self.finish.len(), self.cross.len())
     }
 
     /// Members.
@@ -381,6 +418,7 @@ impl DecodeGroup {
         self.context += computed;
         let res = self.residue_of(join, computed);
         self.residue[res] += 1;
+        self.drop_stale(reqs);
     }
 
     /// Removes `id` before step `s`; returns its (computed, generated) tokens then.

@@ -1824,6 +1824,44 @@ mod tests {
     }
 
     #[test]
+    fn a_member_that_leaves_and_joins_every_step_leaves_no_trail_in_the_heaps() {
+        // A verify that accepts a draft (speculative decoding) takes its
+        // member out and puts it back with one more token, every step: each
+        // join pushes a finish entry (and, below a window, a crossing one)
+        // and leaves the last one stale, due only later.
+        let cfg = toy(1000, 8);
+        let mut reqs = arena(&[(15, 20_000), (15, 50_000)]);
+        let mut g = DecodeGroup::new(cfg.block_size, Some(1 << 20));
+        for i in 0..2 {
+            reqs[i].seq.computed = 15;
+            reqs[i].seq.generated = 1;
+            g.join(RequestId(i as u32), 0, &mut reqs);
+        }
+        let bound = 2 * 2 + 64;
+        for s in 0..5_000u64 {
+            g.advance_by(1); // step s
+            let (computed, generated) = g.leave(RequestId(0), s + 1, &mut reqs);
+            reqs[0].seq.computed = computed + 1;
+            reqs[0].seq.generated = generated + 1;
+            g.join(RequestId(0), s + 1, &mut reqs);
+            let (finish, cross) = g.heap_entries();
+            assert!(finish <= bound && cross <= bound, "step {s}: {finish} and {cross} entries for 2 members");
+        }
+        // Member 0 joined last at step 5,000 with 1 + 2 × 5,000 tokens of
+        // its 20,000: it finishes after step 5,000 + 9,999 − 1; member 1
+        // (joined at 0 with 1 of 50,000) after step 49,998.
+        assert_eq!(reqs[0].seq.generated, 10_001);
+        assert_eq!(g.next_finish(), 14_998);
+        g.advance_by(14_998 - 4_999); // steps 5,000 to 14,998
+        assert_eq!(g.pop_finished(14_997, &mut reqs), None);
+        assert_eq!(g.pop_finished(14_998, &mut reqs), Some(RequestId(0)));
+        assert_eq!((reqs[0].seq.generated, g.len()), (20_000, 1));
+        g.advance_by(49_998 - 14_998);
+        assert_eq!(g.pop_finished(49_997, &mut reqs), None, "no stale entry of member 0 comes out");
+        assert_eq!(g.pop_finished(49_998, &mut reqs), Some(RequestId(1)));
+    }
+
+    #[test]
     fn blocks_over_a_range_are_the_steps_blocks_summed() {
         // Members in several residue classes (two in one); ranges that start
         // anywhere in the cycle, wrap round it, and span whole cycles.
