@@ -111,6 +111,8 @@ fn data_parallel_attention_is_refused_where_it_is_not_modelled_naming_the_key() 
         (base(4).set("worker.hw.ep", 2), "worker.hw.ep", "dp_attention × tp"),
         (base(4).set("worker.hw.pp", 2), "worker.hw.dp_attention", "pipeline"),
         (base(4).set("worker.vllm_params.scheduler", "v0"), "worker.hw.dp_attention", "v0"),
+        // A misspelt scheduler is named as such, not refused as v0.
+        (base(4).set("worker.vllm_params.scheduler", "v2"), "worker.vllm_params.scheduler", "unknown scheduler"),
         (base(4).set("worker.inference_params.model", "roofline"), "worker.hw.dp_attention", "roofline"),
         (base(4).set("worker.hw.all2all_backend", "pplx"), "worker.hw.all2all_backend", "unknown backend"),
         (base(1).set("worker.hw.dp_link_GBps", 50.0), "worker.hw.dp_link_GBps", "off"),

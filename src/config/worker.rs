@@ -166,6 +166,7 @@ fn data_parallel(
     pp: u32,
     speculative: bool,
     max_num_seqs: u32,
+    scheduler: Scheduler,
 ) -> Result<Option<DataParallel>, ConfigError> {
     let hw = &file.worker.hw;
     let key = "worker.hw.dp_attention";
@@ -204,7 +205,7 @@ fn data_parallel(
             "remove [worker.speculative] (or method = \"none\"), or set dp_attention = 1",
         );
     }
-    if !file.worker.vllm_params.scheduler.eq_ignore_ascii_case("v1") {
+    if scheduler == Scheduler::V0 {
         return refuse(
             "the v0 scheduler",
             "set worker.vllm_params.scheduler = \"v1\" (vLLM's data-parallel ranks run the v1 engine)",
@@ -494,8 +495,17 @@ pub(super) fn resolve_worker(
             format!("use at most {} stages", model.num_layers),
         ));
     }
+    // Parsed once, before the checks of data-parallel attention and
+    // speculative decoding that refuse the v0 scheduler.
+    let scheduler = match v.scheduler.to_ascii_lowercase().as_str() {
+        "v1" => Scheduler::V1,
+        "v0" => Scheduler::V0,
+        other => {
+            return Err(cx.err(&key("scheduler"), format!("unknown scheduler {other:?}"), "use v1 or v0").schema());
+        }
+    };
     let speculating = file.worker.speculative.as_ref().is_some_and(|sp| !sp.method.eq_ignore_ascii_case("none"));
-    let data_parallel = data_parallel(cx, file, model, gpu, tp, pp, speculating, max_num_seqs)?;
+    let data_parallel = data_parallel(cx, file, model, gpu, tp, pp, speculating, max_num_seqs, scheduler)?;
     let dp = data_parallel.as_ref().map_or(1, |d| d.ranks);
     let ep = expert_parallel(cx, hw.ep, model, tp, pp, dp)?;
     let sharding = Sharding { tp, ep, dp };
@@ -503,7 +513,7 @@ pub(super) fn resolve_worker(
     let speculative = match &file.worker.speculative {
         // `none` switches it off, so that an axis can compare with and without.
         Some(sp) if !sp.method.eq_ignore_ascii_case("none") => {
-            Some(resolve_speculative(cx, file, sp, model, gpu, (tp, ep), pp, base_dir)?)
+            Some(resolve_speculative(cx, file, sp, model, gpu, (tp, ep), (pp, scheduler), base_dir)?)
         }
         _ => None,
     };
@@ -599,13 +609,6 @@ pub(super) fn resolve_worker(
             "use 0 for plain LRU",
         ));
     }
-    let scheduler = match v.scheduler.to_ascii_lowercase().as_str() {
-        "v1" => Scheduler::V1,
-        "v0" => Scheduler::V0,
-        other => {
-            return Err(cx.err(&key("scheduler"), format!("unknown scheduler {other:?}"), "use v1 or v0").schema());
-        }
-    };
     let chunked_prefill = v.chunked_prefill;
     let pipeline = match pp {
         1 => None,
@@ -689,7 +692,7 @@ fn resolve_speculative(
     model: &ModelArch,
     gpu: &GpuSpec,
     (tp, ep): (u32, u32),
-    pp: u32,
+    (pp, scheduler): (u32, Scheduler),
     base_dir: &Path,
 ) -> Result<(Speculative, u64, u64), ConfigError> {
     let key = |k: &str| format!("worker.speculative.{k}");
@@ -771,7 +774,7 @@ fn resolve_speculative(
             "set worker.hw.pp = 1",
         );
     }
-    if file.worker.vllm_params.scheduler.eq_ignore_ascii_case("v0") {
+    if scheduler == Scheduler::V0 {
         return refuse(
             &key("method"),
             "speculative decoding is modelled on vLLM v1's scheduler",

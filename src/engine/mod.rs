@@ -188,6 +188,18 @@ impl Version {
     }
 }
 
+/// Whether a heap with lazy removal (stale entries left in place and
+/// skipped when they reach the top) that holds `entries` entries, `live` of
+/// them current, should drop its stale ones now: once they exceed the live
+/// ones by more than a fixed slack. The heap then stays within twice its
+/// live size plus the slack, and each rebuild — O(entries) — is paid for by
+/// the stale entries pushed since the one before. The prefix cache's LRU
+/// and the decode group's finish and window heaps use it.
+#[inline]
+pub fn lazy_heap_needs_rebuild(entries: usize, live: usize) -> bool {
+    entries > 2 * live + 64
+}
+
 /// The digest of a run's events ([`RunStats::digest`]): each integer an
 /// event's `Hash` image writes is folded in whole, `h = (h ^ x) · K` with
 /// `K` odd. Each fold is a bijection of the state and of the integer, so a

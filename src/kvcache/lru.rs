@@ -90,7 +90,7 @@ impl Lru {
         {
             self.heap.pop();
         }
-        if self.heap.len() > 2 * self.live + 64 {
+        if crate::engine::lazy_heap_needs_rebuild(self.heap.len(), self.live) {
             self.drop_stale();
         }
         true

@@ -317,8 +317,9 @@ impl DecodeGroup {
     /// way). The live entries' order is their keys', so nothing pops
     /// in another order.
     fn drop_stale(&mut self, reqs: &[Request]) {
-        let bound = 2 * self.members.len() + 64;
-        if self.finish.len() > bound || self.cross.len() > bound {
+        let live = self.members.len();
+        let rebuild = crate::engine::lazy_heap_needs_rebuild;
+        if rebuild(self.finish.len(), live) || rebuild(self.cross.len(), live) {
             self.retain_live(reqs);
         }
     }
