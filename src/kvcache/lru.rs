@@ -91,12 +91,13 @@ impl Lru {
             self.heap.pop();
         }
         if crate::engine::lazy_heap_needs_rebuild(self.heap.len(), self.live) {
-            self.drop_stale();
+            self.retain_live();
         }
         true
     }
 
-    fn drop_stale(&mut self) {
+    /// Rebuilds the heap from its live entries (the stale ones go).
+    fn retain_live(&mut self) {
         let stamps = &self.stamps;
         self.heap.retain(|Reverse(e)| stamps[e.node() as usize] == e.stamp());
     }
@@ -105,7 +106,7 @@ impl Lru {
     /// then holds a stamp above the count, so the stamps given next match
     /// none until they run out again.
     fn restamp(&mut self) {
-        self.drop_stale();
+        self.retain_live();
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         for (k, Reverse(e)) in entries.iter_mut().enumerate() {
             let (t, i) = e.key();
