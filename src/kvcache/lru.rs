@@ -40,12 +40,22 @@ impl Entry {
     }
 }
 
-/// Nodes ordered by `(last use, node)`.
+/// Where the set keeps each node's stamp: the stamp of its live entry, 0
+/// when it is not in the set. The prefix cache keeps it in the node itself,
+/// so a release, which writes the node anyway, writes the stamp in the same
+/// cache line instead of a line of a separate table.
+pub(super) trait Stamps {
+    /// Node `i`'s stamp.
+    fn stamp(&self, i: u32) -> u32;
+    /// Sets node `i`'s stamp.
+    fn set_stamp(&mut self, i: u32, stamp: u32);
+}
+
+/// Nodes ordered by `(last use, node)`; their stamps live with the nodes
+/// ([`Stamps`]), passed to every call that reads or writes them.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Lru {
     heap: BinaryHeap<Reverse<Entry>>,
-    /// By node: the stamp of its live entry; 0 when it is not in the set.
-    stamps: Vec<u32>,
     /// The last stamp given.
     stamp: u32,
     /// Nodes in the set.
@@ -53,65 +63,60 @@ pub(super) struct Lru {
 }
 
 impl Lru {
-    fn is_live(&self, e: &Entry) -> bool {
-        self.stamps[e.node() as usize] == e.stamp()
+    fn is_live(e: &Entry, stamps: &impl Stamps) -> bool {
+        stamps.stamp(e.node()) == e.stamp()
     }
 
     /// Whether node `i` is in the set.
-    pub(super) fn contains(&self, i: u32) -> bool {
-        self.stamps.get(i as usize).is_some_and(|&s| s != 0)
+    pub(super) fn contains(i: u32, stamps: &impl Stamps) -> bool {
+        stamps.stamp(i) != 0
     }
 
     /// Puts node `i` (not in the set) in, last used at `t`.
-    pub(super) fn insert(&mut self, t: SimTime, i: u32) {
-        debug_assert!(!self.contains(i), "node {i} is in the set already");
+    pub(super) fn insert(&mut self, t: SimTime, i: u32, stamps: &mut impl Stamps) {
+        debug_assert!(!Self::contains(i, stamps), "node {i} is in the set already");
         if self.stamp == u32::MAX {
-            self.restamp();
+            self.restamp(stamps);
         }
         self.stamp += 1;
-        let at = i as usize;
-        if self.stamps.len() <= at {
-            self.stamps.resize(at + 1, 0);
-        }
-        self.stamps[at] = self.stamp;
+        stamps.set_stamp(i, self.stamp);
         self.heap.push(Reverse(Entry::new(t, i, self.stamp)));
         self.live += 1;
     }
 
     /// Takes node `i` out of the set; false if it was not in.
-    pub(super) fn remove(&mut self, i: u32) -> bool {
-        if !self.contains(i) {
+    pub(super) fn remove(&mut self, i: u32, stamps: &mut impl Stamps) -> bool {
+        if !Self::contains(i, stamps) {
             return false;
         }
-        self.stamps[i as usize] = 0;
+        stamps.set_stamp(i, 0);
         self.live -= 1;
         while let Some(Reverse(e)) = self.heap.peek()
-            && !self.is_live(e)
+            && !Self::is_live(e, stamps)
         {
             self.heap.pop();
         }
         if crate::engine::lazy_heap_needs_rebuild(self.heap.len(), self.live) {
-            self.retain_live();
+            self.retain_live(stamps);
         }
         true
     }
 
     /// Rebuilds the heap from its live entries (the stale ones go).
-    fn retain_live(&mut self) {
-        let stamps = &self.stamps;
-        self.heap.retain(|Reverse(e)| stamps[e.node() as usize] == e.stamp());
+    fn retain_live(&mut self, stamps: &impl Stamps) {
+        self.heap.retain(|Reverse(e)| Self::is_live(e, stamps));
     }
 
     /// Drops the stale entries and stamps the live ones 1, 2, …: no entry
     /// then holds a stamp above the count, so the stamps given next match
     /// none until they run out again.
-    fn restamp(&mut self) {
-        self.retain_live();
+    fn restamp(&mut self, stamps: &mut impl Stamps) {
+        self.retain_live(stamps);
         let mut entries = std::mem::take(&mut self.heap).into_vec();
         for (k, Reverse(e)) in entries.iter_mut().enumerate() {
             let (t, i) = e.key();
             *e = Entry::new(t, i, k as u32 + 1);
-            self.stamps[i as usize] = e.stamp();
+            stamps.set_stamp(i, e.stamp());
         }
         self.stamp = entries.len() as u32;
         self.heap = BinaryHeap::from(entries);
@@ -125,7 +130,7 @@ impl Lru {
     /// The set in order, least recently used first. The first costs
     /// nothing more than [`Self::first`]; each next one a step through the
     /// heap (O(log n)).
-    pub(super) fn iter(&self) -> impl Iterator<Item = (SimTime, u32)> + '_ {
+    pub(super) fn iter<'a>(&'a self, stamps: &'a impl Stamps) -> impl Iterator<Item = (SimTime, u32)> + 'a {
         let heap: &[Reverse<Entry>] = self.heap.as_slice();
         // Heap places not yet visited whose parents were, by their entries.
         let mut frontier: BinaryHeap<Reverse<(Entry, usize)>> = BinaryHeap::new();
@@ -141,7 +146,7 @@ impl Lru {
                 }
                 let k = if std::mem::take(&mut root) { 0 } else { frontier.pop()?.0.1 };
                 expand = Some(k);
-                if self.is_live(&heap[k].0) {
+                if Self::is_live(&heap[k].0, stamps) {
                     return Some(heap[k].0.key());
                 }
             }
@@ -154,6 +159,19 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
+    /// Stamps in a table of their own, grown as nodes are named.
+    impl Stamps for Vec<u32> {
+        fn stamp(&self, i: u32) -> u32 {
+            self.get(i as usize).copied().unwrap_or(0)
+        }
+        fn set_stamp(&mut self, i: u32, stamp: u32) {
+            if self.len() <= i as usize {
+                self.resize(i as usize + 1, 0);
+            }
+            self[i as usize] = stamp;
+        }
+    }
+
     /// A small deterministic generator.
     fn lcg(state: &mut u64) -> u64 {
         *state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -162,24 +180,24 @@ mod tests {
 
     #[test]
     fn it_orders_inserts_and_removals_as_an_ordered_set_does() {
-        let (mut lru, mut set) = (Lru::default(), BTreeSet::new());
+        let (mut lru, mut set, mut st) = (Lru::default(), BTreeSet::new(), Vec::<u32>::new());
         let (mut s, mut now) = (7, 0);
         let mut last_used = vec![SimTime(0); 300];
         for step in 0..20_000 {
             let i = (lcg(&mut s) % 300) as u32;
             match lcg(&mut s) % 4 {
                 // Mostly now (a release), sometimes earlier (a parent left a leaf).
-                0 | 1 if !lru.contains(i) => {
+                0 | 1 if !Lru::contains(i, &st) => {
                     now += lcg(&mut s) % 3;
                     let t = if lcg(&mut s).is_multiple_of(5) { SimTime(now / 2) } else { SimTime(now) };
                     last_used[i as usize] = t;
-                    lru.insert(t, i);
+                    lru.insert(t, i, &mut st);
                     set.insert((t, i));
                 }
-                2 => assert_eq!(lru.remove(i), set.remove(&(last_used[i as usize], i)), "step {step}"),
+                2 => assert_eq!(lru.remove(i, &mut st), set.remove(&(last_used[i as usize], i)), "step {step}"),
                 _ => {
                     if let Some(first) = set.first().copied() {
-                        assert!(lru.remove(first.1));
+                        assert!(lru.remove(first.1, &mut st));
                         set.remove(&first);
                     }
                 }
@@ -188,42 +206,42 @@ mod tests {
             assert_eq!(lru.live, set.len());
             assert!(lru.heap.len() <= 2 * lru.live + 64, "stale entries are dropped");
             if step % 97 == 0 {
-                assert_eq!(lru.iter().collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>(), "step {step}");
+                assert_eq!(lru.iter(&st).collect::<Vec<_>>(), set.iter().copied().collect::<Vec<_>>(), "step {step}");
             }
         }
     }
 
     #[test]
     fn a_node_taken_out_and_put_back_at_the_same_time_is_in_once() {
-        let mut lru = Lru::default();
-        lru.insert(SimTime(5), 1);
-        lru.insert(SimTime(5), 2);
-        assert!(lru.remove(2));
-        assert!(!lru.remove(2), "not in the set any more");
-        lru.insert(SimTime(5), 2);
-        lru.insert(SimTime(3), 0);
-        assert_eq!(lru.iter().collect::<Vec<_>>(), [(SimTime(3), 0), (SimTime(5), 1), (SimTime(5), 2)]);
+        let (mut lru, mut st) = (Lru::default(), Vec::<u32>::new());
+        lru.insert(SimTime(5), 1, &mut st);
+        lru.insert(SimTime(5), 2, &mut st);
+        assert!(lru.remove(2, &mut st));
+        assert!(!lru.remove(2, &mut st), "not in the set any more");
+        lru.insert(SimTime(5), 2, &mut st);
+        lru.insert(SimTime(3), 0, &mut st);
+        assert_eq!(lru.iter(&st).collect::<Vec<_>>(), [(SimTime(3), 0), (SimTime(5), 1), (SimTime(5), 2)]);
         assert_eq!(lru.first(), Some((SimTime(3), 0)));
     }
 
     #[test]
     fn stamps_start_again_without_reviving_a_stale_entry() {
-        let mut lru = Lru::default();
-        lru.insert(SimTime(1), 0);
-        lru.insert(SimTime(2), 1);
-        assert!(lru.remove(1)); // a stale entry below the top
+        let (mut lru, mut st) = (Lru::default(), Vec::<u32>::new());
+        lru.insert(SimTime(1), 0, &mut st);
+        lru.insert(SimTime(2), 1, &mut st);
+        assert!(lru.remove(1, &mut st)); // a stale entry below the top
         lru.stamp = u32::MAX - 1;
-        lru.insert(SimTime(3), 2); // the last stamp
-        lru.insert(SimTime(4), 3); // stale entries go, the live are stamped 1 and 2, this one 3
+        lru.insert(SimTime(3), 2, &mut st); // the last stamp
+        lru.insert(SimTime(4), 3, &mut st); // stale entries go, the live are stamped 1 and 2, this one 3
         assert_eq!((lru.heap.len(), lru.stamp), (3, 3));
         assert!(lru.heap.iter().all(|Reverse(e)| e.stamp() <= 3), "no entry keeps a stamp from before");
         // Out and in again, each time leaving a stale entry behind: the
         // stamps given next are above every one an entry holds.
         for _ in 0..4 {
-            assert!(lru.remove(0));
-            lru.insert(SimTime(5), 0);
+            assert!(lru.remove(0, &mut st));
+            lru.insert(SimTime(5), 0, &mut st);
         }
         let order = [(SimTime(3), 2), (SimTime(4), 3), (SimTime(5), 0)];
-        assert_eq!(lru.iter().collect::<Vec<_>>(), order, "each node once");
+        assert_eq!(lru.iter(&st).collect::<Vec<_>>(), order, "each node once");
     }
 }
