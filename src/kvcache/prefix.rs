@@ -790,6 +790,17 @@ mod tests {
     use super::*;
     use crate::kvcache::ChunkKey;
 
+    /// What [`Node`]'s layout note counts on: 80-byte nodes whose first 32
+    /// bytes (parent to length) hold what a release or a walk touches.
+    #[cfg(target_pointer_width = "64")]
+    #[test]
+    fn a_node_is_80_bytes_with_its_hot_fields_in_the_first_32() {
+        assert_eq!(std::mem::size_of::<Node>(), 80);
+        assert_eq!(std::mem::offset_of!(Node, last_used), 16);
+        assert_eq!(std::mem::offset_of!(Node, len), 28);
+        assert_eq!(std::mem::offset_of!(Node, key), 32);
+    }
+
     /// A made-up sequence: block `k` on chain `xs[k]` (the tests give a
     /// prefix's blocks the same ids and different prefixes different ones,
     /// as chains are: a chain stands for everything before it).
